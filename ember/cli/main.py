@@ -1,0 +1,47 @@
+"""The ``ember`` command line: one console script with subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ember.cli import cluster_cmd, demo_cmd, ps_cmd
+from ember.env import env_value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="ember",
+        description="Ember parameter server for recommendation-model embeddings.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=env_value("LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (env EMBER_LOG_LEVEL)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    ps_cmd.register(commands)
+    cluster_cmd.register(commands)
+    demo_cmd.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ember`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.run(args) or 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

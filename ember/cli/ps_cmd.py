@@ -1,0 +1,62 @@
+"""``ember ps``: run one parameter-server shard."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ember.env import env_value
+from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, ShardConfig
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``ps`` subcommand."""
+    parser = commands.add_parser("ps", help="run one parameter-server shard")
+    defaults = ShardConfig.from_env()
+    parser.add_argument("--shard", type=int, default=defaults.shard, help="this shard's index (env EMBER_SHARD)")
+    parser.add_argument(
+        "--num-shards", type=int, default=defaults.num_shards, help="shards in the cluster (env EMBER_NUM_SHARDS)"
+    )
+    parser.add_argument("--host", default=defaults.host, help="address to bind (env EMBER_HOST)")
+    parser.add_argument("--port", type=int, default=defaults.port, help="port; 0 picks a free one (env EMBER_PORT)")
+    parser.add_argument("--workers", type=int, default=defaults.workers, help="handler threads (env EMBER_WORKERS)")
+    parser.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=defaults.max_message_bytes,
+        help=f"largest request or reply (default {DEFAULT_MAX_MESSAGE_BYTES}; env EMBER_MAX_MESSAGE_BYTES)",
+    )
+    parser.add_argument(
+        "--dedup-window",
+        type=int,
+        default=defaults.dedup_window,
+        help="recent push request ids remembered per table (env EMBER_DEDUP_WINDOW)",
+    )
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        default=env_value("READY_FILE", None, Path),
+        help="write {endpoint, shard, num_shards, pid} as JSON here once serving (env EMBER_READY_FILE)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT."""
+    from ember.ps_server.servicer import serve_until_signalled
+
+    config = ShardConfig(
+        shard=args.shard,
+        num_shards=args.num_shards,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        max_message_bytes=args.max_message_bytes,
+        dedup_window=args.dedup_window,
+    )
+    try:
+        config.validate()
+    except ValueError as error:
+        raise SystemExit(f"ember ps: {error}") from None
+    serve_until_signalled(config, args.ready_file)
+    return 0

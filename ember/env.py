@@ -1,0 +1,38 @@
+"""The one place that reads EMBER_* environment variables.
+
+Every CLI flag and config field that deployments set from the environment
+goes through :func:`env_value`, so the variable names are discoverable here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+PREFIX = "EMBER_"
+
+
+def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) -> T:
+    """The value of ``EMBER_<NAME>`` parsed like ``default``, or ``default`` if unset.
+
+    Example:
+        >>> env_value("PORT", 50051)  # reads EMBER_PORT
+        50051
+    """
+    raw = os.environ.get(PREFIX + name.upper())
+    if raw is None or raw == "":
+        return default
+    parser = parse or type(default)
+    try:
+        return parser(raw)
+    except ValueError as error:
+        raise ValueError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value: {error}") from None
+
+
+def dataclass_from_env(cls: type[T]) -> T:
+    """An instance of the dataclass ``cls`` whose every field may be set by ``EMBER_<FIELD>``."""
+    defaults = cls()
+    return cls(**{f.name: env_value(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)})

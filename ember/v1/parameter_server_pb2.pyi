@@ -1,0 +1,164 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Initializer(_message.Message):
+    __slots__ = ("kind", "scale", "seed")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Initializer.Kind]
+        UNIFORM: _ClassVar[Initializer.Kind]
+        NORMAL: _ClassVar[Initializer.Kind]
+        ZEROS: _ClassVar[Initializer.Kind]
+    KIND_UNSPECIFIED: Initializer.Kind
+    UNIFORM: Initializer.Kind
+    NORMAL: Initializer.Kind
+    ZEROS: Initializer.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    kind: Initializer.Kind
+    scale: float
+    seed: int
+    def __init__(self, kind: _Optional[_Union[Initializer.Kind, str]] = ..., scale: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class Optimizer(_message.Message):
+    __slots__ = ("kind", "lr", "eps", "beta1", "beta2", "weight_decay")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Optimizer.Kind]
+        SGD: _ClassVar[Optimizer.Kind]
+        ADAGRAD: _ClassVar[Optimizer.Kind]
+        ROWWISE_ADAGRAD: _ClassVar[Optimizer.Kind]
+        ADAM: _ClassVar[Optimizer.Kind]
+    KIND_UNSPECIFIED: Optimizer.Kind
+    SGD: Optimizer.Kind
+    ADAGRAD: Optimizer.Kind
+    ROWWISE_ADAGRAD: Optimizer.Kind
+    ADAM: Optimizer.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    BETA1_FIELD_NUMBER: _ClassVar[int]
+    BETA2_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    kind: Optimizer.Kind
+    lr: float
+    eps: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    def __init__(self, kind: _Optional[_Union[Optimizer.Kind, str]] = ..., lr: _Optional[float] = ..., eps: _Optional[float] = ..., beta1: _Optional[float] = ..., beta2: _Optional[float] = ..., weight_decay: _Optional[float] = ...) -> None: ...
+
+class TableSpec(_message.Message):
+    __slots__ = ("name", "dim", "initializer", "optimizer")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    INITIALIZER_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    initializer: Initializer
+    optimizer: Optimizer
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[Initializer, _Mapping]] = ..., optimizer: _Optional[_Union[Optimizer, _Mapping]] = ...) -> None: ...
+
+class CreateTableRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: TableSpec
+    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ...) -> None: ...
+
+class CreateTableResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("table", "ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("values", "versions", "dim")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    values: bytes
+    versions: bytes
+    dim: int
+    def __init__(self, values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("table", "ids", "grads", "request_id")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    grads: bytes
+    request_id: str
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("duplicate", "rows_updated")
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    rows_updated: int
+    def __init__(self, duplicate: _Optional[bool] = ..., rows_updated: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("name", "dim", "rows", "bytes", "pull_requests", "push_requests", "rows_pulled", "rows_pushed", "duplicate_pushes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PULL_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PULLED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_PUSHES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    rows: int
+    bytes: int
+    pull_requests: int
+    push_requests: int
+    rows_pulled: int
+    rows_pushed: int
+    duplicate_pushes: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., pull_requests: _Optional[int] = ..., push_requests: _Optional[int] = ..., rows_pulled: _Optional[int] = ..., rows_pushed: _Optional[int] = ..., duplicate_pushes: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("shard", "num_shards", "tables")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    num_shards: int
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    def __init__(self, shard: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+
+class ListTablesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTablesResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableSpec]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ...) -> None: ...

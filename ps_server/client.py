@@ -1,0 +1,263 @@
+"""PSClient: the Python client of a sharded Ember parameter-server cluster.
+
+Routes ids to shards by hash, fans requests out to all shards in parallel,
+splits batches below the gRPC message limit, retries UNAVAILABLE shards with
+exponential backoff (a push keeps its request id, so a retry is applied at
+most once) and raises :class:`PSClientError` naming the shard otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import uuid
+from typing import Any, Sequence
+
+import grpc
+import numpy as np
+import torch
+
+from ember.ps_server.config import ClientConfig, message_size_options
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.id_arrays import as_grad_rows, as_id_array
+from ember.ps_server.routing import positions_by_shard, shard_of
+from ember.ps_server.server import TableStats
+from ember.ps_server.table import TableCounters
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import encode_ids, pb, pb_grpc
+
+# Room for field tags, the table name and the request id beside the payload.
+_REQUEST_OVERHEAD_BYTES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """What one shard reports about itself."""
+
+    endpoint: str
+    shard: int
+    num_shards: int
+    tables: list[TableStats]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    shard: int
+    method: str
+    request: Any
+
+
+class PSClient:
+    """Client of the shards listed in ``endpoints`` (shard k at ``endpoints[k]``).
+
+    Args:
+        endpoints: ``host:port`` of every shard, in shard order.
+        config: deadlines, retry policy and message limit.
+
+    Example:
+        >>> with PSClient(["127.0.0.1:50051", "127.0.0.1:50052"]) as client:  # doctest: +SKIP
+        ...     client.create_table(TableSpec("user", dim=16))
+        ...     rows = client.pull("user", torch.tensor([3, 1, 3]))   # [3, 16], row 0 == row 2
+        ...     client.push("user", torch.tensor([3]), torch.ones(1, 16))
+    """
+
+    def __init__(self, endpoints: Sequence[str], config: ClientConfig | None = None) -> None:
+        endpoints = list(endpoints)
+        if not endpoints:
+            raise ValueError("PSClient needs at least one shard endpoint")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"shard endpoints must be distinct: {endpoints}")
+        self.config = config or ClientConfig()
+        self.config.validate()
+        self.endpoints = endpoints
+        options = message_size_options(self.config.max_message_bytes)
+        self._channels = [grpc.insecure_channel(e, options=options) for e in endpoints]
+        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        self._dims: dict[str, int] = {}
+        self._client_id = uuid.uuid4().hex
+        self._sequence = itertools.count()
+        self._topology_checked = False
+
+    @property
+    def num_shards(self) -> int:
+        """Number of shards this client routes to."""
+        return len(self.endpoints)
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channels to all shards."""
+        for channel in self._channels:
+            channel.close()
+
+    def create_table(self, spec: TableSpec) -> None:
+        """Create ``spec`` on every shard (idempotent for an identical spec).
+
+        Raises:
+            ValueError: the spec is invalid (nothing sent).
+            PSClientError: ALREADY_EXISTS if a different spec has that name.
+        """
+        spec.validate()
+        self._ensure_topology()
+        request = pb.CreateTableRequest(spec=spec.to_proto())
+        self._run([_Call(k, "CreateTable", request) for k in range(self.num_shards)])
+        self._dims[spec.name] = spec.dim
+
+    def list_tables(self) -> list[TableSpec]:
+        """Specs of all tables (as shard 0 reports them)."""
+        (reply,) = self._run([_Call(0, "ListTables", pb.ListTablesRequest())])
+        specs = [TableSpec.from_proto(message) for message in reply.tables]
+        self._dims.update({spec.name: spec.dim for spec in specs})
+        return specs
+
+    def dim(self, table: str) -> int:
+        """Row width of ``table``.
+
+        Raises:
+            PSClientError: NOT_FOUND if the table does not exist.
+        """
+        if table not in self._dims:
+            self.list_tables()
+        if table not in self._dims:
+            raise PSClientError(self.endpoints[0], grpc.StatusCode.NOT_FOUND, f"table {table!r} does not exist")
+        return self._dims[table]
+
+    def pull(self, table: str, ids: Any) -> torch.Tensor:
+        """Rows of ``ids`` (any order, duplicates allowed) as float32 [len(ids), dim]."""
+        return self.pull_with_versions(table, ids)[0]
+
+    def pull_with_versions(self, table: str, ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [n, dim] float32 and their versions [n] int64, in the order of ``ids``."""
+        id_array = as_id_array(ids)
+        dim = self.dim(table)
+        rows = np.empty((len(id_array), dim), dtype=np.float32)
+        versions = np.empty(len(id_array), dtype=np.int64)
+        calls, positions = [], []
+        for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
+            calls.append(_Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))))
+            positions.append(chunk)
+        for chunk, reply in zip(positions, self._run(calls)):
+            rows[chunk] = np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim)
+            versions[chunk] = np.frombuffer(reply.versions, dtype=np.int64)
+        return torch.from_numpy(rows), torch.from_numpy(versions)
+
+    def push(self, table: str, ids: Any, grads: Any) -> None:
+        """Send gradients [len(ids), dim]; duplicate ids are summed before sending.
+
+        Raises:
+            ValueError: bad ids, shape, dtype or a NaN/Inf gradient (nothing sent).
+            PSClientError: a shard rejected the push or stayed unavailable.
+        """
+        id_array = as_id_array(ids)
+        dim = self.dim(table)
+        grad_rows = as_grad_rows(grads, len(id_array), dim)
+        unique_ids, inverse = np.unique(id_array, return_inverse=True)
+        summed = torch.zeros(len(unique_ids), dim, dtype=torch.float32)
+        summed.index_add_(0, torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False)), grad_rows)
+        summed_np = summed.numpy()
+        request_id = f"{self._client_id}:{next(self._sequence)}"
+        calls = [
+            _Call(
+                shard,
+                "Push",
+                pb.PushRequest(
+                    table=table,
+                    ids=encode_ids(unique_ids[chunk]),
+                    grads=summed_np[chunk].tobytes(),
+                    request_id=f"{request_id}:{shard}:{number}",
+                ),
+            )
+            for number, (shard, chunk) in enumerate(self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8))
+        ]
+        self._run(calls)
+
+    def stats(self) -> list[ShardStats]:
+        """Stats of every shard, in shard order."""
+        replies = self._run([_Call(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)])
+        return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
+
+    def _ensure_topology(self) -> None:
+        """Check once that endpoint k reports shard k of len(endpoints)."""
+        if self._topology_checked:
+            return
+        for stats in self.stats():
+            expected = self.endpoints.index(stats.endpoint)
+            if (stats.shard, stats.num_shards) != (expected, self.num_shards):
+                raise PSClientError(
+                    stats.endpoint,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"endpoint is shard {stats.shard} of {stats.num_shards}, but this client lists it "
+                    f"as shard {expected} of {self.num_shards}; pass endpoints in shard order",
+                )
+        self._topology_checked = True
+
+    def _chunks(self, table: str, ids: np.ndarray, bytes_per_row: int) -> list[tuple[int, np.ndarray]]:
+        """(shard, positions into ids) pairs, each small enough for one message."""
+        self._ensure_topology()
+        rows_per_message = max(1, (self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES) // bytes_per_row)
+        groups = positions_by_shard(shard_of(table, ids, self.num_shards), self.num_shards)
+        return [
+            (shard, positions[start : start + rows_per_message])
+            for shard, positions in enumerate(groups)
+            for start in range(0, len(positions), rows_per_message)
+        ]
+
+    def _run(self, calls: list[_Call]) -> list[Any]:
+        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order."""
+        config = self.config
+        replies: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        backoff = config.initial_backoff_s
+        for attempt in range(1, config.max_attempts + 1):
+            futures = [
+                (i, getattr(self._stubs[calls[i].shard], calls[i].method).future(calls[i].request, timeout=config.timeout_s))
+                for i in pending
+            ]
+            retry, failure = [], None
+            for i, future in futures:
+                try:
+                    replies[i] = future.result()
+                except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:
+                        retry.append(i)
+                    elif failure is None:
+                        failure = self._client_error(calls[i], error, attempt)
+            if failure is not None:
+                raise failure
+            if not retry:
+                return replies
+            pending = retry
+            time.sleep(backoff)
+            backoff = min(2 * backoff, config.max_backoff_s)
+        raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    def _client_error(self, call: _Call, error: grpc.RpcError, attempts: int) -> PSClientError:
+        details = error.details() or ""
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            details = f"{details} (gave up after {attempts} attempts)"
+        return PSClientError(self.endpoints[call.shard], error.code(), f"{call.method}: {details}")
+
+
+def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:
+    tables = [
+        TableStats(
+            name=t.name,
+            dim=t.dim,
+            rows=t.rows,
+            bytes=t.bytes,
+            counters=TableCounters(
+                pull_requests=t.pull_requests,
+                push_requests=t.push_requests,
+                rows_pulled=t.rows_pulled,
+                rows_pushed=t.rows_pushed,
+                duplicate_pushes=t.duplicate_pushes,
+            ),
+        )
+        for t in reply.tables
+    ]
+    return ShardStats(endpoint=endpoint, shard=reply.shard, num_shards=reply.num_shards, tables=tables)

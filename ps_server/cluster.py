@@ -1,0 +1,140 @@
+"""A local cluster: N shard processes on free loopback ports.
+
+Used by ``ember cluster up``, ``ember demo``, the integration tests and the
+benchmarks. Each shard binds port 0 and announces its endpoint through a ready
+file, so no port is guessed and nothing waits on a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+_READY_TIMEOUT_S = 60.0
+_READY_POLL_S = 0.02
+
+
+class ClusterError(RuntimeError):
+    """A shard process failed to start or exited early."""
+
+
+class LocalCluster:
+    """Start ``num_shards`` shard processes; stop them on exit.
+
+    Args:
+        num_shards: number of shards.
+        extra_args: further ``ember ps`` flags for every shard.
+        workdir: where ready files and shard logs go (a temp dir by default).
+        host: address the shards bind.
+
+    Example:
+        >>> with LocalCluster(2) as cluster:                     # doctest: +SKIP
+        ...     client = PSClient(cluster.endpoints)
+    """
+
+    def __init__(
+        self,
+        num_shards: int,
+        extra_args: Sequence[str] = (),
+        workdir: Path | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self.num_shards = num_shards
+        self.host = host
+        self._extra_args = list(extra_args)
+        self._tempdir = None if workdir else tempfile.TemporaryDirectory(prefix="ember-cluster-")
+        self.workdir = Path(workdir or self._tempdir.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.processes: list[subprocess.Popen] = []
+        self.endpoints: list[str] = []
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> list[str]:
+        """Launch every shard and wait until all serve; returns their endpoints."""
+        try:
+            ready_files = [self._launch(k) for k in range(self.num_shards)]
+            self.endpoints = [self._await_ready(k, f) for k, f in enumerate(ready_files)]
+        except BaseException:
+            self.stop()
+            raise
+        return self.endpoints
+
+    def restart_shard(self, shard: int) -> str:
+        """Kill shard ``shard`` (SIGKILL) and start it again; returns its new endpoint."""
+        process = self.processes[shard]
+        process.kill()
+        process.wait()
+        ready = self._launch(shard, replace=True)
+        self.endpoints[shard] = self._await_ready(shard, ready)
+        return self.endpoints[shard]
+
+    def write_endpoints(self, path: Path) -> None:
+        """Write ``{"endpoints": [...]}`` as JSON, atomically."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"endpoints": self.endpoints}, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every shard, wait for a graceful exit, SIGKILL stragglers."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = []
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = None
+
+    def _launch(self, shard: int, replace: bool = False) -> Path:
+        ready = self.workdir / f"shard-{shard}.ready"
+        ready.unlink(missing_ok=True)
+        command = [
+            sys.executable, "-m", "ember.cli.main", "ps",
+            "--shard", str(shard), "--num-shards", str(self.num_shards),
+            "--host", self.host, "--port", "0", "--ready-file", str(ready),
+            *self._extra_args,
+        ]  # fmt: skip
+        log = open(self.workdir / f"shard-{shard}.log", "ab")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        if replace:
+            self.processes[shard] = process
+        else:
+            self.processes.append(process)
+        return ready
+
+    def _await_ready(self, shard: int, ready: Path) -> str:
+        process = self.processes[shard]
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while not ready.exists():
+            if process.poll() is not None:
+                raise ClusterError(f"shard {shard} exited with {process.returncode}: {self._log_tail(shard)}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"shard {shard} not ready after {_READY_TIMEOUT_S} s: {self._log_tail(shard)}")
+            time.sleep(_READY_POLL_S)
+        return json.loads(ready.read_text())["endpoint"]
+
+    def _log_tail(self, shard: int) -> str:
+        log = self.workdir / f"shard-{shard}.log"
+        return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"

@@ -1,0 +1,95 @@
+"""Typed configuration of shards and clients."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ember.env import dataclass_from_env
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardConfig:
+    """How one shard process serves.
+
+    Attributes:
+        shard: this shard's index, 0-based.
+        num_shards: number of shards in the cluster.
+        host: address to bind.
+        port: port to bind; 0 picks a free one (reported in the ready file).
+        workers: gRPC handler threads.
+        max_message_bytes: largest request or reply.
+        dedup_window: recent push request ids remembered per table.
+    """
+
+    shard: int = 0
+    num_shards: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    workers: int = 8
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    dedup_window: int = 65536
+
+    @classmethod
+    def from_env(cls) -> ShardConfig:
+        """Defaults overridden by EMBER_SHARD, EMBER_NUM_SHARDS, EMBER_HOST, EMBER_PORT, ..."""
+        return dataclass_from_env(cls)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field out of range."""
+        if self.num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"shard must be in 0..{self.num_shards - 1}, got {self.shard}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.max_message_bytes < 1 << 16:
+            raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
+        if self.dedup_window < 1:
+            raise ValueError(f"dedup_window must be >= 1, got {self.dedup_window}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """How a PSClient talks to shards.
+
+    Attributes:
+        timeout_s: deadline of each RPC.
+        max_attempts: tries per RPC when a shard is UNAVAILABLE (1 = no retry).
+        initial_backoff_s: wait before the first retry; doubles each retry.
+        max_backoff_s: longest wait between retries.
+        max_message_bytes: largest request or reply; bigger batches are chunked.
+    """
+
+    timeout_s: float = 30.0
+    max_attempts: int = 5
+    initial_backoff_s: float = 0.05
+    max_backoff_s: float = 2.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    @classmethod
+    def from_env(cls) -> ClientConfig:
+        """Defaults overridden by EMBER_TIMEOUT_S, EMBER_MAX_ATTEMPTS, ..."""
+        return dataclass_from_env(cls)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field out of range."""
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError("need 0 <= initial_backoff_s <= max_backoff_s")
+        if self.max_message_bytes < 1 << 16:
+            raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
+
+
+def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC channel/server options raising both message limits to ``max_message_bytes``."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]

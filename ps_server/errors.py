@@ -1,0 +1,70 @@
+"""Domain errors of the parameter server and their gRPC status codes.
+
+The logic layers raise these; the transport maps them with
+:func:`status_code_for` (the one place that knows gRPC codes) so a user sees a
+precise status and a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class EmberError(Exception):
+    """Base class of errors a shard reports to its caller."""
+
+
+class InvalidArgumentError(EmberError, ValueError):
+    """The request is malformed (byte lengths, ids, gradients, table spec)."""
+
+
+class TableNotFoundError(EmberError, KeyError):
+    """The named table does not exist."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class TableExistsError(EmberError):
+    """A table of that name exists with a different spec."""
+
+
+class NotOwnedError(EmberError):
+    """An id routed to a shard that does not own it."""
+
+
+class MessageTooLargeError(EmberError):
+    """A request or its reply exceeds the message limit."""
+
+
+_STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    TableNotFoundError: grpc.StatusCode.NOT_FOUND,
+    TableExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    NotOwnedError: grpc.StatusCode.FAILED_PRECONDITION,
+    MessageTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def status_code_for(error: EmberError) -> grpc.StatusCode:
+    """The gRPC status code that reports ``error``."""
+    for cls in type(error).__mro__:
+        if cls in _STATUS_CODES:
+            return _STATUS_CODES[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+class PSClientError(RuntimeError):
+    """A shard answered a client request with an error, or could not be reached.
+
+    Attributes:
+        endpoint: the shard's ``host:port``.
+        code: the gRPC status code.
+        details: the shard's message.
+    """
+
+    def __init__(self, endpoint: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"shard {endpoint}: {code.name}: {details}")
+        self.endpoint = endpoint
+        self.code = code
+        self.details = details

@@ -1,0 +1,50 @@
+"""Validation of user-supplied ids and gradients before anything is sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def as_id_array(ids: Any) -> np.ndarray:
+    """A contiguous 1-D int64 numpy array of non-negative ids.
+
+    Accepts a torch tensor, numpy array or sequence of ints.
+
+    Raises:
+        ValueError: not 1-D, not an integer type, or a negative id.
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+        array = ids.detach().cpu().numpy()
+    else:
+        array = np.asarray(ids)
+        if array.size == 0 and array.dtype == np.float64:  # [] parses as float64
+            array = array.astype(np.int64)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise ValueError(f"ids must be integers, got dtype {array.dtype}")
+    if array.ndim != 1:
+        raise ValueError(f"ids must be 1-D, got shape {tuple(array.shape)}")
+    if array.dtype == np.uint64 and len(array) and array.max() > np.iinfo(np.int64).max:
+        raise ValueError("ids must be <= 2^63-1")
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if len(array) and array.min() < 0:
+        raise ValueError(f"ids must be >= 0, got {int(array.min())}")
+    return array
+
+
+def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
+    """A contiguous float32 CPU tensor [num_rows, dim] of finite gradients.
+
+    Raises:
+        ValueError: wrong shape or a NaN/Inf value.
+    """
+    tensor = torch.as_tensor(grads).detach().to("cpu", torch.float32).contiguous()
+    if tuple(tensor.shape) != (num_rows, dim):
+        raise ValueError(f"grads must have shape ({num_rows}, {dim}), got {tuple(tensor.shape)}")
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError("grads contain NaN or Inf")
+    return tensor

@@ -1,0 +1,184 @@
+"""Request handling of one shard: validation, ownership and the table registry.
+
+``ParameterServer`` is transport-free: it takes the packed request fields and
+returns packed replies, raising :mod:`ember.ps_server.errors` on bad input
+before anything is applied. The gRPC servicer (and any other transport) is a
+thin facade over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+from ember.ps_server.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotOwnedError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from ember.ps_server.routing import shard_of
+from ember.ps_server.table import Table, TableCounters
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows
+
+# Room for the reply's field tags and lengths next to its packed payload.
+_REPLY_OVERHEAD_BYTES = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class PullReply:
+    """Packed reply of a pull: float32 rows and int64 versions, in request order."""
+
+    values: bytes
+    versions: bytes
+    dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStats:
+    """Size and traffic of one table on this shard."""
+
+    name: str
+    dim: int
+    rows: int
+    bytes: int
+    counters: TableCounters
+
+
+class ParameterServer:
+    """The tables of shard ``shard`` of ``num_shards``.
+
+    Args:
+        shard: this shard's index, 0-based.
+        num_shards: number of shards in the cluster.
+        max_message_bytes: largest reply this shard will send.
+        dedup_window: recent push request ids remembered per table.
+
+    Example:
+        >>> server = ParameterServer(shard=0, num_shards=1)
+        >>> server.create_table(TableSpec("t", dim=4))
+        True
+    """
+
+    def __init__(
+        self,
+        shard: int,
+        num_shards: int,
+        max_message_bytes: int = 64 << 20,
+        dedup_window: int = 65536,
+    ) -> None:
+        if not 0 <= shard < num_shards:
+            raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
+        self.shard = shard
+        self.num_shards = num_shards
+        self.max_message_bytes = max_message_bytes
+        self._dedup_window = dedup_window
+        self._tables: dict[str, Table] = {}
+        self._tables_lock = threading.Lock()
+
+    def create_table(self, spec: TableSpec) -> bool:
+        """Create a table; returns False if an identical one exists.
+
+        Raises:
+            InvalidArgumentError: the spec is invalid.
+            TableExistsError: a table of that name has a different spec.
+        """
+        spec.validate()
+        with self._tables_lock:
+            existing = self._tables.get(spec.name)
+            if existing is None:
+                self._tables[spec.name] = Table(spec, self._dedup_window)
+                return True
+        if existing.spec != spec:
+            raise TableExistsError(
+                f"table {spec.name!r} exists with a different spec ({existing.spec}); "
+                f"requested {spec}"
+            )
+        return False
+
+    def list_tables(self) -> list[TableSpec]:
+        """Specs of all tables, by name."""
+        with self._tables_lock:
+            return [self._tables[name].spec for name in sorted(self._tables)]
+
+    def pull(self, table: str, ids: bytes) -> PullReply:
+        """Rows and versions for packed ``ids`` (duplicates allowed), in request order."""
+        target = self._table(table)
+        id_array = decode_ids(ids)
+        dim = target.spec.dim
+        reply_bytes = len(id_array) * (dim * ROW_BYTES_PER_ELEMENT + 8) + _REPLY_OVERHEAD_BYTES
+        if reply_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"pull of {len(id_array)} ids from table {table!r} (dim {dim}) needs a "
+                f"{reply_bytes}-byte reply, over this shard's limit of {self.max_message_bytes}; "
+                "split the ids into smaller requests"
+            )
+        self._check_owned(table, id_array)
+        if len(id_array) == 0:
+            return PullReply(values=b"", versions=b"", dim=dim)
+        weights, versions = target.pull(id_array)
+        return PullReply(values=weights.numpy().tobytes(), versions=versions.numpy().tobytes(), dim=dim)
+
+    def push(self, table: str, ids: bytes, grads: bytes, request_id: str) -> tuple[bool, int]:
+        """Apply packed gradients; returns ``(duplicate, rows_updated)``.
+
+        Raises:
+            InvalidArgumentError: malformed bytes, negative id, non-finite
+                gradient or empty request id (nothing applied).
+        """
+        target = self._table(table)
+        if not request_id:
+            raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
+        id_array = decode_ids(ids)
+        grad_rows = decode_rows(grads, len(id_array), target.spec.dim, "grads")
+        self._check_owned(table, id_array)
+        if len(id_array) == 0:
+            return False, 0
+        grad_tensor = torch.from_numpy(grad_rows.copy())
+        if not bool(torch.isfinite(grad_tensor).all()):
+            bad = int((~torch.isfinite(grad_tensor)).any(dim=1).nonzero()[0, 0])
+            raise InvalidArgumentError(
+                f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
+                f"{int(id_array[bad])}); nothing was applied"
+            )
+        return target.push(id_array, grad_tensor, request_id)
+
+    def stats(self) -> list[TableStats]:
+        """Per-table rows, bytes and traffic counters."""
+        with self._tables_lock:
+            tables = [self._tables[name] for name in sorted(self._tables)]
+        return [
+            TableStats(
+                name=t.spec.name,
+                dim=t.spec.dim,
+                rows=t.store.size(),
+                bytes=t.store.nbytes,
+                counters=dataclasses.replace(t.counters),
+            )
+            for t in tables
+        ]
+
+    def _table(self, name: str) -> Table:
+        table = self._tables.get(name)
+        if table is None:
+            known = ", ".join(sorted(self._tables)) or "none"
+            raise TableNotFoundError(f"table {name!r} does not exist (tables: {known}); create it first")
+        return table
+
+    def _check_owned(self, table: str, ids: np.ndarray) -> None:
+        if self.num_shards == 1 or len(ids) == 0:
+            return
+        owners = shard_of(table, ids, self.num_shards)
+        foreign = np.flatnonzero(owners != self.shard)
+        if len(foreign):
+            first = int(foreign[0])
+            raise NotOwnedError(
+                f"{len(foreign)} of {len(ids)} ids of table {table!r} belong to other shards "
+                f"(id {int(ids[first])} belongs to shard {int(owners[first])}, this is shard "
+                f"{self.shard} of {self.num_shards}); check the client's endpoint list"
+            )

@@ -1,0 +1,167 @@
+"""gRPC transport of a shard: a thin servicer over ParameterServer, and serve()."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ember.ps_server.config import ShardConfig, message_size_options
+from ember.ps_server.errors import EmberError, status_code_for
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Map domain errors to their gRPC status; anything else is INTERNAL, logged."""
+
+    @functools.wraps(method)
+    def handler(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return method(self, request, context)
+        except EmberError as error:
+            context.abort(status_code_for(error), str(error))
+        except Exception as error:  # noqa: BLE001 - reported to the caller, logged here
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+    return handler
+
+
+class ParameterServerServicer(pb_grpc.ParameterServerServicer):
+    """The ember.v1.ParameterServer service over a :class:`ParameterServer`."""
+
+    def __init__(self, server: ParameterServer) -> None:
+        self.server = server
+
+    @_rpc
+    def CreateTable(self, request: pb.CreateTableRequest, context: grpc.ServicerContext) -> pb.CreateTableResponse:
+        created = self.server.create_table(TableSpec.from_proto(request.spec))
+        return pb.CreateTableResponse(created=created)
+
+    @_rpc
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        reply = self.server.pull(request.table, request.ids)
+        return pb.PullResponse(values=reply.values, versions=reply.versions, dim=reply.dim)
+
+    @_rpc
+    def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
+        duplicate, rows = self.server.push(request.table, request.ids, request.grads, request.request_id)
+        return pb.PushResponse(duplicate=duplicate, rows_updated=rows)
+
+    @_rpc
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        tables = [
+            pb.TableStats(
+                name=s.name,
+                dim=s.dim,
+                rows=s.rows,
+                bytes=s.bytes,
+                pull_requests=s.counters.pull_requests,
+                push_requests=s.counters.push_requests,
+                rows_pulled=s.counters.rows_pulled,
+                rows_pushed=s.counters.rows_pushed,
+                duplicate_pushes=s.counters.duplicate_pushes,
+            )
+            for s in self.server.stats()
+        ]
+        return pb.StatsResponse(shard=self.server.shard, num_shards=self.server.num_shards, tables=tables)
+
+    @_rpc
+    def ListTables(self, request: pb.ListTablesRequest, context: grpc.ServicerContext) -> pb.ListTablesResponse:
+        return pb.ListTablesResponse(tables=[spec.to_proto() for spec in self.server.list_tables()])
+
+
+class ShardServer:
+    """A started gRPC server for one shard, with health and reflection.
+
+    Example:
+        >>> shard = ShardServer.start(ShardConfig())   # doctest: +SKIP
+        >>> shard.endpoint                              # doctest: +SKIP
+        '127.0.0.1:40123'
+    """
+
+    def __init__(self, config: ShardConfig, grpc_server: grpc.Server, port: int, health_servicer: health.HealthServicer) -> None:
+        self.config = config
+        self.port = port
+        self._grpc_server = grpc_server
+        self._health = health_servicer
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"{self.config.host}:{self.port}"
+
+    @classmethod
+    def start(cls, config: ShardConfig) -> ShardServer:
+        """Bind, register the services and start serving."""
+        config.validate()
+        logic = ParameterServer(
+            config.shard, config.num_shards, config.max_message_bytes, config.dedup_window
+        )
+        grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
+            options=message_size_options(config.max_message_bytes),
+        )
+        pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(logic), grpc_server)
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
+        )
+        port = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise OSError(f"cannot bind {config.host}:{config.port}")
+        grpc_server.start()
+        for service in ("", SERVICE_NAME):
+            health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
+        return cls(config, grpc_server, port, health_servicer)
+
+    def write_ready_file(self, path: Path) -> None:
+        """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
+        info = {
+            "endpoint": self.endpoint,
+            "shard": self.config.shard,
+            "num_shards": self.config.num_shards,
+            "pid": os.getpid(),
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, path)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Report NOT_SERVING, finish in-flight requests within ``grace_s``, stop."""
+        self._health.enter_graceful_shutdown()
+        self._grpc_server.stop(grace_s).wait()
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        self._grpc_server.wait_for_termination()
+
+
+def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> None:
+    """Run a shard until SIGTERM or SIGINT, then shut down gracefully."""
+    shard = ShardServer.start(config)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready_file is not None:
+        shard.write_ready_file(ready_file)
+    while not stop.wait(timeout=0.5):  # a bounded wait keeps the main thread responsive to signals
+        pass
+    log.info("shard %d stopping", config.shard)
+    shard.stop()

@@ -1,0 +1,118 @@
+"""Row storage: each row with its optimizer state and version counter.
+
+``InMemoryStore`` keeps three growable tensors (weights, state, versions)
+indexed by slot and an :class:`IdIndex` from id to slot, so a table costs close
+to the raw bytes of its rows and optimizer state. Every backend speaks the same
+verbs (``fetch``, ``insert``, ``size``) on batches of rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ember.ps_server.id_index import IdIndex
+
+
+@dataclasses.dataclass
+class RowBatch:
+    """A batch of rows as stored: weights [n, dim], state [n, width], versions [n]."""
+
+    weights: torch.Tensor
+    state: torch.Tensor
+    versions: torch.Tensor
+
+
+class InMemoryStore:
+    """Rows of one table on one shard, in process memory.
+
+    Args:
+        dim: floats per row.
+        state_width: optimizer-state floats per row.
+        capacity: initial number of row slots (grows by doubling).
+    """
+
+    def __init__(self, dim: int, state_width: int, capacity: int = 1024) -> None:
+        self.dim = dim
+        self.state_width = state_width
+        self._index = IdIndex(capacity)
+        self._rows = 0
+        self._weights = torch.empty(capacity, dim, dtype=torch.float32)
+        self._state = torch.empty(capacity, state_width, dtype=torch.float32)
+        self._versions = torch.empty(capacity, dtype=torch.int64)
+
+    def size(self) -> int:
+        """Number of rows held."""
+        return self._rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held, their state, versions and index buckets."""
+        per_row = 4 * (self.dim + self.state_width) + 8
+        return self._rows * per_row + self._index.nbytes
+
+    def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
+        """Look up rows by id (duplicates allowed).
+
+        Returns:
+            ``(found, rows)``: a bool mask over ``ids`` and a batch of len(ids)
+            rows whose entries where ``found`` is false are unspecified. The
+            state is empty (width 0) unless ``with_state``.
+        """
+        slots = self._index.find(ids)
+        found = slots >= 0
+        if not self._rows:
+            return found, _empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
+        index = torch.from_numpy(np.where(found, slots, 0))  # absent ids read slot 0
+        state = (
+            self._state.index_select(0, index)
+            if with_state
+            else torch.empty(len(ids), 0, dtype=torch.float32)
+        )
+        rows = RowBatch(
+            weights=self._weights.index_select(0, index),
+            state=state,
+            versions=self._versions.index_select(0, index),
+        )
+        return found, rows
+
+    def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
+        """Write rows for distinct ids, adding those that are absent (upsert)."""
+        slots = self._index.find(ids)
+        absent = slots < 0
+        if absent.any():
+            new_slots = np.arange(self._rows, self._rows + int(absent.sum()), dtype=np.int64)
+            self._grow(self._rows + len(new_slots))
+            self._index.insert(ids[absent], new_slots)
+            self._rows += len(new_slots)
+            slots[absent] = new_slots
+        index = torch.from_numpy(slots)
+        self._weights.index_copy_(0, index, rows.weights)
+        self._state.index_copy_(0, index, rows.state)
+        self._versions.index_copy_(0, index, rows.versions)
+
+    def _grow(self, rows: int) -> None:
+        capacity = len(self._weights)
+        if rows <= capacity:
+            return
+        while capacity < rows:
+            capacity *= 2
+        self._weights = _resized(self._weights, capacity, self._rows)
+        self._state = _resized(self._state, capacity, self._rows)
+        self._versions = _resized(self._versions, capacity, self._rows)
+
+
+def _resized(tensor: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
+    grown = torch.empty((capacity, *tensor.shape[1:]), dtype=tensor.dtype)
+    grown[:used] = tensor[:used]
+    return grown
+
+
+def _empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
+    return RowBatch(
+        weights=torch.zeros(rows, dim, dtype=torch.float32),
+        state=torch.zeros(rows, state_width, dtype=torch.float32),
+        versions=torch.zeros(rows, dtype=torch.int64),
+    )

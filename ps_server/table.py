@@ -1,0 +1,105 @@
+"""One embedding table on one shard: pull and push semantics over a store.
+
+All reads and writes of a table hold its lock, so concurrent clients never see
+a torn row and never lose an update; a push is validated by the caller and
+applied here as one unit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.optimizers import apply_update, state_width
+from ember.ps_server.store import InMemoryStore, RowBatch
+from ember.ps_server.table_spec import TableSpec
+
+
+@dataclasses.dataclass
+class TableCounters:
+    """Traffic counters of one table on one shard."""
+
+    pull_requests: int = 0
+    push_requests: int = 0
+    rows_pulled: int = 0
+    rows_pushed: int = 0
+    duplicate_pushes: int = 0
+
+
+class Table:
+    """Rows of one table on one shard, with its optimizer and push deduplication.
+
+    Args:
+        spec: validated table spec.
+        dedup_window: how many recent push request ids are remembered.
+    """
+
+    def __init__(self, spec: TableSpec, dedup_window: int = 65536) -> None:
+        self.spec = spec
+        self.store = InMemoryStore(spec.dim, state_width(spec.optimizer.kind, spec.dim))
+        self.counters = TableCounters()
+        self._lock = threading.Lock()
+        self._applied: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._dedup_window = dedup_window
+
+    def pull(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and versions for ``ids`` in order (duplicates allowed), creating missing rows."""
+        with self._lock:
+            found, rows = self.store.fetch(ids, with_state=False)
+            if not found.all():
+                self._create_missing(ids, found, rows)
+            self.counters.pull_requests += 1
+            self.counters.rows_pulled += len(ids)
+            return rows.weights, rows.versions
+
+    def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:
+        """Apply summed gradients once per distinct id.
+
+        Returns:
+            ``(duplicate, rows_updated)``; ``duplicate`` is true (and nothing is
+            applied) when ``request_id`` was applied before.
+        """
+        unique_ids, inverse = np.unique(ids, return_inverse=True)
+        summed = torch.zeros(len(unique_ids), self.spec.dim, dtype=torch.float32)
+        summed.index_add_(0, torch.from_numpy(inverse.astype(np.int64, copy=False)), grads)
+        with self._lock:
+            self.counters.push_requests += 1
+            if request_id in self._applied:
+                self.counters.duplicate_pushes += 1
+                return True, 0
+            found, rows = self.store.fetch(unique_ids, with_state=True)
+            if not found.all():
+                self._create_missing(unique_ids, found, rows)
+            rows.versions += 1
+            apply_update(self.spec.optimizer, rows.weights, rows.state, summed, rows.versions)
+            self.store.insert(unique_ids, rows)
+            self._remember(request_id)
+            self.counters.rows_pushed += len(ids)
+            return False, len(unique_ids)
+
+    def _create_missing(self, ids: np.ndarray, found: np.ndarray, rows: RowBatch) -> None:
+        """Initialise the rows of ``ids`` not ``found``, store them and fill them into ``rows``."""
+        missing = np.flatnonzero(~found)
+        new_ids, inverse = np.unique(ids[missing], return_inverse=True)
+        fresh = RowBatch(
+            weights=initial_rows(self.spec, new_ids),
+            state=torch.zeros(len(new_ids), self.store.state_width, dtype=torch.float32),
+            versions=torch.zeros(len(new_ids), dtype=torch.int64),
+        )
+        self.store.insert(new_ids, fresh)
+        where = torch.from_numpy(missing)
+        source = torch.from_numpy(inverse.astype(np.int64, copy=False))
+        rows.weights[where] = fresh.weights[source]
+        rows.versions[where] = 0
+        if rows.state.shape[1]:
+            rows.state[where] = 0.0
+
+    def _remember(self, request_id: str) -> None:
+        self._applied[request_id] = None
+        if len(self._applied) > self._dedup_window:
+            self._applied.popitem(last=False)

@@ -1,0 +1,57 @@
+"""The wire contract: generated messages and the packed byte layout.
+
+This is the only module that imports the generated code; everything else
+imports ``pb`` (messages) and ``pb_grpc`` (stubs and servicer base) from here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ember.v1 import parameter_server_pb2 as pb
+from ember.v1 import parameter_server_pb2_grpc as pb_grpc
+
+from ember.ps_server.errors import InvalidArgumentError
+
+__all__ = ["pb", "pb_grpc", "SERVICE_NAME", "decode_ids", "decode_rows", "ROW_BYTES_PER_ELEMENT"]
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+ID_DTYPE = np.dtype("<i8")
+ROW_DTYPE = np.dtype("<f4")
+VERSION_DTYPE = np.dtype("<i8")
+ROW_BYTES_PER_ELEMENT = ROW_DTYPE.itemsize
+
+
+def decode_ids(data: bytes) -> np.ndarray:
+    """View packed little-endian int64 ids as an array without copying.
+
+    Raises:
+        InvalidArgumentError: the length is not a multiple of 8 or an id is negative.
+    """
+    if len(data) % ID_DTYPE.itemsize:
+        raise InvalidArgumentError(
+            f"ids must be packed little-endian int64: {len(data)} bytes is not a multiple of 8"
+        )
+    ids = np.frombuffer(data, dtype=ID_DTYPE)
+    if len(ids) and ids.min() < 0:
+        raise InvalidArgumentError(f"ids must be >= 0; got {int(ids.min())}")
+    return ids
+
+
+def decode_rows(data: bytes, num_rows: int, dim: int, what: str) -> np.ndarray:
+    """View packed float32 rows as a read-only [num_rows, dim] array.
+
+    Raises:
+        InvalidArgumentError: the byte length does not equal num_rows * dim * 4.
+    """
+    expected = num_rows * dim * ROW_DTYPE.itemsize
+    if len(data) != expected:
+        raise InvalidArgumentError(
+            f"{what} must hold {num_rows} ids x dim {dim} float32 = {expected} bytes, got {len(data)}"
+        )
+    return np.frombuffer(data, dtype=ROW_DTYPE).reshape(num_rows, dim)
+
+
+def encode_ids(ids: np.ndarray) -> bytes:
+    """Pack an integer array as little-endian int64 bytes."""
+    return np.ascontiguousarray(ids, dtype=ID_DTYPE).tobytes()
