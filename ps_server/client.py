@@ -9,10 +9,11 @@ most once) and raises :class:`PSClientError` naming the shard otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 import numpy as np
@@ -20,12 +21,14 @@ import torch
 
 from ember.ps_server.config import ClientConfig, message_size_options
 from ember.ps_server.errors import PSClientError
+from ember.ps_server.fanout import FanOut
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.server import TableStats
 from ember.ps_server.table import TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import encode_ids, pb, pb_grpc
+from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc, readonly_tensor
+from ember.ps_server.wire_codec import decode_pull_reply, encode_push_request
 
 # Room for field tags, the table name and the request id beside the payload.
 _REQUEST_OVERHEAD_BYTES = 4096
@@ -39,6 +42,23 @@ class ShardStats:
     shard: int
     num_shards: int
     tables: list[TableStats]
+
+
+class _DataPathStub(pb_grpc.ParameterServerStub):
+    """The generated stub with Pull replies and Push requests on the zero-copy codecs."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        super().__init__(channel)
+        self.Pull = channel.unary_unary(
+            f"/{SERVICE_NAME}/Pull",
+            request_serializer=pb.PullRequest.SerializeToString,
+            response_deserializer=decode_pull_reply,
+        )
+        self.Push = channel.unary_unary(
+            f"/{SERVICE_NAME}/Push",
+            request_serializer=None,  # already encoded by encode_push_request
+            response_deserializer=pb.PushResponse.FromString,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +93,8 @@ class PSClient:
         self.endpoints = endpoints
         options = message_size_options(self.config.max_message_bytes)
         self._channels = [grpc.insecure_channel(e, options=options) for e in endpoints]
-        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        self._stubs = [_DataPathStub(c) for c in self._channels]
+        self._fan_out = FanOut(max_workers=2 * len(endpoints))
         self._dims: dict[str, int] = {}
         self._client_id = uuid.uuid4().hex
         self._sequence = itertools.count()
@@ -92,6 +113,7 @@ class PSClient:
 
     def close(self) -> None:
         """Close the channels to all shards."""
+        self._fan_out.close()
         for channel in self._channels:
             channel.close()
 
@@ -135,16 +157,16 @@ class PSClient:
         """Rows [n, dim] float32 and their versions [n] int64, in the order of ``ids``."""
         id_array = as_id_array(ids)
         dim = self.dim(table)
-        rows = np.empty((len(id_array), dim), dtype=np.float32)
-        versions = np.empty(len(id_array), dtype=np.int64)
+        rows = torch.empty(len(id_array), dim, dtype=torch.float32)
+        versions = torch.empty(len(id_array), dtype=torch.int64)
         calls, positions = [], []
         for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
             calls.append(_Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))))
-            positions.append(chunk)
+            positions.append(torch.from_numpy(chunk))
         for chunk, reply in zip(positions, self._run(calls)):
-            rows[chunk] = np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim)
-            versions[chunk] = np.frombuffer(reply.versions, dtype=np.int64)
-        return torch.from_numpy(rows), torch.from_numpy(versions)
+            rows.index_copy_(0, chunk, readonly_tensor(reply.values, torch.float32).view(-1, dim))
+            versions.index_copy_(0, chunk, readonly_tensor(reply.versions, torch.int64))
+        return rows, versions
 
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.
@@ -165,11 +187,8 @@ class PSClient:
             _Call(
                 shard,
                 "Push",
-                pb.PushRequest(
-                    table=table,
-                    ids=encode_ids(unique_ids[chunk]),
-                    grads=summed_np[chunk].tobytes(),
-                    request_id=f"{request_id}:{shard}:{number}",
+                encode_push_request(
+                    table, unique_ids[chunk], summed_np[chunk], f"{request_id}:{shard}:{number}"
                 ),
             )
             for number, (shard, chunk) in enumerate(self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8))
@@ -214,19 +233,17 @@ class PSClient:
         pending = list(range(len(calls)))
         backoff = config.initial_backoff_s
         for attempt in range(1, config.max_attempts + 1):
-            futures = [
-                (i, getattr(self._stubs[calls[i].shard], calls[i].method).future(calls[i].request, timeout=config.timeout_s))
-                for i in pending
-            ]
+            outcomes = self._fan_out.run([self._invoker(calls[i]) for i in pending])
             retry, failure = [], None
-            for i, future in futures:
-                try:
-                    replies[i] = future.result()
-                except grpc.RpcError as error:
-                    if error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:
-                        retry.append(i)
-                    elif failure is None:
-                        failure = self._client_error(calls[i], error, attempt)
+            for i, (reply, error) in zip(pending, outcomes):
+                if error is None:
+                    replies[i] = reply
+                elif not isinstance(error, grpc.RpcError):
+                    raise error
+                elif error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:
+                    retry.append(i)
+                elif failure is None:
+                    failure = self._client_error(calls[i], error, attempt)
             if failure is not None:
                 raise failure
             if not retry:
@@ -235,6 +252,10 @@ class PSClient:
             time.sleep(backoff)
             backoff = min(2 * backoff, config.max_backoff_s)
         raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    def _invoker(self, call: _Call) -> Callable[[], Any]:
+        method = getattr(self._stubs[call.shard], call.method)
+        return functools.partial(method, call.request, timeout=self.config.timeout_s)
 
     def _client_error(self, call: _Call, error: grpc.RpcError, attempts: int) -> PSClientError:
         details = error.details() or ""

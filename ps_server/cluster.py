@@ -33,6 +33,8 @@ class LocalCluster:
         extra_args: further ``ember ps`` flags for every shard.
         workdir: where ready files and shard logs go (a temp dir by default).
         host: address the shards bind.
+        server_command: the program each shard runs, before its flags; any
+            server that accepts the ``ember ps`` flags and writes the ready file.
 
     Example:
         >>> with LocalCluster(2) as cluster:                     # doctest: +SKIP
@@ -45,12 +47,14 @@ class LocalCluster:
         extra_args: Sequence[str] = (),
         workdir: Path | None = None,
         host: str = "127.0.0.1",
+        server_command: Sequence[str] = (sys.executable, "-m", "ember.cli.main", "ps"),
     ) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.num_shards = num_shards
         self.host = host
         self._extra_args = list(extra_args)
+        self._server_command = list(server_command)
         self._tempdir = None if workdir else tempfile.TemporaryDirectory(prefix="ember-cluster-")
         self.workdir = Path(workdir or self._tempdir.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +114,7 @@ class LocalCluster:
         ready = self.workdir / f"shard-{shard}.ready"
         ready.unlink(missing_ok=True)
         command = [
-            sys.executable, "-m", "ember.cli.main", "ps",
+            *self._server_command,
             "--shard", str(shard), "--num-shards", str(self.num_shards),
             "--host", self.host, "--port", "0", "--ready-file", str(ready),
             *self._extra_args,

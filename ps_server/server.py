@@ -32,10 +32,10 @@ _REPLY_OVERHEAD_BYTES = 1024
 
 @dataclasses.dataclass(frozen=True)
 class PullReply:
-    """Packed reply of a pull: float32 rows and int64 versions, in request order."""
+    """Reply of a pull, in request order: float32 rows [n, dim] and int64 versions [n]."""
 
-    values: bytes
-    versions: bytes
+    values: np.ndarray
+    versions: np.ndarray
     dim: int
 
 
@@ -106,7 +106,7 @@ class ParameterServer:
         with self._tables_lock:
             return [self._tables[name].spec for name in sorted(self._tables)]
 
-    def pull(self, table: str, ids: bytes) -> PullReply:
+    def pull(self, table: str, ids: bytes | memoryview) -> PullReply:
         """Rows and versions for packed ``ids`` (duplicates allowed), in request order."""
         target = self._table(table)
         id_array = decode_ids(ids)
@@ -119,12 +119,12 @@ class ParameterServer:
                 "split the ids into smaller requests"
             )
         self._check_owned(table, id_array)
-        if len(id_array) == 0:
-            return PullReply(values=b"", versions=b"", dim=dim)
         weights, versions = target.pull(id_array)
-        return PullReply(values=weights.numpy().tobytes(), versions=versions.numpy().tobytes(), dim=dim)
+        return PullReply(values=weights.numpy(), versions=versions.numpy(), dim=dim)
 
-    def push(self, table: str, ids: bytes, grads: bytes, request_id: str) -> tuple[bool, int]:
+    def push(
+        self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
+    ) -> tuple[bool, int]:
         """Apply packed gradients; returns ``(duplicate, rows_updated)``.
 
         Raises:

@@ -21,8 +21,29 @@ from ember.ps_server.errors import EmberError, status_code_for
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
+from ember.ps_server.wire_codec import decode_push_request, encode_pull_reply
 
 log = logging.getLogger(__name__)
+
+
+def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
+    """The service's handlers; Pull replies and Push requests use the zero-copy codecs."""
+    handlers = {
+        "CreateTable": (pb.CreateTableRequest.FromString, pb.CreateTableResponse.SerializeToString),
+        "Pull": (pb.PullRequest.FromString, None),
+        "Push": (None, pb.PushResponse.SerializeToString),  # decoded in the handler
+        "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
+        "ListTables": (pb.ListTablesRequest.FromString, pb.ListTablesResponse.SerializeToString),
+    }
+    return grpc.method_handlers_generic_handler(
+        SERVICE_NAME,
+        {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name), request_deserializer=decode, response_serializer=encode
+            )
+            for name, (decode, encode) in handlers.items()
+        },
+    )
 
 
 def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -53,12 +74,15 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         return pb.CreateTableResponse(created=created)
 
     @_rpc
-    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
+        """Returns the serialised PullResponse (see wire_codec)."""
         reply = self.server.pull(request.table, request.ids)
-        return pb.PullResponse(values=reply.values, versions=reply.versions, dim=reply.dim)
+        return encode_pull_reply(reply.values, reply.versions, reply.dim)
 
     @_rpc
-    def Push(self, request: pb.PushRequest, context: grpc.ServicerContext) -> pb.PushResponse:
+    def Push(self, serialized: bytes, context: grpc.ServicerContext) -> pb.PushResponse:
+        """Takes the serialised PushRequest (see wire_codec)."""
+        request = decode_push_request(serialized)
         duplicate, rows = self.server.push(request.table, request.ids, request.grads, request.request_id)
         return pb.PushResponse(duplicate=duplicate, rows_updated=rows)
 
@@ -116,7 +140,7 @@ class ShardServer:
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),
         )
-        pb_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(logic), grpc_server)
+        grpc_server.add_generic_rpc_handlers((_method_handlers(ParameterServerServicer(logic)),))
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
         reflection.enable_server_reflection(

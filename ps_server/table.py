@@ -49,6 +49,8 @@ class Table:
 
     def pull(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and versions for ``ids`` in order (duplicates allowed), creating missing rows."""
+        if len(ids) == 0:
+            return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
         with self._lock:
             found, rows = self.store.fetch(ids, with_state=False)
             if not found.all():

@@ -1,0 +1,21 @@
+# The two quick-start commands: `make demo` and `make test`. Each sets up what
+# it needs (scripts/setup-venv.sh is idempotent).
+VENV := .venv
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup bench clean
+
+setup:
+	@bash scripts/setup-venv.sh
+
+demo: setup
+	$(VENV)/bin/ember demo
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(VENV)/bin/python benchmarks/bench_ps.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

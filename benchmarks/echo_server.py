@@ -1,0 +1,71 @@
+"""A raw gRPC bytes service: the transport baseline of bench_ps.py.
+
+It accepts the ``ember ps`` flags (so LocalCluster starts it the same way as a
+shard) and serves two methods with identity (de)serialisers:
+
+* ``/ember.bench.Echo/Pull``: request = packed ids; reply = as many bytes as a
+  pull reply of that many rows of ``--dim`` floats plus int64 versions.
+* ``/ember.bench.Echo/Push``: request = any bytes; reply = 8 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from ember.ps_server.config import message_size_options
+
+SERVICE = "ember.bench.Echo"
+
+
+def _handlers(dim: int, max_rows: int) -> grpc.GenericRpcHandler:
+    row_bytes = 4 * dim + 8
+    payload = os.urandom(max_rows * row_bytes)
+
+    def pull(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return payload[: (len(request) // 8) * row_bytes]
+
+    def push(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return len(request).to_bytes(8, "little")
+
+    methods = {
+        "Pull": grpc.unary_unary_rpc_method_handler(pull),
+        "Push": grpc.unary_unary_rpc_method_handler(push),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag in ("--shard", "--num-shards", "--port", "--workers", "--max-message-bytes"):
+        parser.add_argument(flag, type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument("--dim", type=int, default=64)
+    args = parser.parse_args()
+    max_bytes = args.max_message_bytes or (64 << 20)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=args.workers or 8), options=message_size_options(max_bytes)
+    )
+    server.add_generic_rpc_handlers((_handlers(args.dim, max_bytes // (4 * args.dim + 8)),))
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    server.start()
+    tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+    tmp.write_text(json.dumps({"endpoint": f"{args.host}:{port}"}))
+    os.replace(tmp, args.ready_file)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    server.stop(1).wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Idempotent setup of .venv: Python 3.10+, a CPU torch 2.13.0 unless a torch is
+# already importable by the system Python (then the venv sees it), and Ember
+# in editable mode with its dev extras. Re-runs only when pyproject.toml changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV=.venv
+STAMP="$VENV/.ember-installed"
+TORCH_CPU_VERSION=2.13.0
+
+if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && "$VENV/bin/python" -c "import ember.ps_server, torch" 2>/dev/null; then
+  exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PYTHON" -c "import torch" 2>/dev/null; then
+    echo "setup: using the torch that $PYTHON already has" >&2
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+  else
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
+
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "setup: installing CPU torch $TORCH_CPU_VERSION" >&2
+  pip install "torch==$TORCH_CPU_VERSION"
+fi
+echo "setup: installing ember-ps and its dev tools" >&2
+pip install -e ".[dev]"
+touch "$STAMP"

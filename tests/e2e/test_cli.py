@@ -1,0 +1,91 @@
+"""The ``ember`` console script as a user runs it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ember.ps_server.client import PSClient
+from ember.ps_server.table_spec import TableSpec
+
+EMBER = [sys.executable, "-m", "ember.cli.main"]
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert process.poll() is None, process.stdout.read()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_cluster_up_serves_then_stops_cleanly(tmp_path, stop_signal):
+    endpoints_file = tmp_path / "endpoints.json"
+    process = subprocess.Popen(
+        [*EMBER, "cluster", "up", "--shards", "3", "--endpoints-file", str(endpoints_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_for(endpoints_file, process)
+        endpoints = json.loads(endpoints_file.read_text())["endpoints"]
+        assert len(endpoints) == 3
+        with PSClient(endpoints) as client:
+            client.create_table(TableSpec("cli", dim=4))
+            assert client.pull("cli", [1, 2, 3]).shape == (3, 4)
+            assert [s.shard for s in client.stats()] == [0, 1, 2]
+        process.send_signal(stop_signal)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert "cluster stopped" in output
+    assert not endpoints_file.exists()
+
+
+def test_demo_runs_and_reports_throughput():
+    result = subprocess.run(
+        [*EMBER, "demo", "--seconds", "1.5", "--batch", "256", "--num-ids", "10000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = result.stdout.split("-" * 60)[-1]
+    samples_per_s = float(summary.split("samples/s")[1].split()[0])
+    assert samples_per_s > 0
+    assert "shards stopped cleanly" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ps", "--shard", "3", "--num-shards", "2"], "shard must be in 0..1"),
+        (["ps", "--port", "70000"], "port must be in 0..65535"),
+        (["cluster", "up", "--shards", "0"], "--shards must be >= 1"),
+        (["demo", "--batch", "0"], "--batch must be >= 1"),
+    ],
+)
+def test_bad_flags_exit_with_a_clear_message(argv, message):
+    result = subprocess.run([*EMBER, *argv], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_flags_can_come_from_the_environment(tmp_path):
+    ready_file = tmp_path / "ready.json"
+    result = subprocess.run(
+        [*EMBER, "ps", "--ready-file", str(ready_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "EMBER_SHARD": "5", "EMBER_NUM_SHARDS": "2"},
+    )
+    assert result.returncode != 0 and "shard must be in 0..1, got 5" in result.stderr

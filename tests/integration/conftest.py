@@ -1,0 +1,30 @@
+"""Real shard processes on free loopback ports, shared per test session."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import pytest
+
+from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    """Two shards, default limits."""
+    with LocalCluster(2) as running:
+        yield running
+
+
+@pytest.fixture
+def client(cluster: LocalCluster) -> Iterator[PSClient]:
+    with PSClient(cluster.endpoints) as ps:
+        yield ps
+
+
+@pytest.fixture
+def table_name(request: pytest.FixtureRequest) -> str:
+    """A table name unique to the test, so tests sharing a cluster never interfere."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:120]

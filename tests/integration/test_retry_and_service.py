@@ -1,0 +1,100 @@
+"""Retries, deduplication of request ids, health and reflection on real shards."""
+
+import socket
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.config import ClientConfig
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc
+
+
+def test_a_retried_request_id_is_applied_once(table_name):
+    spec = TableSpec(table_name, dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    owned = np.array([0, 1, 2], dtype=np.int64)  # a single shard owns every id
+    with LocalCluster(1) as single, grpc.insecure_channel(single.endpoints[0]) as channel:
+        stub = pb_grpc.ParameterServerStub(channel)
+        stub.CreateTable(pb.CreateTableRequest(spec=spec.to_proto()), timeout=10)
+        grads = np.full((3, 4), 0.25, dtype=np.float32)
+        request = pb.PushRequest(table=table_name, ids=encode_ids(owned), grads=grads.tobytes(), request_id="req-1")
+        first = stub.Push(request, timeout=10)
+        again = stub.Push(request, timeout=10)  # as a client does after losing the first reply
+        assert (first.duplicate, first.rows_updated) == (False, 3)
+        assert (again.duplicate, again.rows_updated) == (True, 0)
+        reply = stub.Pull(pb.PullRequest(table=table_name, ids=encode_ids(owned)), timeout=10)
+        values = np.frombuffer(reply.values, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_allclose(values, initial_rows(spec, owned).numpy() - 0.25, rtol=1e-6)
+        assert np.frombuffer(reply.versions, dtype=np.int64).tolist() == [1, 1, 1]
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_shard_fails_with_one_clear_error_naming_it():
+    endpoint = f"127.0.0.1:{_unused_port()}"
+    config = ClientConfig(timeout_s=2.0, max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
+    with PSClient([endpoint], config) as client:
+        with pytest.raises(PSClientError) as info:
+            client.create_table(TableSpec("t", dim=4))
+    error = info.value
+    assert error.endpoint == endpoint and error.code == grpc.StatusCode.UNAVAILABLE
+    assert endpoint in str(error) and "gave up after 3 attempts" in str(error)
+
+
+def test_client_retries_a_push_through_a_shard_restart(table_name):
+    """A shard that comes back on the same port gets the retried push, applied once."""
+    port = _unused_port()
+    spec = TableSpec(table_name, dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    config = ClientConfig(timeout_s=5.0, max_attempts=60, initial_backoff_s=0.05, max_backoff_s=0.2)
+    with PSClient([f"127.0.0.1:{port}"], config) as client:
+        pushed = threading.Event()
+        failure = []
+
+        def push_while_down():
+            try:
+                client.create_table(spec)
+                client.push(table_name, [7], torch.ones(1, 4))
+            except Exception as error:  # reported by the assertion below
+                failure.append(error)
+            pushed.set()
+
+        thread = threading.Thread(target=push_while_down)
+        thread.start()
+        with LocalCluster(1, extra_args=["--port", str(port)]):
+            assert pushed.wait(timeout=60)
+            thread.join()
+            assert not failure
+            rows, versions = client.pull_with_versions(table_name, [7])
+    expected = initial_rows(spec, np.array([7])) - 1.0
+    torch.testing.assert_close(rows, expected)
+    assert versions.tolist() == [1]
+
+
+def test_health_reports_serving(cluster):
+    with grpc.insecure_channel(cluster.endpoints[1]) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", SERVICE_NAME):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_service(cluster):
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+        names = {s.name for s in reply.list_services_response.service}
+    assert {SERVICE_NAME, "grpc.health.v1.Health"} <= names

@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+
+from ember.ps_server.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotOwnedError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.routing import shard_of
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import encode_ids
+
+SPEC = TableSpec("t", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
+
+
+def _server(**kwargs) -> ParameterServer:
+    server = ParameterServer(shard=0, num_shards=1, **kwargs)
+    server.create_table(SPEC)
+    return server
+
+
+def _grads(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, SPEC.dim)).astype(np.float32)
+
+
+def test_pull_creates_initial_rows_in_request_order_with_duplicates():
+    server = _server()
+    ids = np.array([9, 3, 9, 0], dtype=np.int64)
+    reply = server.pull("t", encode_ids(ids))
+    np.testing.assert_array_equal(reply.values, initial_rows(SPEC, ids).numpy())
+    assert reply.versions.tolist() == [0, 0, 0, 0]
+    assert server.stats()[0].rows == 3
+
+
+def test_push_sums_duplicates_and_bumps_versions_once():
+    server = _server()
+    ids = np.array([5, 2, 5], dtype=np.int64)
+    grads = _grads(3)
+    assert server.push("t", encode_ids(ids), grads.tobytes(), "r1") == (False, 2)
+    reply = server.pull("t", encode_ids(np.array([5, 2], dtype=np.int64)))
+    start = initial_rows(SPEC, np.array([5, 2], dtype=np.int64)).numpy()
+    expected = start - 0.5 * np.stack([grads[0] + grads[2], grads[1]])
+    np.testing.assert_allclose(reply.values, expected, rtol=1e-6)
+    assert reply.versions.tolist() == [1, 1]
+
+
+def test_repeated_request_id_is_applied_once_until_it_leaves_the_window():
+    server = _server(dedup_window=2)
+    ids, grads = encode_ids(np.array([1], dtype=np.int64)), _grads(1).tobytes()
+    assert server.push("t", ids, grads, "a") == (False, 1)
+    assert server.push("t", ids, grads, "a") == (True, 0)
+    server.push("t", ids, grads, "b")
+    server.push("t", ids, grads, "c")  # "a" falls out of a window of 2
+    assert server.push("t", ids, grads, "a") == (False, 1)
+    assert server.pull("t", ids).versions.tolist() == [4]
+    assert server.stats()[0].counters.duplicate_pushes == 1
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradient_rejects_the_whole_request(bad):
+    server = _server()
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    before = server.pull("t", encode_ids(ids))
+    grads = _grads(3)
+    grads[2, 1] = bad
+    with pytest.raises(InvalidArgumentError, match="NaN or Inf .* row 2, id 3"):
+        server.push("t", encode_ids(ids), grads.tobytes(), "r")
+    after = server.pull("t", encode_ids(ids))
+    np.testing.assert_array_equal(after.values, before.values)
+    assert after.versions.tolist() == [0, 0, 0]
+    # The rejected request id was not recorded: a corrected retry applies.
+    assert server.push("t", encode_ids(ids), _grads(3).tobytes(), "r") == (False, 3)
+
+
+@pytest.mark.parametrize(
+    "ids, grads, message",
+    [
+        (b"1234567", b"", "not a multiple of 8"),
+        (encode_ids(np.array([1, 2])), bytes(4 * 4), "grads must hold 2 ids x dim 4 float32 = 32 bytes, got 16"),
+        (encode_ids(np.array([-3])), bytes(16), "ids must be >= 0"),
+    ],
+)
+def test_malformed_push_is_invalid_argument(ids, grads, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        _server().push("t", ids, grads, "r")
+
+
+def test_empty_push_and_pull_are_ok():
+    server = _server()
+    assert server.push("t", b"", b"", "r") == (False, 0)
+    reply = server.pull("t", b"")
+    assert reply.values.shape == (0, 4) and reply.versions.shape == (0,)
+
+
+def test_push_needs_request_id():
+    with pytest.raises(InvalidArgumentError, match="request_id"):
+        _server().push("t", b"", b"", "")
+
+
+def test_unknown_table_names_the_known_ones():
+    with pytest.raises(TableNotFoundError, match="table 'nope' does not exist \\(tables: t\\)"):
+        _server().pull("nope", b"")
+
+
+def test_foreign_ids_are_refused_before_any_row_is_created():
+    server = ParameterServer(shard=1, num_shards=4)
+    server.create_table(SPEC)
+    ids = np.arange(100, dtype=np.int64)
+    mine = ids[shard_of("t", ids, 4) == 1]
+    server.pull("t", encode_ids(mine))
+    with pytest.raises(NotOwnedError, match="belong to other shards"):
+        server.pull("t", encode_ids(ids))
+    with pytest.raises(NotOwnedError):
+        server.push("t", encode_ids(ids), _grads(100).tobytes(), "r")
+    assert server.stats()[0].rows == len(mine)
+
+
+def test_reply_over_the_message_limit_is_refused():
+    server = _server(max_message_bytes=1 << 16)
+    with pytest.raises(MessageTooLargeError, match="split the ids"):
+        server.pull("t", encode_ids(np.arange(4000)))
+    assert server.stats()[0].rows == 0
+
+
+def test_create_table_is_idempotent_and_refuses_a_different_spec():
+    server = _server()
+    assert server.create_table(SPEC) is False
+    other = TableSpec("t", dim=8)
+    with pytest.raises(TableExistsError, match="different spec"):
+        server.create_table(other)
+    assert server.list_tables() == [SPEC]

@@ -1,0 +1,57 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.wire import pb
+from ember.ps_server.wire_codec import (
+    decode_pull_reply,
+    decode_push_request,
+    encode_pull_reply,
+    encode_push_request,
+)
+
+text = st.text(max_size=40)
+blobs = st.binary(max_size=3000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=blobs, versions=blobs, dim=st.integers(0, 2**32 - 1))
+def test_pull_reply_matches_generated_code_both_ways(values, versions, dim):
+    encoded = encode_pull_reply(values, versions, dim)
+    parsed = pb.PullResponse.FromString(encoded)
+    assert (parsed.values, parsed.versions, parsed.dim) == (values, versions, dim)
+    view = decode_pull_reply(pb.PullResponse(values=values, versions=versions, dim=dim).SerializeToString())
+    assert (bytes(view.values), bytes(view.versions), view.dim) == (values, versions, dim)
+
+
+@settings(max_examples=60, deadline=None)
+@given(table=text, ids=blobs, grads=blobs, request_id=text)
+def test_push_request_matches_generated_code_both_ways(table, ids, grads, request_id):
+    encoded = encode_push_request(table, ids, grads, request_id)
+    parsed = pb.PushRequest.FromString(encoded)
+    assert (parsed.table, parsed.ids, parsed.grads, parsed.request_id) == (table, ids, grads, request_id)
+    generated = pb.PushRequest(table=table, ids=ids, grads=grads, request_id=request_id).SerializeToString()
+    view = decode_push_request(generated)
+    assert (view.table, bytes(view.ids), bytes(view.grads), view.request_id) == (table, ids, grads, request_id)
+
+
+def test_unknown_fields_are_skipped():
+    message = pb.PushRequest(table="t", ids=b"12345678").SerializeToString()
+    extra = bytes([(9 << 3) | 0, 0x96, 0x01, (10 << 3) | 5, 1, 2, 3, 4, (11 << 3) | 1]) + bytes(8)
+    view = decode_push_request(extra + message)
+    assert (view.table, bytes(view.ids)) == ("t", b"12345678")
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (bytes([(2 << 3) | 2, 10]) + b"abc", "runs past the end"),
+        (bytes([(2 << 3) | 2, 0x80]), "varint"),
+        (bytes([(2 << 3) | 3]), "wire type 3"),
+        (bytes([(1 << 3) | 2, 2, 0xFF, 0xFE]), "not valid UTF-8"),
+    ],
+)
+def test_malformed_push_requests_raise_invalid_argument(data, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        decode_push_request(data)
