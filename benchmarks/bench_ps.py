@@ -28,6 +28,7 @@ import torch
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.fanout import FanOut
+from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
@@ -94,6 +95,7 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.4, help="timing budget per round and op")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    retain_freed_buffers()  # one client process serves both systems: same allocator for both
     spec = TableSpec("bench", DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.01))
     echo_command = (sys.executable, str(ECHO_SERVER))
     with LocalCluster(2) as cluster, LocalCluster(2, server_command=echo_command) as echo:

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 
 from ember.ps_server.config import message_size_options
+from ember.ps_server.malloc_tuning import retain_freed_buffers
 
 SERVICE = "ember.bench.Echo"
 
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     args = parser.parse_args()
     max_bytes = args.max_message_bytes or (64 << 20)
+    retain_freed_buffers(max_bytes)  # as a shard does
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=args.workers or 8), options=message_size_options(max_bytes)
     )

@@ -1,1 +1,1 @@
-"""x"""
+"""Ember's native C++/CUDA ops and their one loader (see loader.py)."""

@@ -22,13 +22,13 @@ import torch
 from ember.ps_server.config import ClientConfig, message_size_options
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.fanout import FanOut
-from ember.ps_server.id_arrays import as_grad_rows, as_id_array
+from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.server import TableStats
 from ember.ps_server.table import TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc, readonly_tensor
-from ember.ps_server.wire_codec import decode_pull_reply, encode_push_request
+from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc
+from ember.ps_server.wire_codec import PullReplyView, decode_pull_reply, encode_push_request
 
 # Room for field tags, the table name and the request id beside the payload.
 _REQUEST_OVERHEAD_BYTES = 4096
@@ -157,16 +157,22 @@ class PSClient:
         """Rows [n, dim] float32 and their versions [n] int64, in the order of ``ids``."""
         id_array = as_id_array(ids)
         dim = self.dim(table)
-        rows = torch.empty(len(id_array), dim, dtype=torch.float32)
-        versions = torch.empty(len(id_array), dtype=torch.int64)
-        calls, positions = [], []
-        for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
-            calls.append(_Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))))
-            positions.append(torch.from_numpy(chunk))
-        for chunk, reply in zip(positions, self._run(calls)):
-            rows.index_copy_(0, chunk, readonly_tensor(reply.values, torch.float32).view(-1, dim))
-            versions.index_copy_(0, chunk, readonly_tensor(reply.versions, torch.int64))
-        return rows, versions
+        rows = np.empty((len(id_array), dim), dtype=np.float32)
+        versions = np.empty(len(id_array), dtype=np.int64)
+        chunks = self._chunks(table, id_array, bytes_per_row=4 * dim + 8)
+        calls = [
+            _Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk])))
+            for shard, chunk in chunks
+        ]
+
+        def place(index: int, reply: PullReplyView) -> None:
+            # Single-threaded numpy: no intra-op thread wake-ups, overlaps the other shards' replies.
+            positions = chunks[index][1]
+            rows[positions] = np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim)
+            versions[positions] = np.frombuffer(reply.versions, dtype=np.int64)
+
+        self._run(calls, on_reply=place)
+        return torch.from_numpy(rows), torch.from_numpy(versions)
 
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.
@@ -178,9 +184,7 @@ class PSClient:
         id_array = as_id_array(ids)
         dim = self.dim(table)
         grad_rows = as_grad_rows(grads, len(id_array), dim)
-        unique_ids, inverse = np.unique(id_array, return_inverse=True)
-        summed = torch.zeros(len(unique_ids), dim, dtype=torch.float32)
-        summed.index_add_(0, torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False)), grad_rows)
+        unique_ids, summed = sum_duplicates(id_array, grad_rows)
         summed_np = summed.numpy()
         request_id = f"{self._client_id}:{next(self._sequence)}"
         calls = [
@@ -226,18 +230,23 @@ class PSClient:
             for start in range(0, len(positions), rows_per_message)
         ]
 
-    def _run(self, calls: list[_Call]) -> list[Any]:
-        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order."""
+    def _run(self, calls: list[_Call], on_reply: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order.
+
+        ``on_reply(i, reply)`` runs on this thread as each reply arrives.
+        """
         config = self.config
         replies: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
         backoff = config.initial_backoff_s
         for attempt in range(1, config.max_attempts + 1):
-            outcomes = self._fan_out.run([self._invoker(calls[i]) for i in pending])
             retry, failure = [], None
-            for i, (reply, error) in zip(pending, outcomes):
+            for k, (reply, error) in self._fan_out.as_completed([self._invoker(calls[i]) for i in pending]):
+                i = pending[k]
                 if error is None:
                     replies[i] = reply
+                    if on_reply is not None:
+                        on_reply(i, reply)
                 elif not isinstance(error, grpc.RpcError):
                     raise error
                 elif error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:

@@ -21,6 +21,10 @@ class ShardConfig:
         workers: gRPC handler threads.
         max_message_bytes: largest request or reply.
         dedup_window: recent push request ids remembered per table.
+        torch_threads: intra-op threads of the shard's tensor ops. Shard work
+            is memory-bound and requests already run on ``workers`` threads;
+            more intra-op threads mostly spin, stealing cores from the
+            handlers (and, on one machine, from trainers).
     """
 
     shard: int = 0
@@ -30,6 +34,7 @@ class ShardConfig:
     workers: int = 8
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     dedup_window: int = 65536
+    torch_threads: int = 1
 
     @classmethod
     def from_env(cls) -> ShardConfig:
@@ -50,6 +55,8 @@ class ShardConfig:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
         if self.dedup_window < 1:
             raise ValueError(f"dedup_window must be >= 1, got {self.dedup_window}")
+        if self.torch_threads < 1:
+            raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ wait) avoids that cost on every request. A single call runs inline.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 Outcome = tuple[Any, BaseException | None]
 
@@ -36,10 +36,20 @@ class FanOut:
 
     def run(self, calls: Sequence[Callable[[], Any]]) -> list[Outcome]:
         """``(result, None)`` or ``(None, exception)`` for every call, in order."""
+        outcomes: list[Outcome] = [(None, None)] * len(calls)
+        for index, outcome in self.as_completed(calls):
+            outcomes[index] = outcome
+        return outcomes
+
+    def as_completed(self, calls: Sequence[Callable[[], Any]]) -> Iterator[tuple[int, Outcome]]:
+        """``(index, outcome)`` of every call as it finishes, so results can be
+        consumed while other calls are still in flight."""
         if len(calls) == 1:
-            return [_outcome(calls[0])]
-        futures = [self._pool.submit(_outcome, call) for call in calls]
-        return [future.result() for future in futures]
+            yield 0, _outcome(calls[0])
+            return
+        futures = {self._pool.submit(_outcome, call): index for index, call in enumerate(calls)}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result()
 
     def close(self) -> None:
         """Stop the pool's threads."""

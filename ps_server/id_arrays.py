@@ -48,3 +48,17 @@ def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
     if not bool(torch.isfinite(tensor).all()):
         raise ValueError("grads contain NaN or Inf")
     return tensor
+
+
+def sum_duplicates(ids: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """Distinct ids in ascending order and the summed gradient rows of each.
+
+    Ids that are already strictly increasing (as a client sends them) skip the
+    sort and the summation.
+    """
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, grads
+    unique_ids, inverse = np.unique(ids, return_inverse=True)
+    summed = torch.zeros(len(unique_ids), grads.shape[1], dtype=grads.dtype)
+    summed.index_add_(0, torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False)), grads)
+    return unique_ids, summed

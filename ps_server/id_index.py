@@ -1,14 +1,17 @@
-"""A vectorised open-addressing hash map from non-negative int64 id to row slot.
+"""An open-addressing hash map from non-negative int64 id to row slot.
 
-Two flat numpy arrays (keys, slots) with linear probing: 16 bytes per bucket
-and no Python object per id. Batches are probed with array operations, one
-probe step for all pending ids per loop iteration.
+Two flat int64 arrays (keys, slots) with linear probing: 16 bytes per bucket
+and no Python object per id. Probing runs in the native ``torch.ops.ember``
+hash-map ops when they are available, else in the numpy reference here, which
+probes a whole batch one step per loop iteration. Both use the same layout.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from ember.kernels.loader import native_ops_available
 from ember.ps_server.routing import mix64
 
 _EMPTY = -1
@@ -27,8 +30,9 @@ class IdIndex:
 
     MAX_LOAD = 0.7
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, native: bool | None = None) -> None:
         capacity = 1 << max(4, (max(1, capacity) - 1).bit_length())
+        self._native = native_ops_available() if native is None else native
         self._keys = np.full(capacity, _EMPTY, dtype=np.int64)
         self._slots = np.empty(capacity, dtype=np.int64)
         self._size = 0
@@ -47,6 +51,12 @@ class IdIndex:
 
     def find(self, ids: np.ndarray) -> np.ndarray:
         """Slot of every id, or -1 where the id is absent. Duplicates allowed."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if self._native:
+            if not ids.flags.writeable:  # e.g. a view of request bytes; torch wants writable memory
+                ids = ids.copy()
+            keys, slots = torch.from_numpy(self._keys), torch.from_numpy(self._slots)
+            return torch.ops.ember.hash_find(keys, slots, torch.from_numpy(ids)).numpy()
         result = np.full(len(ids), -1, dtype=np.int64)
         pending = np.arange(len(ids))
         pos = self._home(ids)
@@ -85,6 +95,12 @@ class IdIndex:
         self._place(ids, slots)
 
     def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        if self._native:
+            keys, table_slots = torch.from_numpy(self._keys), torch.from_numpy(self._slots)
+            torch.ops.ember.hash_insert(keys, table_slots, torch.from_numpy(ids), torch.from_numpy(slots))
+            return
         pending = np.arange(len(ids))
         pos = self._home(ids)
         mask = len(self._keys) - 1

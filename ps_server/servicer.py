@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ember.ps_server.config import ShardConfig, message_size_options
 from ember.ps_server.errors import EmberError, status_code_for
+from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
@@ -133,6 +135,8 @@ class ShardServer:
     def start(cls, config: ShardConfig) -> ShardServer:
         """Bind, register the services and start serving."""
         config.validate()
+        torch.set_num_threads(config.torch_threads)
+        retain_freed_buffers(config.max_message_bytes)
         logic = ParameterServer(
             config.shard, config.num_shards, config.max_message_bytes, config.dedup_window
         )

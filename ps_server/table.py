@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import torch
 
+from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.optimizers import apply_update, state_width
 from ember.ps_server.store import InMemoryStore, RowBatch
@@ -66,9 +67,7 @@ class Table:
             ``(duplicate, rows_updated)``; ``duplicate`` is true (and nothing is
             applied) when ``request_id`` was applied before.
         """
-        unique_ids, inverse = np.unique(ids, return_inverse=True)
-        summed = torch.zeros(len(unique_ids), self.spec.dim, dtype=torch.float32)
-        summed.index_add_(0, torch.from_numpy(inverse.astype(np.int64, copy=False)), grads)
+        unique_ids, summed = sum_duplicates(ids, grads)
         with self._lock:
             self.counters.push_requests += 1
             if request_id in self._applied:

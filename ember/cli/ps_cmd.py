@@ -33,6 +33,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="recent push request ids remembered per table (env EMBER_DEDUP_WINDOW)",
     )
     parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=defaults.torch_threads,
+        help="intra-op threads of tensor ops (env EMBER_TORCH_THREADS)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         max_message_bytes=args.max_message_bytes,
         dedup_window=args.dedup_window,
+        torch_threads=args.torch_threads,
     )
     try:
         config.validate()

@@ -1,0 +1,51 @@
+import pytest
+
+from ember.kernels import loader
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    loader.native_ops_available.cache_clear()
+    yield
+    loader.native_ops_available.cache_clear()
+
+
+def test_reference_mode_never_builds(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_KERNELS", "reference")
+    monkeypatch.setenv("EMBER_KERNELS_CACHE", str(tmp_path))
+    assert loader.native_ops_available() is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_mode_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("EMBER_KERNELS", "fastest")
+    with pytest.raises(ValueError, match="EMBER_KERNELS must be one of auto, native, reference"):
+        loader.native_ops_available()
+
+
+def test_build_directory_is_keyed_by_sources_and_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_KERNELS_CACHE", str(tmp_path))
+    first = loader.build_directory()
+    assert first.parent == tmp_path and first.name.startswith("cpu-")
+    assert loader.build_directory() == first
+    monkeypatch.setattr(loader.torch, "__version__", "0.0.0-other")
+    assert loader.build_directory() != first
+
+
+def test_native_mode_reports_a_failed_build(monkeypatch):
+    monkeypatch.setenv("EMBER_KERNELS", "native")
+
+    def broken() -> None:
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(loader, "_build_and_load", broken)
+    with pytest.raises(loader.KernelBuildError, match="no compiler"):
+        loader.native_ops_available()
+
+
+def test_auto_mode_falls_back_with_one_log_line(monkeypatch, caplog):
+    monkeypatch.setenv("EMBER_KERNELS", "auto")
+    monkeypatch.setattr(loader, "_build_and_load", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+    with caplog.at_level("WARNING"):
+        assert loader.native_ops_available() is False
+    assert [r.message for r in caplog.records] == ["ember kernels: reference backend (native build failed: no compiler)"]
