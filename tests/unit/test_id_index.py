@@ -3,14 +3,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.kernels.loader import native_ops_available
 from ember.ps_server.id_index import IdIndex
+from tests.support.native import require_native
 
 
 @pytest.fixture(params=["native", "reference"])
 def backend(request) -> bool:
-    if request.param == "native" and not native_ops_available():
-        pytest.skip("native ops could not be built here (no C++ toolchain); reference covers the logic")
+    if request.param == "native":
+        require_native()
     return request.param == "native"
 
 
@@ -53,8 +53,8 @@ def test_extreme_ids(backend):
 @settings(max_examples=40, deadline=None)
 @given(batches=st.lists(st.lists(st.integers(0, 2**63 - 1), max_size=50), max_size=20))
 def test_batches_of_inserts_match_dict(native, batches):
-    if native and not native_ops_available():
-        pytest.skip("native ops could not be built here")
+    if native:
+        require_native()
     index, reference = IdIndex(capacity=4, native=native), {}
     for batch in batches:
         fresh = list(dict.fromkeys(i for i in batch if i not in reference))
@@ -73,8 +73,7 @@ def test_index_bytes_stay_within_load_factor():
 
 
 def test_native_and_reference_share_one_layout():
-    if not native_ops_available():
-        pytest.skip("native ops could not be built here")
+    require_native()
     rng = np.random.default_rng(1)
     ids = np.unique(rng.integers(0, 2**40, size=50_000))
     written = IdIndex(capacity=16, native=True)
