@@ -25,7 +25,7 @@ from ember.env import env_value
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CPU_SOURCES = ("hash_map.cpp",)
+CPU_SOURCES = ("hash_map.cpp", "rows.cpp")
 MODES = ("auto", "native", "reference")
 
 

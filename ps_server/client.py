@@ -27,7 +27,8 @@ from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.server import TableStats
 from ember.ps_server.table import TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc
+from ember.kernels.rows import scatter_rows
+from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc, readonly_tensor
 from ember.ps_server.wire_codec import PullReplyView, decode_pull_reply, encode_push_request
 
 # Room for field tags, the table name and the request id beside the payload.
@@ -157,8 +158,8 @@ class PSClient:
         """Rows [n, dim] float32 and their versions [n] int64, in the order of ``ids``."""
         id_array = as_id_array(ids)
         dim = self.dim(table)
-        rows = np.empty((len(id_array), dim), dtype=np.float32)
-        versions = np.empty(len(id_array), dtype=np.int64)
+        rows = torch.empty(len(id_array), dim, dtype=torch.float32)
+        versions = torch.empty(len(id_array), dtype=torch.int64)
         chunks = self._chunks(table, id_array, bytes_per_row=4 * dim + 8)
         calls = [
             _Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk])))
@@ -166,13 +167,13 @@ class PSClient:
         ]
 
         def place(index: int, reply: PullReplyView) -> None:
-            # Single-threaded numpy: no intra-op thread wake-ups, overlaps the other shards' replies.
-            positions = chunks[index][1]
-            rows[positions] = np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim)
-            versions[positions] = np.frombuffer(reply.versions, dtype=np.int64)
+            # Runs while other shards' replies are still in flight.
+            positions = torch.from_numpy(chunks[index][1])
+            scatter_rows(rows, positions, readonly_tensor(reply.values, torch.float32).view(-1, dim))
+            scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
 
         self._run(calls, on_reply=place)
-        return torch.from_numpy(rows), torch.from_numpy(versions)
+        return rows, versions
 
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.

@@ -45,7 +45,7 @@ def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
     tensor = torch.as_tensor(grads).detach().to("cpu", torch.float32).contiguous()
     if tuple(tensor.shape) != (num_rows, dim):
         raise ValueError(f"grads must have shape ({num_rows}, {dim}), got {tuple(tensor.shape)}")
-    if not bool(torch.isfinite(tensor).all()):
+    if not np.isfinite(tensor.numpy()).all():
         raise ValueError("grads contain NaN or Inf")
     return tensor
 

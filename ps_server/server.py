@@ -139,14 +139,13 @@ class ParameterServer:
         self._check_owned(table, id_array)
         if len(id_array) == 0:
             return False, 0
-        grad_tensor = torch.from_numpy(grad_rows.copy())
-        if not bool(torch.isfinite(grad_tensor).all()):
-            bad = int((~torch.isfinite(grad_tensor)).any(dim=1).nonzero()[0, 0])
+        if not np.isfinite(grad_rows).all():
+            bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
             raise InvalidArgumentError(
                 f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
                 f"{int(id_array[bad])}); nothing was applied"
             )
-        return target.push(id_array, grad_tensor, request_id)
+        return target.push(id_array, torch.from_numpy(grad_rows.copy()), request_id)
 
     def stats(self) -> list[TableStats]:
         """Per-table rows, bytes and traffic counters."""

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from ember.kernels.rows import gather_rows, scatter_rows
 from ember.ps_server.id_index import IdIndex
 
 
@@ -66,15 +67,10 @@ class InMemoryStore:
         if not self._rows:
             return found, _empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
         index = torch.from_numpy(np.where(found, slots, 0))  # absent ids read slot 0
-        state = (
-            self._state.index_select(0, index)
-            if with_state
-            else torch.empty(len(ids), 0, dtype=torch.float32)
-        )
         rows = RowBatch(
-            weights=self._weights.index_select(0, index),
-            state=state,
-            versions=self._versions.index_select(0, index),
+            weights=_take(self._weights, index),
+            state=_take(self._state, index) if with_state else torch.empty(len(ids), 0),
+            versions=_take(self._versions, index),
         )
         return found, rows
 
@@ -89,9 +85,10 @@ class InMemoryStore:
             self._rows += len(new_slots)
             slots[absent] = new_slots
         index = torch.from_numpy(slots)
-        self._weights.index_copy_(0, index, rows.weights)
-        self._state.index_copy_(0, index, rows.state)
-        self._versions.index_copy_(0, index, rows.versions)
+        scatter_rows(self._weights, index, rows.weights.contiguous())
+        if self.state_width:
+            scatter_rows(self._state, index, rows.state.contiguous())
+        scatter_rows(self._versions, index, rows.versions.contiguous())
 
     def _grow(self, rows: int) -> None:
         capacity = len(self._weights)
@@ -102,6 +99,11 @@ class InMemoryStore:
         self._weights = _resized(self._weights, capacity, self._rows)
         self._state = _resized(self._state, capacity, self._rows)
         self._versions = _resized(self._versions, capacity, self._rows)
+
+
+def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((len(index), *table.shape[1:]), dtype=table.dtype)
+    return gather_rows(table, index, out) if out.numel() else out
 
 
 def _resized(tensor: torch.Tensor, capacity: int, used: int) -> torch.Tensor:

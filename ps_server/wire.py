@@ -6,7 +6,10 @@ imports ``pb`` (messages) and ``pb_grpc`` (stubs and servicer base) from here.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import torch
 
 from ember.v1 import parameter_server_pb2 as pb
 from ember.v1 import parameter_server_pb2_grpc as pb_grpc
@@ -56,3 +59,12 @@ def encode_ids(ids: np.ndarray) -> bytes:
     """Pack an integer array as little-endian int64 bytes."""
     return np.ascontiguousarray(ids, dtype=ID_DTYPE).tobytes()
 
+
+
+def readonly_tensor(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
+    """A 1-D tensor viewing ``buffer`` without a copy. Callers must never write to it."""
+    if len(buffer) == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns that the buffer is read-only
+        return torch.frombuffer(buffer, dtype=dtype)
