@@ -18,18 +18,17 @@ import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import grpc
 import numpy as np
 import torch
-
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from ember.ps_server.fanout import FanOut
 from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
@@ -50,7 +49,9 @@ class RawBytesClient:
 
     def call(self, method: str, payloads: list[bytes]) -> None:
         stubs = self._pull if method == "pull" else self._push
-        outcomes = self._fan_out.run([functools.partial(s, p, timeout=60) for s, p in zip(stubs, payloads)])
+        outcomes = self._fan_out.run(
+            [functools.partial(s, p, timeout=60) for s, p in zip(stubs, payloads)]
+        )
         for _, error in outcomes:
             if error is not None:
                 raise error
@@ -72,7 +73,9 @@ def _time_per_op(operation: Callable[[], None], budget_s: float) -> float:
             return elapsed / count
 
 
-def bench_size(client: PSClient, raw: RawBytesClient, n: int, rounds: int, budget_s: float) -> dict[str, float]:
+def bench_size(
+    client: PSClient, raw: RawBytesClient, n: int, rounds: int, budget_s: float
+) -> dict[str, float]:
     rng = np.random.default_rng(n)
     ids = torch.from_numpy(rng.choice(TABLE_ROWS, n, replace=False).astype(np.int64))
     grads = torch.from_numpy(rng.standard_normal((n, DIM), dtype=np.float32) * 1e-3)
@@ -92,7 +95,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,16384,131072")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--budget-s", type=float, default=0.4, help="timing budget per round and op")
+    parser.add_argument(
+        "--budget-s", type=float, default=0.4, help="timing budget per round and op"
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     retain_freed_buffers()  # one client process serves both systems: same allocator for both
@@ -103,7 +108,9 @@ def main() -> int:
         client.create_table(spec)
         for start in range(0, TABLE_ROWS, 1 << 17):  # create every row before timing
             client.pull("bench", torch.arange(start, start + (1 << 17)))
-        print(f"2 shards, dim {DIM}, table of {TABLE_ROWS} rows, SGD; median of {args.rounds} rounds")
+        print(
+            f"2 shards, dim {DIM}, table of {TABLE_ROWS} rows, SGD; median of {args.rounds} rounds"
+        )
         header = f"{'ids':>7} {'op':>5} {'rows/s':>11} {'MB/s':>8} {'raw rows/s':>11} {'raw MB/s':>9} {'ratio':>6}"
         print(header)
         for n in sizes:

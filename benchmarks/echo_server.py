@@ -19,7 +19,6 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
-
 from ember.ps_server.config import message_size_options
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 
@@ -54,7 +53,8 @@ def main() -> None:
     max_bytes = args.max_message_bytes or (64 << 20)
     retain_freed_buffers(max_bytes)  # as a shard does
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=args.workers or 8), options=message_size_options(max_bytes)
+        futures.ThreadPoolExecutor(max_workers=args.workers or 8),
+        options=message_size_options(max_bytes),
     )
     server.add_generic_rpc_handlers((_handlers(args.dim, max_bytes // (4 * args.dim + 8)),))
     port = server.add_insecure_port(f"{args.host}:{args.port}")

@@ -15,14 +15,15 @@ import sys
 import numpy as np
 import psutil
 import torch
-
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.optimizers import state_width
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 
-def measure(rows: int, dim: int, optimizer: OptimizerKind, chunk: int = 1 << 20) -> dict[str, float]:
+def measure(
+    rows: int, dim: int, optimizer: OptimizerKind, chunk: int = 1 << 20
+) -> dict[str, float]:
     """Fill a table with ``rows`` rows; returns raw bytes, RSS growth and the store's own count."""
     retain_freed_buffers()  # as a shard process does
     torch.set_num_threads(1)
@@ -35,14 +36,21 @@ def measure(rows: int, dim: int, optimizer: OptimizerKind, chunk: int = 1 << 20)
         table.pull(np.arange(start, min(rows, start + chunk), dtype=np.int64))
     after = process.memory_info().rss
     raw = rows * 4 * (dim + state_width(optimizer, dim))
-    return {"rows": rows, "raw_bytes": raw, "rss_growth": after - before, "store_bytes": table.store.nbytes}
+    return {
+        "rows": rows,
+        "raw_bytes": raw,
+        "rss_growth": after - before,
+        "store_bytes": table.store.nbytes,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--optimizer", default="sgd", choices=[k.name.lower() for k in OptimizerKind])
+    parser.add_argument(
+        "--optimizer", default="sgd", choices=[k.name.lower() for k in OptimizerKind]
+    )
     args = parser.parse_args()
     result = measure(args.rows, args.dim, OptimizerKind[args.optimizer.upper()])
     raw = result["raw_bytes"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -35,4 +36,6 @@ def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) ->
 def dataclass_from_env(cls: type[T]) -> T:
     """An instance of the dataclass ``cls`` whose every field may be set by ``EMBER_<FIELD>``."""
     defaults = cls()
-    return cls(**{f.name: env_value(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)})
+    return cls(
+        **{f.name: env_value(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)}
+    )

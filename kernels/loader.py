@@ -60,10 +60,12 @@ def native_ops_available() -> bool:
         return False
     try:
         _build_and_load()
-    except Exception as error:  # noqa: BLE001 - any build failure means fallback or a clear error
+    except Exception as error:
         if mode == "native":
             raise KernelBuildError(f"EMBER_KERNELS=native but the build failed: {error}") from error
-        log.warning("ember kernels: reference backend (native build failed: %s)", str(error).splitlines()[0])
+        log.warning(
+            "ember kernels: reference backend (native build failed: %s)", str(error).splitlines()[0]
+        )
         return False
     log.info("ember kernels: native CPU backend")
     return True

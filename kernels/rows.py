@@ -8,7 +8,6 @@ definition the tests check against.
 from __future__ import annotations
 
 import torch
-
 from ember.kernels.loader import native_ops_available
 
 

@@ -13,12 +13,13 @@ import functools
 import itertools
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Self
 
 import grpc
 import numpy as np
 import torch
-
+from ember.kernels.rows import scatter_rows
 from ember.ps_server.config import ClientConfig, message_size_options
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.fanout import FanOut
@@ -27,7 +28,6 @@ from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.server import TableStats
 from ember.ps_server.table import TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.kernels.rows import scatter_rows
 from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc, readonly_tensor
 from ember.ps_server.wire_codec import PullReplyView, decode_pull_reply, encode_push_request
 
@@ -106,7 +106,7 @@ class PSClient:
         """Number of shards this client routes to."""
         return len(self.endpoints)
 
-    def __enter__(self) -> PSClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -147,7 +147,9 @@ class PSClient:
         if table not in self._dims:
             self.list_tables()
         if table not in self._dims:
-            raise PSClientError(self.endpoints[0], grpc.StatusCode.NOT_FOUND, f"table {table!r} does not exist")
+            raise PSClientError(
+                self.endpoints[0], grpc.StatusCode.NOT_FOUND, f"table {table!r} does not exist"
+            )
         return self._dims[table]
 
     def pull(self, table: str, ids: Any) -> torch.Tensor:
@@ -169,7 +171,9 @@ class PSClient:
         def place(index: int, reply: PullReplyView) -> None:
             # Runs while other shards' replies are still in flight.
             positions = torch.from_numpy(chunks[index][1])
-            scatter_rows(rows, positions, readonly_tensor(reply.values, torch.float32).view(-1, dim))
+            scatter_rows(
+                rows, positions, readonly_tensor(reply.values, torch.float32).view(-1, dim)
+            )
             scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
 
         self._run(calls, on_reply=place)
@@ -196,7 +200,9 @@ class PSClient:
                     table, unique_ids[chunk], summed_np[chunk], f"{request_id}:{shard}:{number}"
                 ),
             )
-            for number, (shard, chunk) in enumerate(self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8))
+            for number, (shard, chunk) in enumerate(
+                self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8)
+            )
         ]
         self._run(calls)
 
@@ -220,10 +226,14 @@ class PSClient:
                 )
         self._topology_checked = True
 
-    def _chunks(self, table: str, ids: np.ndarray, bytes_per_row: int) -> list[tuple[int, np.ndarray]]:
+    def _chunks(
+        self, table: str, ids: np.ndarray, bytes_per_row: int
+    ) -> list[tuple[int, np.ndarray]]:
         """(shard, positions into ids) pairs, each small enough for one message."""
         self._ensure_topology()
-        rows_per_message = max(1, (self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES) // bytes_per_row)
+        rows_per_message = max(
+            1, (self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES) // bytes_per_row
+        )
         groups = positions_by_shard(shard_of(table, ids, self.num_shards), self.num_shards)
         return [
             (shard, positions[start : start + rows_per_message])
@@ -231,7 +241,9 @@ class PSClient:
             for start in range(0, len(positions), rows_per_message)
         ]
 
-    def _run(self, calls: list[_Call], on_reply: Callable[[int, Any], None] | None = None) -> list[Any]:
+    def _run(
+        self, calls: list[_Call], on_reply: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
         """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order.
 
         ``on_reply(i, reply)`` runs on this thread as each reply arrives.
@@ -242,7 +254,9 @@ class PSClient:
         backoff = config.initial_backoff_s
         for attempt in range(1, config.max_attempts + 1):
             retry, failure = [], None
-            for k, (reply, error) in self._fan_out.as_completed([self._invoker(calls[i]) for i in pending]):
+            for k, (reply, error) in self._fan_out.as_completed(
+                [self._invoker(calls[i]) for i in pending]
+            ):
                 i = pending[k]
                 if error is None:
                     replies[i] = reply
@@ -291,4 +305,6 @@ def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:
         )
         for t in reply.tables
     ]
-    return ShardStats(endpoint=endpoint, shard=reply.shard, num_shards=reply.num_shards, tables=tables)
+    return ShardStats(
+        endpoint=endpoint, shard=reply.shard, num_shards=reply.num_shards, tables=tables
+    )

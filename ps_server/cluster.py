@@ -14,8 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Self
 
 _READY_TIMEOUT_S = 60.0
 _READY_POLL_S = 0.02
@@ -61,7 +62,7 @@ class LocalCluster:
         self.processes: list[subprocess.Popen] = []
         self.endpoints: list[str] = []
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -119,9 +120,10 @@ class LocalCluster:
             "--host", self.host, "--port", "0", "--ready-file", str(ready),
             *self._extra_args,
         ]  # fmt: skip
-        log = open(self.workdir / f"shard-{shard}.log", "ab")
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        with open(self.workdir / f"shard-{shard}.log", "ab") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         if replace:
             self.processes[shard] = process
         else:
@@ -133,9 +135,13 @@ class LocalCluster:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while not ready.exists():
             if process.poll() is not None:
-                raise ClusterError(f"shard {shard} exited with {process.returncode}: {self._log_tail(shard)}")
+                raise ClusterError(
+                    f"shard {shard} exited with {process.returncode}: {self._log_tail(shard)}"
+                )
             if time.monotonic() > deadline:
-                raise ClusterError(f"shard {shard} not ready after {_READY_TIMEOUT_S} s: {self._log_tail(shard)}")
+                raise ClusterError(
+                    f"shard {shard} not ready after {_READY_TIMEOUT_S} s: {self._log_tail(shard)}"
+                )
             time.sleep(_READY_POLL_S)
         return json.loads(ready.read_text())["endpoint"]
 

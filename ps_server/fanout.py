@@ -8,7 +8,8 @@ wait) avoids that cost on every request. A single call runs inline.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Self
 
 Outcome = tuple[Any, BaseException | None]
 
@@ -26,9 +27,11 @@ class FanOut:
     """
 
     def __init__(self, max_workers: int) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ember-fanout")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="ember-fanout"
+        )
 
-    def __enter__(self) -> FanOut:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from ember.kernels.loader import native_ops_available
 from ember.ps_server.routing import mix64
 
@@ -99,7 +98,9 @@ class IdIndex:
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         if self._native:
             keys, table_slots = torch.from_numpy(self._keys), torch.from_numpy(self._slots)
-            torch.ops.ember.hash_insert(keys, table_slots, torch.from_numpy(ids), torch.from_numpy(slots))
+            torch.ops.ember.hash_insert(
+                keys, table_slots, torch.from_numpy(ids), torch.from_numpy(slots)
+            )
             return
         pending = np.arange(len(ids))
         pos = self._home(ids)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from ember.ps_server.routing import mix64, name_salt
 from ember.ps_server.table_spec import InitKind, TableSpec
 

@@ -8,7 +8,6 @@ values per row, so every storage tier keeps weights and slots together.
 from __future__ import annotations
 
 import torch
-
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
 
 

@@ -13,7 +13,6 @@ import threading
 
 import numpy as np
 import torch
-
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -166,7 +165,9 @@ class ParameterServer:
         table = self._tables.get(name)
         if table is None:
             known = ", ".join(sorted(self._tables)) or "none"
-            raise TableNotFoundError(f"table {name!r} does not exist (tables: {known}); create it first")
+            raise TableNotFoundError(
+                f"table {name!r} does not exist (tables: {known}); create it first"
+            )
         return table
 
     def _check_owned(self, table: str, ids: np.ndarray) -> None:

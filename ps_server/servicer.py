@@ -8,15 +8,13 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
 from ember.ps_server.config import ShardConfig, message_size_options
 from ember.ps_server.errors import EmberError, status_code_for
 from ember.ps_server.malloc_tuning import retain_freed_buffers
@@ -24,6 +22,8 @@ from ember.ps_server.server import ParameterServer
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire_codec import decode_push_request, encode_pull_reply
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
             return method(self, request, context)
         except EmberError as error:
             context.abort(status_code_for(error), str(error))
-        except Exception as error:  # noqa: BLE001 - reported to the caller, logged here
+        except Exception as error:
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
 
@@ -71,7 +71,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self.server = server
 
     @_rpc
-    def CreateTable(self, request: pb.CreateTableRequest, context: grpc.ServicerContext) -> pb.CreateTableResponse:
+    def CreateTable(
+        self, request: pb.CreateTableRequest, context: grpc.ServicerContext
+    ) -> pb.CreateTableResponse:
         created = self.server.create_table(TableSpec.from_proto(request.spec))
         return pb.CreateTableResponse(created=created)
 
@@ -85,7 +87,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def Push(self, serialized: bytes, context: grpc.ServicerContext) -> pb.PushResponse:
         """Takes the serialised PushRequest (see wire_codec)."""
         request = decode_push_request(serialized)
-        duplicate, rows = self.server.push(request.table, request.ids, request.grads, request.request_id)
+        duplicate, rows = self.server.push(
+            request.table, request.ids, request.grads, request.request_id
+        )
         return pb.PushResponse(duplicate=duplicate, rows_updated=rows)
 
     @_rpc
@@ -104,10 +108,14 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             )
             for s in self.server.stats()
         ]
-        return pb.StatsResponse(shard=self.server.shard, num_shards=self.server.num_shards, tables=tables)
+        return pb.StatsResponse(
+            shard=self.server.shard, num_shards=self.server.num_shards, tables=tables
+        )
 
     @_rpc
-    def ListTables(self, request: pb.ListTablesRequest, context: grpc.ServicerContext) -> pb.ListTablesResponse:
+    def ListTables(
+        self, request: pb.ListTablesRequest, context: grpc.ServicerContext
+    ) -> pb.ListTablesResponse:
         return pb.ListTablesResponse(tables=[spec.to_proto() for spec in self.server.list_tables()])
 
 
@@ -120,7 +128,13 @@ class ShardServer:
         '127.0.0.1:40123'
     """
 
-    def __init__(self, config: ShardConfig, grpc_server: grpc.Server, port: int, health_servicer: health.HealthServicer) -> None:
+    def __init__(
+        self,
+        config: ShardConfig,
+        grpc_server: grpc.Server,
+        port: int,
+        health_servicer: health.HealthServicer,
+    ) -> None:
         self.config = config
         self.port = port
         self._grpc_server = grpc_server

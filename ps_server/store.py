@@ -12,7 +12,6 @@ import dataclasses
 
 import numpy as np
 import torch
-
 from ember.kernels.rows import gather_rows, scatter_rows
 from ember.ps_server.id_index import IdIndex
 

@@ -13,7 +13,6 @@ import threading
 
 import numpy as np
 import torch
-
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.optimizers import apply_update, state_width

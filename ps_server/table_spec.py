@@ -72,12 +72,16 @@ class TableSpec:
                 f"table name {self.name!r} must be 1..128 characters of [A-Za-z0-9_.-]"
             )
         if not 1 <= self.dim <= MAX_DIM:
-            raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
+            raise InvalidArgumentError(
+                f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}"
+            )
         init = self.initializer
         if not isinstance(init.kind, InitKind):
             raise InvalidArgumentError(f"table {self.name!r}: unknown initializer {init.kind!r}")
         if not (init.scale >= 0.0 and init.scale < float("inf")):
-            raise InvalidArgumentError(f"table {self.name!r}: initializer scale must be finite and >= 0")
+            raise InvalidArgumentError(
+                f"table {self.name!r}: initializer scale must be finite and >= 0"
+            )
         if not 0 <= init.seed < 2**64:
             raise InvalidArgumentError(f"table {self.name!r}: seed must be in 0..2^64-1")
         opt = self.optimizer
@@ -114,7 +118,11 @@ class TableSpec:
     def from_proto(cls, message: pb.TableSpec) -> TableSpec:
         """Parse and validate a wire spec; raises InvalidArgumentError."""
         init, opt = message.initializer, message.optimizer
-        init_kind = InitKind.UNIFORM if init.kind == 0 else _enum_or_error(InitKind, init.kind, "initializer")
+        init_kind = (
+            InitKind.UNIFORM
+            if init.kind == 0
+            else _enum_or_error(InitKind, init.kind, "initializer")
+        )
         spec = cls(
             name=message.name,
             dim=message.dim,
@@ -151,5 +159,9 @@ def _check_range(
 ) -> None:
     ok = (value > low if low_open else value >= low) and value < high
     if not ok:
-        bound = f"{'>' if low_open else '>='} {low}" + (f" and < {high}" if high != float("inf") else "")
-        raise InvalidArgumentError(f"table {table!r}: optimizer {field} must be {bound}, got {value}")
+        bound = f"{'>' if low_open else '>='} {low}" + (
+            f" and < {high}" if high != float("inf") else ""
+        )
+        raise InvalidArgumentError(
+            f"table {table!r}: optimizer {field} must be {bound}, got {value}"
+        )

@@ -10,13 +10,12 @@ import warnings
 
 import numpy as np
 import torch
+from ember.ps_server.errors import InvalidArgumentError
 
 from ember.v1 import parameter_server_pb2 as pb
 from ember.v1 import parameter_server_pb2_grpc as pb_grpc
 
-from ember.ps_server.errors import InvalidArgumentError
-
-__all__ = ["pb", "pb_grpc", "SERVICE_NAME", "decode_ids", "decode_rows", "ROW_BYTES_PER_ELEMENT"]
+__all__ = ["ROW_BYTES_PER_ELEMENT", "SERVICE_NAME", "decode_ids", "decode_rows", "pb", "pb_grpc"]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 ID_DTYPE = np.dtype("<i8")
@@ -58,7 +57,6 @@ def decode_rows(data: bytes, num_rows: int, dim: int, what: str) -> np.ndarray:
 def encode_ids(ids: np.ndarray) -> bytes:
     """Pack an integer array as little-endian int64 bytes."""
     return np.ascontiguousarray(ids, dtype=ID_DTYPE).tobytes()
-
 
 
 def readonly_tensor(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:

@@ -12,10 +12,9 @@ both directions against the generated classes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator, Union
+from collections.abc import Iterator
 
 import numpy as np
-
 from ember.ps_server.errors import InvalidArgumentError
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
@@ -91,7 +90,7 @@ class PushRequestView:
 
 
 _EMPTY = memoryview(b"")
-Buffer = Union[bytes, memoryview, np.ndarray]
+Buffer = bytes | memoryview | np.ndarray
 
 
 def _bytes_view(buffer: Buffer) -> memoryview:

@@ -29,4 +29,6 @@ class ZipfSampler:
     def sample(self, size: int) -> np.ndarray:
         """``size`` int64 ids."""
         draws = self._rng.random(size)
-        return np.minimum(np.searchsorted(self._cdf, draws, side="right"), len(self._cdf) - 1).astype(np.int64)
+        return np.minimum(
+            np.searchsorted(self._cdf, draws, side="right"), len(self._cdf) - 1
+        ).astype(np.int64)

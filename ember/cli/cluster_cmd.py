@@ -15,14 +15,24 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("cluster", help="run a local cluster of shards")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="start N shards on free ports and keep them running")
-    up.add_argument("--shards", type=int, default=env_value("SHARDS", 2), help="number of shards (env EMBER_SHARDS)")
+    up.add_argument(
+        "--shards",
+        type=int,
+        default=env_value("SHARDS", 2),
+        help="number of shards (env EMBER_SHARDS)",
+    )
     up.add_argument(
         "--endpoints-file",
         type=Path,
         default=env_value("ENDPOINTS_FILE", Path("ember-endpoints.json"), Path),
         help="where the shard endpoints are written as JSON (env EMBER_ENDPOINTS_FILE)",
     )
-    up.add_argument("--workdir", type=Path, default=None, help="shard logs and ready files (default: a temp dir)")
+    up.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="shard logs and ready files (default: a temp dir)",
+    )
     up.set_defaults(run=run_up)
 
 

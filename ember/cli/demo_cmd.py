@@ -13,10 +13,16 @@ from ember.env import env_value
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``demo`` subcommand."""
     parser = commands.add_parser("demo", help="run a local cluster under a Zipf pull/push workload")
-    parser.add_argument("--shards", type=int, default=env_value("DEMO_SHARDS", 2), help="number of shards")
-    parser.add_argument("--seconds", type=float, default=env_value("DEMO_SECONDS", 5.0), help="workload duration")
+    parser.add_argument(
+        "--shards", type=int, default=env_value("DEMO_SHARDS", 2), help="number of shards"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=env_value("DEMO_SECONDS", 5.0), help="workload duration"
+    )
     parser.add_argument("--batch", type=int, default=4096, help="samples per step")
-    parser.add_argument("--ids-per-sample", type=int, default=32, help="embedding lookups per sample")
+    parser.add_argument(
+        "--ids-per-sample", type=int, default=32, help="embedding lookups per sample"
+    )
     parser.add_argument("--dim", type=int, default=64, help="embedding width")
     parser.add_argument("--num-ids", type=int, default=1_000_000, help="distinct ids in the table")
     parser.add_argument("--zipf", type=float, default=1.05, help="Zipf exponent of id popularity")
@@ -60,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(steps: int, lookups: int, unique_rows: int, args: argparse.Namespace, elapsed: float) -> None:
+def _report(
+    steps: int, lookups: int, unique_rows: int, args: argparse.Namespace, elapsed: float
+) -> None:
     row_bytes = 4 * args.dim
     print(
         f"{elapsed:6.1f} s  steps {steps:5d}  samples/s {steps * args.batch / elapsed:9.0f}  "

@@ -13,13 +13,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``ps`` subcommand."""
     parser = commands.add_parser("ps", help="run one parameter-server shard")
     defaults = ShardConfig.from_env()
-    parser.add_argument("--shard", type=int, default=defaults.shard, help="this shard's index (env EMBER_SHARD)")
     parser.add_argument(
-        "--num-shards", type=int, default=defaults.num_shards, help="shards in the cluster (env EMBER_NUM_SHARDS)"
+        "--shard", type=int, default=defaults.shard, help="this shard's index (env EMBER_SHARD)"
+    )
+    parser.add_argument(
+        "--num-shards",
+        type=int,
+        default=defaults.num_shards,
+        help="shards in the cluster (env EMBER_NUM_SHARDS)",
     )
     parser.add_argument("--host", default=defaults.host, help="address to bind (env EMBER_HOST)")
-    parser.add_argument("--port", type=int, default=defaults.port, help="port; 0 picks a free one (env EMBER_PORT)")
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="handler threads (env EMBER_WORKERS)")
+    parser.add_argument(
+        "--port", type=int, default=defaults.port, help="port; 0 picks a free one (env EMBER_PORT)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=defaults.workers, help="handler threads (env EMBER_WORKERS)"
+    )
     parser.add_argument(
         "--max-message-bytes",
         type=int,

@@ -21,9 +21,15 @@ def test_dockerfile_copies_only_existing_paths_and_pins_cpu_torch():
 
 def test_compose_config_is_valid_and_shards_are_numbered():
     if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose is not installed (apt-get install docker-compose); compose file not validated")
+        pytest.skip(
+            "docker-compose is not installed (apt-get install docker-compose); compose file not validated"
+        )
     result = subprocess.run(
-        ["docker-compose", "-f", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60
+        ["docker-compose", "-f", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     shards = sorted(int(s) for s in re.findall(r"EMBER_SHARD: '(\d+)'", result.stdout))

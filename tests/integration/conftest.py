@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
-
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 

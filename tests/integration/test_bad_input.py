@@ -4,7 +4,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.errors import PSClientError
@@ -40,7 +39,9 @@ def _status(call, request):
 
 
 def test_unknown_table_is_not_found(stubs):
-    code, details = _status(stubs[0].Pull, pb.PullRequest(table="missing", ids=encode_ids(np.array([1]))))
+    code, details = _status(
+        stubs[0].Pull, pb.PullRequest(table="missing", ids=encode_ids(np.array([1])))
+    )
     assert code == grpc.StatusCode.NOT_FOUND and "'missing' does not exist" in details
 
 
@@ -58,7 +59,9 @@ def test_nan_gradient_is_invalid_argument_and_changes_no_row(stubs, client, tabl
     before = client.pull_with_versions(table.name, ids)
     grads = np.ones((3, 4), dtype=np.float32)
     grads[1, 2] = np.nan
-    request = pb.PushRequest(table=table.name, ids=encode_ids(ids), grads=grads.tobytes(), request_id="nan")
+    request = pb.PushRequest(
+        table=table.name, ids=encode_ids(ids), grads=grads.tobytes(), request_id="nan"
+    )
     code, details = _status(stubs[0].Push, request)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "NaN or Inf" in details
     after = client.pull_with_versions(table.name, ids)
@@ -74,7 +77,15 @@ def test_client_rejects_bad_input_before_sending(client, table):
         client.pull(table.name, torch.tensor([3, -1]))
     with pytest.raises(ValueError, match="integer"):
         client.pull(table.name, torch.tensor([1.0, 2.0]))
-    assert sum(t.counters.push_requests for s in client.stats() for t in s.tables if t.name == table.name) == 0
+    assert (
+        sum(
+            t.counters.push_requests
+            for s in client.stats()
+            for t in s.tables
+            if t.name == table.name
+        )
+        == 0
+    )
 
 
 def test_empty_ids_are_ok(stubs, client, table):
@@ -86,7 +97,9 @@ def test_empty_ids_are_ok(stubs, client, table):
 
 def test_foreign_ids_are_failed_precondition(stubs, client, table):
     foreign = _owned(table.name, 1, 3)
-    code, details = _status(stubs[0].Pull, pb.PullRequest(table=table.name, ids=encode_ids(foreign)))
+    code, details = _status(
+        stubs[0].Pull, pb.PullRequest(table=table.name, ids=encode_ids(foreign))
+    )
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "endpoint list" in details
     rows = {t.name: t.rows for s in client.stats() for t in s.tables}
     assert rows[table.name] == 0
@@ -94,24 +107,39 @@ def test_foreign_ids_are_failed_precondition(stubs, client, table):
 
 def test_request_over_the_limit_is_resource_exhausted(table_name):
     limit = 1 << 17
-    with LocalCluster(1, extra_args=["--max-message-bytes", str(limit)]) as cluster:
-        with grpc.insecure_channel(cluster.endpoints[0]) as channel:
-            stub = pb_grpc.ParameterServerStub(channel)
-            stub.CreateTable(pb.CreateTableRequest(spec=TableSpec(table_name, dim=4).to_proto()), timeout=10)
-            oversized = pb.PullRequest(table=table_name, ids=encode_ids(np.arange(limit // 8 + 10)))
-            code, _ = _status(stub.Pull, oversized)
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-            big_reply = pb.PullRequest(table=table_name, ids=encode_ids(np.arange(limit // 16)))  # 64 KiB asks for a 192 KiB reply
-            code, details = _status(stub.Pull, big_reply)
-            assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "split the ids" in details
+    with (
+        LocalCluster(1, extra_args=["--max-message-bytes", str(limit)]) as cluster,
+        grpc.insecure_channel(cluster.endpoints[0]) as channel,
+    ):
+        stub = pb_grpc.ParameterServerStub(channel)
+        stub.CreateTable(
+            pb.CreateTableRequest(spec=TableSpec(table_name, dim=4).to_proto()), timeout=10
+        )
+        oversized = pb.PullRequest(table=table_name, ids=encode_ids(np.arange(limit // 8 + 10)))
+        code, _ = _status(stub.Pull, oversized)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        big_reply = pb.PullRequest(
+            table=table_name, ids=encode_ids(np.arange(limit // 16))
+        )  # 64 KiB asks for a 192 KiB reply
+        code, details = _status(stub.Pull, big_reply)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "split the ids" in details
 
 
 @pytest.mark.parametrize(
     "spec, message",
     [
-        (pb.TableSpec(name="d", dim=0, optimizer=pb.Optimizer(kind=1, lr=0.1)), "dim must be in 1..4096"),
-        (pb.TableSpec(name="o", dim=4, optimizer=pb.Optimizer(kind=9, lr=0.1)), "unknown optimizer kind 9"),
-        (pb.TableSpec(name="l", dim=4, optimizer=pb.Optimizer(kind=1, lr=-0.1)), "lr must be > 0.0"),
+        (
+            pb.TableSpec(name="d", dim=0, optimizer=pb.Optimizer(kind=1, lr=0.1)),
+            "dim must be in 1..4096",
+        ),
+        (
+            pb.TableSpec(name="o", dim=4, optimizer=pb.Optimizer(kind=9, lr=0.1)),
+            "unknown optimizer kind 9",
+        ),
+        (
+            pb.TableSpec(name="l", dim=4, optimizer=pb.Optimizer(kind=1, lr=-0.1)),
+            "lr must be > 0.0",
+        ),
     ],
 )
 def test_invalid_table_spec_is_invalid_argument(stubs, spec, message):
@@ -129,7 +157,9 @@ def test_create_table_is_idempotent_and_refuses_another_spec(client, table):
 
 
 def test_client_with_shards_in_the_wrong_order_is_refused(cluster, table_name):
-    with PSClient(list(reversed(cluster.endpoints))) as wrong:
-        with pytest.raises(PSClientError, match="pass endpoints in shard order") as info:
-            wrong.create_table(TableSpec(table_name, dim=4))
+    with (
+        PSClient(list(reversed(cluster.endpoints))) as wrong,
+        pytest.raises(PSClientError, match="pass endpoints in shard order") as info,
+    ):
+        wrong.create_table(TableSpec(table_name, dim=4))
     assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION

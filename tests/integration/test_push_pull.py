@@ -6,11 +6,11 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+
 from tests.support.reference import OPTIMIZERS, ReferenceRow
 
 
@@ -54,7 +54,7 @@ def test_concurrent_pushes_lose_no_update(client, table_name):
             with PSClient(client.endpoints) as own:
                 for batch_ids, grads in work:
                     own.push(table_name, batch_ids, grads)
-        except Exception as error:  # surfaced by the assertion below
+        except Exception as error:  # noqa: BLE001 - surfaced by the assertion below
             errors.append(error)
 
     threads = [threading.Thread(target=pusher, args=(work,)) for work in batches]

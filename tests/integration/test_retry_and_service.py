@@ -7,9 +7,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.config import ClientConfig
@@ -17,6 +14,8 @@ from ember.ps_server.errors import PSClientError
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 
 def test_a_retried_request_id_is_applied_once(table_name):
@@ -26,7 +25,9 @@ def test_a_retried_request_id_is_applied_once(table_name):
         stub = pb_grpc.ParameterServerStub(channel)
         stub.CreateTable(pb.CreateTableRequest(spec=spec.to_proto()), timeout=10)
         grads = np.full((3, 4), 0.25, dtype=np.float32)
-        request = pb.PushRequest(table=table_name, ids=encode_ids(owned), grads=grads.tobytes(), request_id="req-1")
+        request = pb.PushRequest(
+            table=table_name, ids=encode_ids(owned), grads=grads.tobytes(), request_id="req-1"
+        )
         first = stub.Push(request, timeout=10)
         again = stub.Push(request, timeout=10)  # as a client does after losing the first reply
         assert (first.duplicate, first.rows_updated) == (False, 3)
@@ -46,9 +47,8 @@ def _unused_port() -> int:
 def test_unreachable_shard_fails_with_one_clear_error_naming_it():
     endpoint = f"127.0.0.1:{_unused_port()}"
     config = ClientConfig(timeout_s=2.0, max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
-    with PSClient([endpoint], config) as client:
-        with pytest.raises(PSClientError) as info:
-            client.create_table(TableSpec("t", dim=4))
+    with PSClient([endpoint], config) as client, pytest.raises(PSClientError) as info:
+        client.create_table(TableSpec("t", dim=4))
     error = info.value
     assert error.endpoint == endpoint and error.code == grpc.StatusCode.UNAVAILABLE
     assert endpoint in str(error) and "gave up after 3 attempts" in str(error)
@@ -67,7 +67,7 @@ def test_client_retries_a_push_through_a_shard_restart(table_name):
             try:
                 client.create_table(spec)
                 client.push(table_name, [7], torch.ones(1, 4))
-            except Exception as error:  # reported by the assertion below
+            except Exception as error:  # noqa: BLE001 - reported by the assertion below
                 failure.append(error)
             pushed.set()
 

@@ -18,7 +18,9 @@ def test_resident_memory_within_one_and_a_half_times_raw(optimizer):
         timeout=300,
         check=True,
     )
-    ratios = [float(line.rsplit("ratio", 1)[1]) for line in result.stdout.splitlines() if "ratio" in line]
+    ratios = [
+        float(line.rsplit("ratio", 1)[1]) for line in result.stdout.splitlines() if "ratio" in line
+    ]
     rss_ratio, store_ratio = ratios
     assert rss_ratio <= 1.5, result.stdout
     assert 1.0 <= store_ratio <= 1.5, result.stdout

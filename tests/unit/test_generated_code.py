@@ -9,7 +9,9 @@ GENERATED = ["parameter_server_pb2.py", "parameter_server_pb2.pyi", "parameter_s
 
 
 def test_generated_code_is_fresh(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "gen_proto.py"), "--out", str(tmp_path)], check=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gen_proto.py"), "--out", str(tmp_path)], check=True
+    )
     for name in GENERATED:
         fresh = (tmp_path / "ember" / "v1" / name).read_text()
         committed = (REPO / "ember" / "v1" / name).read_text()

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
+from ember.ps_server.id_index import IdIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember.ps_server.id_index import IdIndex
 from tests.support.native import require_native
 
 
@@ -58,10 +58,14 @@ def test_batches_of_inserts_match_dict(native, batches):
     index, reference = IdIndex(capacity=4, native=native), {}
     for batch in batches:
         fresh = list(dict.fromkeys(i for i in batch if i not in reference))
-        index.insert(np.array(fresh, dtype=np.int64), np.arange(len(reference), len(reference) + len(fresh)))
+        index.insert(
+            np.array(fresh, dtype=np.int64), np.arange(len(reference), len(reference) + len(fresh))
+        )
         reference.update({i: len(reference) + k for k, i in enumerate(fresh)})
     probe = [i for batch in batches for i in batch] + [12345]
-    assert index.find(np.array(probe, dtype=np.int64)).tolist() == [reference.get(i, -1) for i in probe]
+    assert index.find(np.array(probe, dtype=np.int64)).tolist() == [
+        reference.get(i, -1) for i in probe
+    ]
 
 
 def test_index_bytes_stay_within_load_factor():

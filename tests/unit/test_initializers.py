@@ -2,7 +2,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.table_spec import InitializerSpec, InitKind, TableSpec
 
@@ -12,7 +11,9 @@ IDS = np.arange(20_000, dtype=np.int64) * 7919
 def test_rows_depend_only_on_seed_table_and_id():
     spec = TableSpec("t", dim=16, initializer=InitializerSpec(seed=5))
     whole = initial_rows(spec, IDS).numpy()
-    pieces = np.concatenate([initial_rows(spec, IDS[i : i + 999]).numpy() for i in range(0, len(IDS), 999)])
+    pieces = np.concatenate(
+        [initial_rows(spec, IDS[i : i + 999]).numpy() for i in range(0, len(IDS), 999)]
+    )
     assert np.array_equal(whole, pieces)
     shuffled = np.random.default_rng(0).permutation(len(IDS))
     assert np.array_equal(initial_rows(spec, IDS[shuffled]).numpy(), whole[shuffled])
@@ -29,7 +30,9 @@ def test_other_table_or_seed_gives_other_rows(change):
 
 
 def test_uniform_moments_and_bounds():
-    rows = initial_rows(TableSpec("t", dim=32, initializer=InitializerSpec(InitKind.UNIFORM, 0.5)), IDS).numpy()
+    rows = initial_rows(
+        TableSpec("t", dim=32, initializer=InitializerSpec(InitKind.UNIFORM, 0.5)), IDS
+    ).numpy()
     assert np.abs(rows).max() <= 0.5
     assert abs(rows.mean()) < 0.005
     assert rows.std() == pytest.approx(0.5 / np.sqrt(3), rel=0.01)
@@ -38,7 +41,9 @@ def test_uniform_moments_and_bounds():
 
 
 def test_normal_moments():
-    rows = initial_rows(TableSpec("t", dim=32, initializer=InitializerSpec(InitKind.NORMAL, 2.0)), IDS).numpy()
+    rows = initial_rows(
+        TableSpec("t", dim=32, initializer=InitializerSpec(InitKind.NORMAL, 2.0)), IDS
+    ).numpy()
     assert abs(rows.mean()) < 0.02
     assert rows.std() == pytest.approx(2.0, rel=0.01)
     kurtosis = np.mean((rows / rows.std()) ** 4)
@@ -46,5 +51,7 @@ def test_normal_moments():
 
 
 def test_zeros():
-    rows = initial_rows(TableSpec("t", dim=4, initializer=InitializerSpec(InitKind.ZEROS)), IDS[:10])
+    rows = initial_rows(
+        TableSpec("t", dim=4, initializer=InitializerSpec(InitKind.ZEROS)), IDS[:10]
+    )
     assert rows.shape == (10, 4) and not rows.any()

@@ -1,5 +1,4 @@
 import pytest
-
 from ember.kernels import loader
 
 
@@ -45,7 +44,11 @@ def test_native_mode_reports_a_failed_build(monkeypatch):
 
 def test_auto_mode_falls_back_with_one_log_line(monkeypatch, caplog):
     monkeypatch.setenv("EMBER_KERNELS", "auto")
-    monkeypatch.setattr(loader, "_build_and_load", lambda: (_ for _ in ()).throw(RuntimeError("no compiler")))
+    monkeypatch.setattr(
+        loader, "_build_and_load", lambda: (_ for _ in ()).throw(RuntimeError("no compiler"))
+    )
     with caplog.at_level("WARNING"):
         assert loader.native_ops_available() is False
-    assert [r.message for r in caplog.records] == ["ember kernels: reference backend (native build failed: no compiler)"]
+    assert [r.message for r in caplog.records] == [
+        "ember kernels: reference backend (native build failed: no compiler)"
+    ]

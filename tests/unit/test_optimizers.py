@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 import torch
-
 from ember.ps_server.optimizers import apply_update, state_width
+
 from tests.support.reference import OPTIMIZERS, ReferenceRow
 
 

@@ -1,6 +1,5 @@
 import numpy as np
 import pytest
-
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -80,7 +79,11 @@ def test_non_finite_gradient_rejects_the_whole_request(bad):
     "ids, grads, message",
     [
         (b"1234567", b"", "not a multiple of 8"),
-        (encode_ids(np.array([1, 2])), bytes(4 * 4), "grads must hold 2 ids x dim 4 float32 = 32 bytes, got 16"),
+        (
+            encode_ids(np.array([1, 2])),
+            bytes(4 * 4),
+            "grads must hold 2 ids x dim 4 float32 = 32 bytes, got 16",
+        ),
         (encode_ids(np.array([-3])), bytes(16), "ids must be >= 0"),
     ],
 )

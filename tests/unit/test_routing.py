@@ -1,9 +1,8 @@
 import numpy as np
 import pytest
+from ember.ps_server.routing import mix64, positions_by_shard, shard_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ember.ps_server.routing import mix64, positions_by_shard, shard_of
 
 
 def _imbalance(ids: np.ndarray, shards: int) -> float:

@@ -1,7 +1,6 @@
 import dataclasses
 
 import pytest
-
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.table_spec import (
     InitializerSpec,
@@ -16,7 +15,9 @@ GOOD = TableSpec(
     "user.v1",
     dim=32,
     initializer=InitializerSpec(InitKind.NORMAL, scale=0.1, seed=2**64 - 1),
-    optimizer=OptimizerSpec(OptimizerKind.ADAM, lr=1e-3, eps=1e-8, beta1=0.9, beta2=0.99, weight_decay=0.1),
+    optimizer=OptimizerSpec(
+        OptimizerKind.ADAM, lr=1e-3, eps=1e-8, beta1=0.9, beta2=0.99, weight_decay=0.1
+    ),
 )
 
 
@@ -34,7 +35,10 @@ def test_proto_round_trip_is_exact():
         ({"optimizer": OptimizerSpec(OptimizerKind.SGD, lr=-0.1)}, "lr must be > 0.0"),
         ({"optimizer": OptimizerSpec(OptimizerKind.SGD, lr=float("nan"))}, "lr must be"),
         ({"optimizer": OptimizerSpec(OptimizerKind.ADAGRAD, eps=0.0)}, "eps must be > 0.0"),
-        ({"optimizer": OptimizerSpec(OptimizerKind.ADAM, beta1=1.0)}, "beta1 must be >= 0.0 and < 1.0"),
+        (
+            {"optimizer": OptimizerSpec(OptimizerKind.ADAM, beta1=1.0)},
+            "beta1 must be >= 0.0 and < 1.0",
+        ),
         ({"optimizer": OptimizerSpec(OptimizerKind.SGD, weight_decay=-1.0)}, "weight_decay"),
         ({"initializer": InitializerSpec(scale=float("inf"))}, "scale"),
     ],
@@ -47,7 +51,9 @@ def test_invalid_specs_are_rejected_with_the_field_named(change, message):
 def test_unknown_optimizer_number_from_the_wire():
     message = GOOD.to_proto()
     message.optimizer.kind = 42
-    with pytest.raises(InvalidArgumentError, match="unknown optimizer kind 42; use one of sgd, adagrad"):
+    with pytest.raises(
+        InvalidArgumentError, match="unknown optimizer kind 42; use one of sgd, adagrad"
+    ):
         TableSpec.from_proto(message)
 
 

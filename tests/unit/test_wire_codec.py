@@ -1,7 +1,4 @@
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire import pb
 from ember.ps_server.wire_codec import (
@@ -10,6 +7,8 @@ from ember.ps_server.wire_codec import (
     encode_pull_reply,
     encode_push_request,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 text = st.text(max_size=40)
 blobs = st.binary(max_size=3000)
@@ -21,7 +20,9 @@ def test_pull_reply_matches_generated_code_both_ways(values, versions, dim):
     encoded = encode_pull_reply(values, versions, dim)
     parsed = pb.PullResponse.FromString(encoded)
     assert (parsed.values, parsed.versions, parsed.dim) == (values, versions, dim)
-    view = decode_pull_reply(pb.PullResponse(values=values, versions=versions, dim=dim).SerializeToString())
+    view = decode_pull_reply(
+        pb.PullResponse(values=values, versions=versions, dim=dim).SerializeToString()
+    )
     assert (bytes(view.values), bytes(view.versions), view.dim) == (values, versions, dim)
 
 
@@ -30,10 +31,22 @@ def test_pull_reply_matches_generated_code_both_ways(values, versions, dim):
 def test_push_request_matches_generated_code_both_ways(table, ids, grads, request_id):
     encoded = encode_push_request(table, ids, grads, request_id)
     parsed = pb.PushRequest.FromString(encoded)
-    assert (parsed.table, parsed.ids, parsed.grads, parsed.request_id) == (table, ids, grads, request_id)
-    generated = pb.PushRequest(table=table, ids=ids, grads=grads, request_id=request_id).SerializeToString()
+    assert (parsed.table, parsed.ids, parsed.grads, parsed.request_id) == (
+        table,
+        ids,
+        grads,
+        request_id,
+    )
+    generated = pb.PushRequest(
+        table=table, ids=ids, grads=grads, request_id=request_id
+    ).SerializeToString()
     view = decode_push_request(generated)
-    assert (view.table, bytes(view.ids), bytes(view.grads), view.request_id) == (table, ids, grads, request_id)
+    assert (view.table, bytes(view.ids), bytes(view.grads), view.request_id) == (
+        table,
+        ids,
+        grads,
+        request_id,
+    )
 
 
 def test_unknown_fields_are_skipped():
