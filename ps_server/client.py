@@ -179,6 +179,61 @@ class PSClient:
         self._run(calls, on_reply=place)
         return rows, versions
 
+    def pull_stale(
+        self, table: str, ids: Any, held_versions: Any, bound: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows whose shard version exceeds ``held_versions`` by more than ``bound``.
+
+        Args:
+            table: table name.
+            ids: ids the caller holds copies of.
+            held_versions: the version of each copy, int64 [len(ids)].
+            bound: staleness the caller tolerates, in updates (>= 0).
+
+        Returns:
+            ``(positions, rows, versions)``: ascending positions into ``ids`` of
+            the stale rows, their float32 rows [k, dim] and current versions.
+        """
+        id_array = as_id_array(ids)
+        held = np.ascontiguousarray(torch.as_tensor(held_versions).cpu().numpy(), dtype=np.int64)
+        if held.shape != id_array.shape:
+            raise ValueError(f"held_versions must have shape {id_array.shape}, got {held.shape}")
+        if bound < 0:
+            raise ValueError(f"bound must be >= 0, got {bound}")
+        dim = self.dim(table)
+        chunks = self._chunks(table, id_array, bytes_per_row=4 * dim + 24)
+        calls = [
+            _Call(
+                shard,
+                "PullStale",
+                pb.PullStaleRequest(
+                    table=table,
+                    ids=encode_ids(id_array[chunk]),
+                    held_versions=held[chunk].tobytes(),
+                    bound=bound,
+                ),
+            )
+            for shard, chunk in chunks
+        ]
+        positions, rows, versions = [], [], []
+        for (_, chunk), reply in zip(chunks, self._run(calls)):
+            positions.append(chunk[np.frombuffer(reply.positions, dtype=np.int64)])
+            rows.append(np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim))
+            versions.append(np.frombuffer(reply.versions, dtype=np.int64))
+        if not calls:
+            return (
+                torch.empty(0, dtype=torch.int64),
+                torch.empty(0, dim),
+                torch.empty(0, dtype=torch.int64),
+            )
+        all_positions = np.concatenate(positions)
+        order = np.argsort(all_positions, kind="stable")
+        return (
+            torch.from_numpy(all_positions[order]),
+            torch.from_numpy(np.concatenate(rows)[order]),
+            torch.from_numpy(np.concatenate(versions)[order]),
+        )
+
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.
 

@@ -23,7 +23,7 @@ from ember.ps_server.errors import (
 from ember.ps_server.routing import shard_of
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows
+from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows, decode_versions
 
 # Room for the reply's field tags and lengths next to its packed payload.
 _REPLY_OVERHEAD_BYTES = 1024
@@ -33,6 +33,16 @@ _REPLY_OVERHEAD_BYTES = 1024
 class PullReply:
     """Reply of a pull, in request order: float32 rows [n, dim] and int64 versions [n]."""
 
+    values: np.ndarray
+    versions: np.ndarray
+    dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PullStaleReply:
+    """Reply of a conditional pull: positions into the request, rows and versions."""
+
+    positions: np.ndarray
     values: np.ndarray
     versions: np.ndarray
     dim: int
@@ -110,16 +120,25 @@ class ParameterServer:
         target = self._table(table)
         id_array = decode_ids(ids)
         dim = target.spec.dim
-        reply_bytes = len(id_array) * (dim * ROW_BYTES_PER_ELEMENT + 8) + _REPLY_OVERHEAD_BYTES
-        if reply_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(
-                f"pull of {len(id_array)} ids from table {table!r} (dim {dim}) needs a "
-                f"{reply_bytes}-byte reply, over this shard's limit of {self.max_message_bytes}; "
-                "split the ids into smaller requests"
-            )
+        self._check_reply_size(table, len(id_array), dim + 2)
         self._check_owned(table, id_array)
         weights, versions = target.pull(id_array)
         return PullReply(values=weights.numpy(), versions=versions.numpy(), dim=dim)
+
+    def pull_stale(
+        self, table: str, ids: bytes | memoryview, held_versions: bytes | memoryview, bound: int
+    ) -> PullStaleReply:
+        """Rows of packed ``ids`` whose version exceeds the caller's by more than ``bound``."""
+        target = self._table(table)
+        id_array = decode_ids(ids)
+        held = decode_versions(held_versions, len(id_array))
+        dim = target.spec.dim
+        self._check_reply_size(table, len(id_array), dim + 2)
+        self._check_owned(table, id_array)
+        positions, weights, versions = target.pull_stale(id_array, held, bound)
+        return PullStaleReply(
+            positions=positions, values=weights.numpy(), versions=versions.numpy(), dim=dim
+        )
 
     def push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
@@ -160,6 +179,14 @@ class ParameterServer:
             )
             for t in tables
         ]
+
+    def _check_reply_size(self, table: str, rows: int, words_per_row: int) -> None:
+        reply_bytes = rows * words_per_row * ROW_BYTES_PER_ELEMENT + _REPLY_OVERHEAD_BYTES
+        if reply_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"pull of {rows} ids from table {table!r} needs up to a {reply_bytes}-byte reply, "
+                f"over this shard's limit of {self.max_message_bytes}; split the ids into smaller requests"
+            )
 
     def _table(self, name: str) -> Table:
         table = self._tables.get(name)

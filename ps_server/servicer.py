@@ -34,6 +34,7 @@ def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandle
         "CreateTable": (pb.CreateTableRequest.FromString, pb.CreateTableResponse.SerializeToString),
         "Pull": (pb.PullRequest.FromString, None),
         "Push": (None, pb.PushResponse.SerializeToString),  # decoded in the handler
+        "PullStale": (pb.PullStaleRequest.FromString, pb.PullStaleResponse.SerializeToString),
         "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
         "ListTables": (pb.ListTablesRequest.FromString, pb.ListTablesResponse.SerializeToString),
     }
@@ -91,6 +92,20 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             request.table, request.ids, request.grads, request.request_id
         )
         return pb.PushResponse(duplicate=duplicate, rows_updated=rows)
+
+    @_rpc
+    def PullStale(
+        self, request: pb.PullStaleRequest, context: grpc.ServicerContext
+    ) -> pb.PullStaleResponse:
+        reply = self.server.pull_stale(
+            request.table, request.ids, request.held_versions, request.bound
+        )
+        return pb.PullStaleResponse(
+            positions=reply.positions.astype("<i8").tobytes(),
+            values=reply.values.tobytes(),
+            versions=reply.versions.tobytes(),
+            dim=reply.dim,
+        )
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

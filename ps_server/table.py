@@ -49,15 +49,37 @@ class Table:
 
     def pull(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and versions for ``ids`` in order (duplicates allowed), creating missing rows."""
-        if len(ids) == 0:
-            return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
         with self._lock:
-            found, rows = self.store.fetch(ids, with_state=False)
-            if not found.all():
-                self._create_missing(ids, found, rows)
+            weights, versions = self._read(ids)
             self.counters.pull_requests += 1
             self.counters.rows_pulled += len(ids)
-            return rows.weights, rows.versions
+            return weights, versions
+
+    def pull_stale(
+        self, ids: np.ndarray, held_versions: np.ndarray, bound: int
+    ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """The rows of ``ids`` whose version exceeds ``held_versions`` by more than ``bound``.
+
+        Returns:
+            ``(positions, rows, versions)``: positions into ``ids`` (ascending)
+            of the stale rows, their current values and versions.
+        """
+        with self._lock:
+            weights, versions = self._read(ids)
+            stale = np.flatnonzero(versions.numpy() - held_versions > bound)
+            self.counters.pull_requests += 1
+            self.counters.rows_pulled += len(stale)
+        index = torch.from_numpy(stale)
+        return stale, weights.index_select(0, index), versions.index_select(0, index)
+
+    def _read(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weights and versions of ``ids``, creating missing rows; caller holds the lock."""
+        if len(ids) == 0:
+            return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
+        found, rows = self.store.fetch(ids, with_state=False)
+        if not found.all():
+            self._create_missing(ids, found, rows)
+        return rows.weights, rows.versions
 
     def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:
         """Apply summed gradients once per distinct id.

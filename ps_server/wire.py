@@ -54,6 +54,19 @@ def decode_rows(data: bytes, num_rows: int, dim: int, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=ROW_DTYPE).reshape(num_rows, dim)
 
 
+def decode_versions(data: bytes | memoryview, num_rows: int) -> np.ndarray:
+    """View packed little-endian int64 versions, one per row.
+
+    Raises:
+        InvalidArgumentError: the length is not num_rows * 8.
+    """
+    if len(data) != num_rows * VERSION_DTYPE.itemsize:
+        raise InvalidArgumentError(
+            f"versions must hold one int64 per id: {num_rows} ids need {num_rows * 8} bytes, got {len(data)}"
+        )
+    return np.frombuffer(data, dtype=VERSION_DTYPE)
+
+
 def encode_ids(ids: np.ndarray) -> bytes:
     """Pack an integer array as little-endian int64 bytes."""
     return np.ascontiguousarray(ids, dtype=ID_DTYPE).tobytes()

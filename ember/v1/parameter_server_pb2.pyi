@@ -117,6 +117,30 @@ class PushResponse(_message.Message):
     rows_updated: int
     def __init__(self, duplicate: _Optional[bool] = ..., rows_updated: _Optional[int] = ...) -> None: ...
 
+class PullStaleRequest(_message.Message):
+    __slots__ = ("table", "ids", "held_versions", "bound")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    held_versions: bytes
+    bound: int
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., held_versions: _Optional[bytes] = ..., bound: _Optional[int] = ...) -> None: ...
+
+class PullStaleResponse(_message.Message):
+    __slots__ = ("positions", "values", "versions", "dim")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    positions: bytes
+    values: bytes
+    versions: bytes
+    dim: int
+    def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -49,6 +49,11 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.PushRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PushResponse.FromString,
                 _registered_method=True)
+        self.PullStale = channel.unary_unary(
+                '/ember.v1.ParameterServer/PullStale',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/ember.v1.ParameterServer/Stats',
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.StatsRequest.SerializeToString,
@@ -77,6 +82,12 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Push(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullStale(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,6 +122,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PushRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.PushResponse.SerializeToString,
+            ),
+            'PullStale': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullStale,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -204,6 +220,33 @@ class ParameterServer:
             '/ember.v1.ParameterServer/Push',
             ember_dot_v1_dot_parameter__server__pb2.PushRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.PushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/PullStale',
+            ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.FromString,
             options,
             channel_credentials,
             insecure,

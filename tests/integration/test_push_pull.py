@@ -102,3 +102,20 @@ def test_client_chunks_batches_over_the_message_limit(table_name):
             torch.testing.assert_close(ps.pull(table_name, ids), expected, rtol=1e-5, atol=1e-6)
             pushes = sum(t.counters.push_requests for s in ps.stats() for t in s.tables)
             assert pushes >= 4
+
+
+def test_pull_stale_returns_only_rows_ahead_by_more_than_the_bound(client, table_name):
+    spec = TableSpec(table_name, dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    client.create_table(spec)
+    ids = torch.arange(40) * 7
+    rows, held = client.pull_with_versions(table_name, ids)
+    for times, subset in ((1, ids[:10]), (3, ids[10:20])):
+        for _ in range(times):
+            client.push(table_name, subset, torch.ones(len(subset), 4))
+    for bound, expected in ((0, list(range(20))), (1, list(range(10, 20))), (3, [])):
+        positions, stale_rows, versions = client.pull_stale(table_name, ids, held, bound)
+        assert positions.tolist() == expected
+        fresh_rows, fresh_versions = client.pull_with_versions(table_name, ids[positions])
+        assert torch.equal(stale_rows, fresh_rows) and torch.equal(versions, fresh_versions)
+    with pytest.raises(ValueError, match="held_versions must have shape"):
+        client.pull_stale(table_name, ids, held[:3], 0)

@@ -136,3 +136,14 @@ def test_create_table_is_idempotent_and_refuses_a_different_spec():
     with pytest.raises(TableExistsError, match="different spec"):
         server.create_table(other)
     assert server.list_tables() == [SPEC]
+
+
+def test_pull_stale_checks_versions_and_reports_positions():
+    server = _server()
+    ids = np.array([4, 8, 4], dtype=np.int64)
+    with pytest.raises(InvalidArgumentError, match="one int64 per id: 3 ids need 24 bytes, got 16"):
+        server.pull_stale("t", encode_ids(ids), np.zeros(2, dtype=np.int64).tobytes(), 0)
+    server.push("t", encode_ids(np.array([8])), _grads(1).tobytes(), "r")
+    reply = server.pull_stale("t", encode_ids(ids), np.zeros(3, dtype=np.int64).tobytes(), 0)
+    assert reply.positions.tolist() == [1] and reply.versions.tolist() == [1]
+    np.testing.assert_array_equal(reply.values, server.pull("t", encode_ids(np.array([8]))).values)
