@@ -108,7 +108,7 @@ def test_pull_stale_returns_only_rows_ahead_by_more_than_the_bound(client, table
     spec = TableSpec(table_name, dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
     client.create_table(spec)
     ids = torch.arange(40) * 7
-    rows, held = client.pull_with_versions(table_name, ids)
+    _, held = client.pull_with_versions(table_name, ids)
     for times, subset in ((1, ids[:10]), (3, ids[10:20])):
         for _ in range(times):
             client.push(table_name, subset, torch.ones(len(subset), 4))

@@ -1,0 +1,45 @@
+"""The training batch: dense features, jagged sparse ids per feature, labels."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class JaggedIds:
+    """The ids of one sparse feature for a batch: sample b owns values[offsets[b]:offsets[b+1]].
+
+    Attributes:
+        values: int64 [nnz] ids.
+        offsets: int64 [batch + 1], non-decreasing, offsets[0] == 0, offsets[-1] == nnz.
+    """
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        """Number of samples."""
+        return len(self.offsets) - 1
+
+
+@dataclasses.dataclass
+class Batch:
+    """A batch of Criteo-style samples.
+
+    Attributes:
+        dense: float32 [batch, num_dense].
+        sparse: one JaggedIds per categorical feature.
+        labels: float32 [batch], 0 or 1.
+    """
+
+    dense: torch.Tensor
+    sparse: list[JaggedIds]
+    labels: torch.Tensor
+
+    @property
+    def batch_size(self) -> int:
+        """Number of samples."""
+        return len(self.labels)

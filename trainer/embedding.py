@@ -1,0 +1,154 @@
+"""PSEmbeddingBagCollection: pooled embedding lookups whose rows live on the PS.
+
+Forward: per table, the ids of all its features are deduplicated, the distinct
+rows are fetched (from the parameter servers through a row source), and each
+feature is pooled with ``embedding_bag``. The fetched rows are autograd leaves;
+after ``backward()``, :meth:`step` hands each table's row gradients (summed
+over every occurrence, scaled by ``grad_scale``) back to the row source, which
+pushes them to the shards where the server-side optimizer applies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from ember.trainer.data.batch import JaggedIds
+from torch import nn
+
+
+class RowSource(Protocol):
+    """Where a table's rows come from and where their gradients go."""
+
+    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """float32 rows [len(ids), dim] for distinct ``ids``."""
+
+    def apply_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> None:
+        """Apply gradients [len(ids), dim] of distinct ``ids``."""
+
+
+@dataclasses.dataclass
+class _Lookup:
+    table: str
+    ids: torch.Tensor
+    rows: torch.Tensor
+
+
+class PSEmbeddingBagCollection(nn.Module):
+    """Pooled lookups of sparse features, one table per feature or shared.
+
+    Args:
+        source: the row source (a :class:`PSRowSource` or a cache in front of one).
+        feature_tables: table name of each feature, in feature order.
+        pooling: "sum" or "mean".
+        grad_scale: factor applied to row gradients before they leave (1 / world
+            size under DDP, so sparse and dense gradients are averaged alike).
+
+    Example:
+        >>> ebc = PSEmbeddingBagCollection(source, ["user", "item", "item"])   # doctest: +SKIP
+        >>> pooled = ebc(batch.sparse)       # [batch, 3, dim]               # doctest: +SKIP
+        >>> loss.backward(); ebc.step()                                     # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        source: RowSource,
+        feature_tables: Sequence[str],
+        pooling: str = "sum",
+        grad_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if pooling not in ("sum", "mean"):
+            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if not feature_tables:
+            raise ValueError("feature_tables must name at least one table")
+        self.source = source
+        self.feature_tables = list(feature_tables)
+        self.pooling = pooling
+        self.grad_scale = grad_scale
+        self._pending: list[_Lookup] = []
+
+    def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
+        """Pooled embeddings [batch, num_features, dim]."""
+        _check_features(features, len(self.feature_tables))
+        pooled: list[torch.Tensor | None] = [None] * len(features)
+        self._pending = []
+        for table in dict.fromkeys(self.feature_tables):
+            members = [f for f, t in enumerate(self.feature_tables) if t == table]
+            values = torch.cat([features[f].values for f in members])
+            ids, inverse = torch.unique(values, return_inverse=True)
+            rows = self.source.rows(table, ids).detach().requires_grad_(self.training)
+            if self.training:
+                self._pending.append(_Lookup(table, ids, rows))
+            start = 0
+            for f in members:
+                count = len(features[f].values)
+                pooled[f] = F.embedding_bag(
+                    inverse[start : start + count],
+                    rows,
+                    features[f].offsets,
+                    mode=self.pooling,
+                    include_last_offset=True,
+                )
+                start += count
+        return torch.stack(pooled, dim=1)
+
+    def step(self) -> None:
+        """Hand the row gradients of the last forward to the source; call after backward()."""
+        for lookup in self._pending:
+            if lookup.rows.grad is not None:
+                self.source.apply_gradients(
+                    lookup.table, lookup.ids, lookup.rows.grad * self.grad_scale
+                )
+        self._pending = []
+
+
+def _check_features(features: Sequence[JaggedIds], expected: int) -> None:
+    if len(features) != expected:
+        raise ValueError(f"expected {expected} sparse features, got {len(features)}")
+    batch = None
+    for f, feature in enumerate(features):
+        values, offsets = feature.values, feature.offsets
+        if values.dtype != torch.int64 or offsets.dtype != torch.int64:
+            raise ValueError(
+                f"feature {f}: ids and offsets must be int64 tensors, got {values.dtype}, {offsets.dtype}"
+            )
+        if values.dim() != 1 or offsets.dim() != 1 or len(offsets) < 1:
+            raise ValueError(f"feature {f}: ids and offsets must be 1-D with at least one offset")
+        if len(values) and int(values.min()) < 0:
+            raise ValueError(f"feature {f}: ids must be >= 0, got {int(values.min())}")
+        if (
+            int(offsets[0]) != 0
+            or int(offsets[-1]) != len(values)
+            or bool((offsets[1:] < offsets[:-1]).any())
+        ):
+            raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(values)}")
+        if batch is None:
+            batch = len(offsets) - 1
+        elif len(offsets) - 1 != batch:
+            raise ValueError(f"feature {f} has {len(offsets) - 1} samples, feature 0 has {batch}")
+
+
+class PSRowSource:
+    """Rows straight from the parameter servers: pull on lookup, push on update.
+
+    Args:
+        client: a connected PSClient whose tables already exist.
+    """
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.bytes_pulled = 0
+        self.bytes_pushed = 0
+
+    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.client.pull(table, ids)
+        self.bytes_pulled += rows.numel() * 4 + len(ids) * 8
+        return rows
+
+    def apply_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> None:
+        self.client.push(table, ids, grads)
+        self.bytes_pushed += grads.numel() * 4 + len(ids) * 8
