@@ -13,7 +13,7 @@ import functools
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import grpc
@@ -95,7 +95,7 @@ class PSClient:
         options = message_size_options(self.config.max_message_bytes)
         self._channels = [grpc.insecure_channel(e, options=options) for e in endpoints]
         self._stubs = [_DataPathStub(c) for c in self._channels]
-        self._fan_out = FanOut(max_workers=2 * len(endpoints))
+        self._fan_out = FanOut(max_workers=max(8, 2 * len(endpoints)))
         self._dims: dict[str, int] = {}
         self._client_id = uuid.uuid4().hex
         self._sequence = itertools.count()
@@ -158,26 +158,44 @@ class PSClient:
 
     def pull_with_versions(self, table: str, ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows [n, dim] float32 and their versions [n] int64, in the order of ``ids``."""
-        id_array = as_id_array(ids)
-        dim = self.dim(table)
-        rows = torch.empty(len(id_array), dim, dtype=torch.float32)
-        versions = torch.empty(len(id_array), dtype=torch.int64)
-        chunks = self._chunks(table, id_array, bytes_per_row=4 * dim + 8)
-        calls = [
-            _Call(shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk])))
-            for shard, chunk in chunks
-        ]
+        return self.pull_many({table: ids})[table]
+
+    def pull_many(
+        self, requests: Mapping[str, Any]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Pull several tables at once: all their shard requests run concurrently.
+
+        Returns:
+            ``{table: (rows, versions)}`` as :meth:`pull_with_versions` gives them.
+        """
+        results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        calls: list[_Call] = []
+        targets: list[tuple[torch.Tensor, torch.Tensor, np.ndarray, int]] = []
+        for table, ids in requests.items():
+            id_array = as_id_array(ids)
+            dim = self.dim(table)
+            rows = torch.empty(len(id_array), dim, dtype=torch.float32)
+            versions = torch.empty(len(id_array), dtype=torch.int64)
+            results[table] = (rows, versions)
+            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
+                calls.append(
+                    _Call(
+                        shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))
+                    )
+                )
+                targets.append((rows, versions, chunk, dim))
 
         def place(index: int, reply: PullReplyView) -> None:
             # Runs while other shards' replies are still in flight.
-            positions = torch.from_numpy(chunks[index][1])
+            rows, versions, chunk, dim = targets[index]
+            positions = torch.from_numpy(chunk)
             scatter_rows(
                 rows, positions, readonly_tensor(reply.values, torch.float32).view(-1, dim)
             )
             scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
 
         self._run(calls, on_reply=place)
-        return rows, versions
+        return results
 
     def pull_stale(
         self, table: str, ids: Any, held_versions: Any, bound: int
@@ -241,20 +259,32 @@ class PSClient:
             ValueError: bad ids, shape, dtype or a NaN/Inf gradient (nothing sent).
             PSClientError: a shard rejected the push or stayed unavailable.
         """
-        id_array = as_id_array(ids)
-        dim = self.dim(table)
-        grad_rows = as_grad_rows(grads, len(id_array), dim)
-        unique_ids, summed = sum_duplicates(id_array, grad_rows)
-        summed_np = summed.numpy()
+        self.push_many({table: (ids, grads)})
+
+    def push_many(self, updates: Mapping[str, tuple[Any, Any]]) -> None:
+        """Push ``{table: (ids, grads)}`` for several tables at once, concurrently.
+
+        Every table's input is validated before anything is sent.
+        """
+        prepared = []
+        for table, (ids, grads) in updates.items():
+            id_array = as_id_array(ids)
+            dim = self.dim(table)
+            unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
+            prepared.append((table, dim, unique_ids, summed.numpy()))
         request_id = f"{self._client_id}:{next(self._sequence)}"
         calls = [
             _Call(
                 shard,
                 "Push",
                 encode_push_request(
-                    table, unique_ids[chunk], summed_np[chunk], f"{request_id}:{shard}:{number}"
+                    table,
+                    unique_ids[chunk],
+                    summed[chunk],
+                    f"{request_id}:{table}:{shard}:{number}",
                 ),
             )
+            for table, dim, unique_ids, summed in prepared
             for number, (shard, chunk) in enumerate(
                 self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8)
             )

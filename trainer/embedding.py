@@ -21,13 +21,13 @@ from torch import nn
 
 
 class RowSource(Protocol):
-    """Where a table's rows come from and where their gradients go."""
+    """Where tables' rows come from and where their gradients go (several tables per call)."""
 
-    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
-        """float32 rows [len(ids), dim] for distinct ``ids``."""
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{table: float32 rows [len(ids), dim]}`` for ``{table: distinct ids}``."""
 
-    def apply_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> None:
-        """Apply gradients [len(ids), dim] of distinct ``ids``."""
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Apply ``{table: (distinct ids, grads [len(ids), dim])}``."""
 
 
 @dataclasses.dataclass
@@ -76,15 +76,21 @@ class PSEmbeddingBagCollection(nn.Module):
         _check_features(features, len(self.feature_tables))
         pooled: list[torch.Tensor | None] = [None] * len(features)
         self._pending = []
-        for table in dict.fromkeys(self.feature_tables):
-            members = [f for f, t in enumerate(self.feature_tables) if t == table]
-            values = torch.cat([features[f].values for f in members])
-            ids, inverse = torch.unique(values, return_inverse=True)
-            rows = self.source.rows(table, ids).detach().requires_grad_(self.training)
+        members = {
+            t: [f for f, name in enumerate(self.feature_tables) if name == t]
+            for t in self.feature_tables
+        }
+        unique = {
+            table: torch.unique(torch.cat([features[f].values for f in fs]), return_inverse=True)
+            for table, fs in members.items()
+        }
+        fetched = self.source.rows({table: ids for table, (ids, _) in unique.items()})
+        for table, (ids, inverse) in unique.items():
+            rows = fetched[table].detach().requires_grad_(self.training)
             if self.training:
                 self._pending.append(_Lookup(table, ids, rows))
             start = 0
-            for f in members:
+            for f in members[table]:
                 count = len(features[f].values)
                 pooled[f] = F.embedding_bag(
                     inverse[start : start + count],
@@ -98,11 +104,13 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def step(self) -> None:
         """Hand the row gradients of the last forward to the source; call after backward()."""
-        for lookup in self._pending:
-            if lookup.rows.grad is not None:
-                self.source.apply_gradients(
-                    lookup.table, lookup.ids, lookup.rows.grad * self.grad_scale
-                )
+        updates = {
+            lookup.table: (lookup.ids, lookup.rows.grad * self.grad_scale)
+            for lookup in self._pending
+            if lookup.rows.grad is not None
+        }
+        if updates:
+            self.source.apply_gradients(updates)
         self._pending = []
 
 
@@ -144,11 +152,14 @@ class PSRowSource:
         self.bytes_pulled = 0
         self.bytes_pushed = 0
 
-    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.client.pull(table, ids)
-        self.bytes_pulled += rows.numel() * 4 + len(ids) * 8
-        return rows
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pulled = self.client.pull_many(requests)
+        for table, (rows, _) in pulled.items():
+            self.bytes_pulled += rows.numel() * 4 + len(requests[table]) * 8
+        return {table: rows for table, (rows, _) in pulled.items()}
 
-    def apply_gradients(self, table: str, ids: torch.Tensor, grads: torch.Tensor) -> None:
-        self.client.push(table, ids, grads)
-        self.bytes_pushed += grads.numel() * 4 + len(ids) * 8
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.client.push_many(updates)
+        self.bytes_pushed += sum(
+            grads.numel() * 4 + len(ids) * 8 for ids, grads in updates.values()
+        )

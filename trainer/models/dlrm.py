@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 def _mlp(sizes: Sequence[int], last_activation: bool) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if last_activation or i < len(sizes) - 2:
             layers.append(nn.ReLU())

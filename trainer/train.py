@@ -1,0 +1,210 @@
+"""One trainer rank: DLRM with embeddings on the parameter servers.
+
+Run directly for one rank, or under ``torchrun`` (env://) for several: dense
+parameters are synchronised with DDP (gloo on CPU, NCCL on GPU), each rank
+trains on its own part of the data, and sparse traffic goes to the shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from ember.ps_server.client import PSClient
+from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.trainer.data.batch import Batch
+from ember.trainer.data.criteo import CriteoTSVReader
+from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCriteoConfig
+from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
+from ember.trainer.metrics import log_loss, roc_auc
+from ember.trainer.models.dlrm import DLRM
+from ember.trainer.progress import ProgressBar
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """What one training run does (every rank gets the same config)."""
+
+    endpoints: tuple[str, ...]
+    steps: int = 200
+    batch_size: int = 1024
+    eval_batches: int = 8
+    dim: int = 16
+    optimizer: str = "adagrad"
+    sparse_lr: float = 0.05
+    dense_lr: float = 0.05
+    max_cardinality: int = 200_000
+    zipf_exponent: float = 1.2
+    seed: int = 0
+    criteo_path: str | None = None
+    table_prefix: str = "criteo"
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if not self.endpoints:
+            raise ValueError("endpoints must list at least one shard")
+        for name in ("steps", "batch_size", "eval_batches", "dim", "max_cardinality"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.optimizer.upper() not in OptimizerKind.__members__:
+            raise ValueError(
+                f"optimizer must be one of {', '.join(k.lower() for k in OptimizerKind.__members__)}"
+            )
+        if not (self.sparse_lr > 0 and self.dense_lr > 0):
+            raise ValueError("learning rates must be > 0")
+
+
+@dataclasses.dataclass
+class _Timer:
+    seconds: float = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+
+class _TimedSource(PSRowSource):
+    """PSRowSource that also accounts the time spent waiting for the shards."""
+
+    def __init__(self, client: PSClient) -> None:
+        super().__init__(client)
+        self.wait = _Timer()
+
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with self.wait:
+            return super().rows(requests)
+
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with self.wait:
+            super().apply_gradients(updates)
+
+
+def train(config: TrainConfig) -> dict:
+    """Train on this rank; returns the run report (complete on rank 0)."""
+    config.validate()
+    rank, world = _init_distributed()
+    data_config = SyntheticCriteoConfig(
+        cardinalities=tuple(
+            min(c, config.max_cardinality) for c in SyntheticCriteoConfig().cardinalities
+        ),
+        zipf_exponent=config.zipf_exponent,
+        seed=config.seed,
+    )
+    data = SyntheticCriteo(data_config)
+    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
+    specs = [
+        TableSpec(
+            f"{config.table_prefix}.f{f}",
+            config.dim,
+            InitializerSpec(scale=0.05, seed=config.seed),
+            OptimizerSpec(OptimizerKind[config.optimizer.upper()], lr=config.sparse_lr),
+        )
+        for f in range(data.num_features)
+    ]
+    torch.manual_seed(config.seed)  # identical dense initialisation on every rank
+    model = DLRM(NUM_DENSE, data.num_features, config.dim)
+    dense_model = DistributedDataParallel(model) if world > 1 else model
+    dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
+    with PSClient(list(config.endpoints)) as client:
+        for spec in specs:
+            client.create_table(spec)
+        source = _TimedSource(client)
+        ebc = PSEmbeddingBagCollection(source, [s.name for s in specs], grad_scale=1.0 / world)
+        progress = ProgressBar(config.steps) if config.progress and rank == 0 else None
+        losses: list[float] = []
+        start = time.perf_counter()
+        for step, batch in enumerate(_train_batches(config, data, reader, rank, world), start=1):
+            dense_opt.zero_grad()
+            logits = dense_model(batch.dense, ebc(batch.sparse))
+            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+            loss.backward()
+            dense_opt.step()
+            ebc.step()
+            losses.append(loss.item())
+            if progress:
+                elapsed = time.perf_counter() - start
+                progress.update(
+                    step,
+                    **{"samples/s": step * config.batch_size * world / elapsed, "loss": losses[-1]},
+                )
+        wall = time.perf_counter() - start
+        samples = len(losses) * config.batch_size
+        report = {
+            "rank": rank,
+            "world_size": world,
+            "steps": len(losses),
+            "samples_per_s": samples * world / wall if wall else 0.0,
+            "cache_hit_rate": 0.0,
+            "bytes_pulled_per_sample": source.bytes_pulled / max(1, samples),
+            "bytes_pushed_per_sample": source.bytes_pushed / max(1, samples),
+            "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
+            "wall_s": wall,
+            "ps_wait_s": source.wait.seconds,
+            "compute_s": wall - source.wait.seconds,
+            "malformed_lines": reader.stats.malformed,
+            "config": dataclasses.asdict(config),
+        }
+        if rank == 0:
+            report.update(_evaluate(model, ebc, data, config))
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return report
+
+
+def _init_distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo", init_method="env://"
+        )
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _train_batches(
+    config: TrainConfig, data: SyntheticCriteo, reader: CriteoTSVReader, rank: int, world: int
+) -> Iterator[Batch]:
+    if config.criteo_path is None:
+        for index in range(config.steps):
+            yield data.batch(config.batch_size, index, "train", part=rank)
+        return
+    produced = 0
+    for index, batch in enumerate(reader.read(config.criteo_path)):
+        if index % world == rank:
+            yield batch
+            produced += 1
+            if produced == config.steps:
+                return
+
+
+def _evaluate(
+    model: DLRM, ebc: PSEmbeddingBagCollection, data: SyntheticCriteo, config: TrainConfig
+) -> dict:
+    model.eval()
+    ebc.eval()
+    labels, scores = [], []
+    with torch.no_grad():
+        for index in range(config.eval_batches):
+            batch = data.batch(config.batch_size, index, "test")
+            scores.append(torch.sigmoid(model(batch.dense, ebc(batch.sparse))).numpy())
+            labels.append(batch.labels.numpy())
+    model.train()
+    ebc.train()
+    y, p = np.concatenate(labels), np.concatenate(scores)
+    return {
+        "heldout_auc": roc_auc(y, p),
+        "heldout_logloss": log_loss(y, p),
+        "heldout_samples": len(y),
+    }
