@@ -93,24 +93,9 @@ def train(config: TrainConfig) -> dict:
     """Train on this rank; returns the run report (complete on rank 0)."""
     config.validate()
     rank, world = _init_distributed()
-    data_config = SyntheticCriteoConfig(
-        cardinalities=tuple(
-            min(c, config.max_cardinality) for c in SyntheticCriteoConfig().cardinalities
-        ),
-        zipf_exponent=config.zipf_exponent,
-        seed=config.seed,
-    )
-    data = SyntheticCriteo(data_config)
+    data = synthetic_data(config)
     reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
-    specs = [
-        TableSpec(
-            f"{config.table_prefix}.f{f}",
-            config.dim,
-            InitializerSpec(scale=0.05, seed=config.seed),
-            OptimizerSpec(OptimizerKind[config.optimizer.upper()], lr=config.sparse_lr),
-        )
-        for f in range(data.num_features)
-    ]
+    specs = table_specs(config, data.num_features)
     torch.manual_seed(config.seed)  # identical dense initialisation on every rank
     model = DLRM(NUM_DENSE, data.num_features, config.dim)
     dense_model = DistributedDataParallel(model) if world > 1 else model
@@ -130,7 +115,7 @@ def train(config: TrainConfig) -> dict:
             loss.backward()
             dense_opt.step()
             ebc.step()
-            losses.append(loss.item())
+            losses.append(_mean_over_ranks(loss.detach(), world))
             if progress:
                 elapsed = time.perf_counter() - start
                 progress.update(
@@ -148,6 +133,7 @@ def train(config: TrainConfig) -> dict:
             "bytes_pulled_per_sample": source.bytes_pulled / max(1, samples),
             "bytes_pushed_per_sample": source.bytes_pushed / max(1, samples),
             "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
+            "train_losses": losses,
             "wall_s": wall,
             "ps_wait_s": source.wait.seconds,
             "compute_s": wall - source.wait.seconds,
@@ -162,6 +148,31 @@ def train(config: TrainConfig) -> dict:
     return report
 
 
+def synthetic_data(config: TrainConfig) -> SyntheticCriteo:
+    """The synthetic data set a run trains on (Criteo cardinalities capped by the config)."""
+    cardinalities = tuple(
+        min(c, config.max_cardinality) for c in SyntheticCriteoConfig().cardinalities
+    )
+    return SyntheticCriteo(
+        SyntheticCriteoConfig(
+            cardinalities=cardinalities, zipf_exponent=config.zipf_exponent, seed=config.seed
+        )
+    )
+
+
+def table_specs(config: TrainConfig, num_features: int) -> list[TableSpec]:
+    """One PS table per sparse feature."""
+    return [
+        TableSpec(
+            f"{config.table_prefix}.f{f}",
+            config.dim,
+            InitializerSpec(scale=0.05, seed=config.seed),
+            OptimizerSpec(OptimizerKind[config.optimizer.upper()], lr=config.sparse_lr),
+        )
+        for f in range(num_features)
+    ]
+
+
 def _init_distributed() -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
@@ -171,6 +182,15 @@ def _init_distributed() -> tuple[int, int]:
             "nccl" if torch.cuda.is_available() else "gloo", init_method="env://"
         )
     return dist.get_rank(), dist.get_world_size()
+
+
+def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
+    """The step's loss averaged over ranks. The all-reduce also keeps the ranks in step: no
+    rank pulls rows for the next step before every rank has pushed this step's gradients."""
+    if world > 1:
+        dist.all_reduce(loss)
+        loss /= world
+    return loss.item()
 
 
 def _train_batches(

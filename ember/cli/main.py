@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ember.cli import cluster_cmd, demo_cmd, ps_cmd
+from ember.cli import cluster_cmd, demo_cmd, ps_cmd, train_cmd
 from ember.env import env_value
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ps_cmd.register(commands)
     cluster_cmd.register(commands)
+    train_cmd.register(commands)
     demo_cmd.register(commands)
     return parser
 

@@ -49,19 +49,24 @@ def test_cluster_up_serves_then_stops_cleanly(tmp_path, stop_signal):
     assert not endpoints_file.exists()
 
 
-def test_demo_runs_and_reports_throughput():
+def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
+    report_path = tmp_path / "report.json"
     result = subprocess.run(
-        [*EMBER, "demo", "--seconds", "1.5", "--batch", "256", "--num-ids", "10000"],
+        [*EMBER, "demo", "--steps", "30", "--batch-size", "256", "--eval-batches", "4",
+         "--max-cardinality", "5000", "--no-progress", "--report", str(report_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    summary = result.stdout.split("-" * 60)[-1]
-    samples_per_s = float(summary.split("samples/s")[1].split()[0])
-    assert samples_per_s > 0
-    assert "shards stopped cleanly" in result.stdout
+    report = json.loads(report_path.read_text())
+    assert report["world_size"] == 2 and report["steps"] == 30
+    assert report["samples_per_s"] > 0 and report["bytes_pulled_per_sample"] > 0
+    assert 0.55 < report["heldout_auc"] < 1.0  # the planted model is learnable
+    assert report["compute_s"] + report["ps_wait_s"] == pytest.approx(report["wall_s"])
+    assert report["config"]["batch_size"] == 256
+    assert "held-out AUC" in result.stdout and "shards stopped cleanly" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -70,7 +75,12 @@ def test_demo_runs_and_reports_throughput():
         (["ps", "--shard", "3", "--num-shards", "2"], "shard must be in 0..1"),
         (["ps", "--port", "70000"], "port must be in 0..65535"),
         (["cluster", "up", "--shards", "0"], "--shards must be >= 1"),
-        (["demo", "--batch", "0"], "--batch must be >= 1"),
+        (["demo", "--batch-size", "0"], "batch_size must be >= 1"),
+        (
+            ["train", "--endpoints", "127.0.0.1:1", "--optimizer", "lion"],
+            "optimizer must be one of",
+        ),
+        (["train"], "give --endpoints or --endpoints-file"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(argv, message):

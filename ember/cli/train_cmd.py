@@ -1,0 +1,130 @@
+"""``ember train``: one trainer rank (run it under torchrun for several)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ember.env import env_value
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``train`` subcommand."""
+    parser = commands.add_parser(
+        "train",
+        help="train DLRM with embeddings on the parameter servers (one rank; use torchrun for more)",
+    )
+    add_training_flags(parser)
+    parser.add_argument(
+        "--endpoints",
+        default=env_value("ENDPOINTS", ""),
+        help="comma-separated shard endpoints in shard order (env EMBER_ENDPOINTS)",
+    )
+    parser.add_argument(
+        "--endpoints-file",
+        type=Path,
+        default=env_value("ENDPOINTS_FILE", None, Path),
+        help="JSON file written by `ember cluster up` (env EMBER_ENDPOINTS_FILE)",
+    )
+    parser.set_defaults(run=run)
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by ``ember train`` and ``ember demo``."""
+    parser.add_argument(
+        "--steps", type=int, default=env_value("STEPS", 200), help="training steps per rank"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=env_value("BATCH_SIZE", 1024),
+        help="samples per step and rank",
+    )
+    parser.add_argument(
+        "--eval-batches", type=int, default=8, help="held-out batches evaluated on rank 0"
+    )
+    parser.add_argument("--dim", type=int, default=16, help="embedding width")
+    parser.add_argument(
+        "--optimizer",
+        default="adagrad",
+        help="sparse optimizer: sgd, adagrad, rowwise_adagrad, adam",
+    )
+    parser.add_argument("--sparse-lr", type=float, default=0.05)
+    parser.add_argument("--dense-lr", type=float, default=0.05)
+    parser.add_argument(
+        "--max-cardinality", type=int, default=200_000, help="cap on ids per feature"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--table-prefix", default="criteo", help="PS tables are named PREFIX.f0 .. PREFIX.f25"
+    )
+    parser.add_argument(
+        "--criteo", default=None, help="train on this Criteo TSV file instead of synthetic data"
+    )
+    parser.add_argument(
+        "--report", type=Path, default=None, help="write the JSON report here (rank 0)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+
+
+def config_from_args(args: argparse.Namespace, endpoints: list[str]):
+    """The TrainConfig the flags describe; SystemExit with the reason if invalid."""
+    from ember.trainer.train import TrainConfig
+
+    config = TrainConfig(
+        endpoints=tuple(endpoints),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        eval_batches=args.eval_batches,
+        dim=args.dim,
+        optimizer=args.optimizer,
+        sparse_lr=args.sparse_lr,
+        dense_lr=args.dense_lr,
+        max_cardinality=args.max_cardinality,
+        seed=args.seed,
+        criteo_path=args.criteo,
+        table_prefix=args.table_prefix,
+        progress=not args.no_progress,
+    )
+    try:
+        config.validate()
+    except ValueError as error:
+        raise SystemExit(f"ember: {error}") from None
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train this rank; rank 0 prints the summary and writes the report."""
+    from ember.trainer.train import train
+
+    endpoints = [e for e in args.endpoints.split(",") if e]
+    if args.endpoints_file is not None:
+        endpoints = json.loads(args.endpoints_file.read_text())["endpoints"]
+    if not endpoints:
+        raise SystemExit("ember train: give --endpoints or --endpoints-file")
+    report = train(config_from_args(args, endpoints))
+    if report["rank"] == 0:
+        print_summary(report)
+        if args.report is not None:
+            args.report.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def print_summary(report: dict) -> None:
+    """Print the headline figures of a training report."""
+    print("-" * 60)
+    print(
+        f"ranks {report['world_size']}  steps {report['steps']}  samples/s {report['samples_per_s']:,.0f}"
+    )
+    print(
+        f"final train loss {report['final_train_loss']:.4f}  held-out AUC {report['heldout_auc']:.4f}  "
+        f"logloss {report['heldout_logloss']:.4f}"
+    )
+    print(
+        f"bytes/sample pulled {report['bytes_pulled_per_sample']:,.0f}  pushed {report['bytes_pushed_per_sample']:,.0f}  "
+        f"cache hit rate {report['cache_hit_rate']:.1%}"
+    )
+    print(
+        f"wall {report['wall_s']:.1f} s = compute {report['compute_s']:.1f} s + PS wait {report['ps_wait_s']:.1f} s"
+    )

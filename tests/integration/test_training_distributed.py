@@ -1,0 +1,58 @@
+"""Two trainer ranks under torchrun against real shards."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from ember.trainer.models.dlrm import DLRM
+from ember.trainer.train import TrainConfig, synthetic_data, table_specs
+
+from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
+
+STEPS, BATCH, CARDINALITY = 15, 64, 300
+
+
+def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
+    cluster, tmp_path, table_name
+):
+    report_path = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "ember.cli.main", "train", "--endpoints", ",".join(cluster.endpoints),
+        "--steps", str(STEPS), "--batch-size", str(BATCH), "--max-cardinality", str(CARDINALITY),
+        "--optimizer", "sgd", "--sparse-lr", "0.5", "--dense-lr", "0.05", "--dim", "8",
+        "--eval-batches", "1", "--no-progress", "--report", str(report_path),
+        "--table-prefix", table_name,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
+    ps_losses = json.loads(report_path.read_text())["train_losses"]
+
+    config = TrainConfig(
+        endpoints=("unused:0",), steps=STEPS, batch_size=BATCH, max_cardinality=CARDINALITY,
+        optimizer="sgd", sparse_lr=0.5, dense_lr=0.05, dim=8, table_prefix=table_name,
+    )  # fmt: skip
+    data = synthetic_data(config)
+    specs = table_specs(config, data.num_features)
+    torch.manual_seed(config.seed)
+    model = DLRM(13, data.num_features, config.dim)
+    tables = ReferenceEmbeddings(specs, data.config.cardinalities)
+    dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
+    sparse_opt = sparse_optimizer(specs[0], tables.parameters())
+    reference_losses = []
+    for step in range(STEPS):
+        parts = [data.batch(BATCH, step, "train", part=rank) for rank in (0, 1)]
+        dense = torch.cat([p.dense for p in parts])
+        labels = torch.cat([p.labels for p in parts])
+        embedded = torch.cat([tables(p.sparse) for p in parts])
+        dense_opt.zero_grad()
+        sparse_opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, embedded), labels)
+        loss.backward()
+        dense_opt.step()
+        sparse_opt.step()
+        reference_losses.append(loss.item())
+    np.testing.assert_allclose(ps_losses, reference_losses, rtol=1e-4)
