@@ -212,45 +212,61 @@ class PSClient:
             ``(positions, rows, versions)``: ascending positions into ``ids`` of
             the stale rows, their float32 rows [k, dim] and current versions.
         """
-        id_array = as_id_array(ids)
-        held = np.ascontiguousarray(torch.as_tensor(held_versions).cpu().numpy(), dtype=np.int64)
-        if held.shape != id_array.shape:
-            raise ValueError(f"held_versions must have shape {id_array.shape}, got {held.shape}")
-        if bound < 0:
-            raise ValueError(f"bound must be >= 0, got {bound}")
-        dim = self.dim(table)
-        chunks = self._chunks(table, id_array, bytes_per_row=4 * dim + 24)
-        calls = [
-            _Call(
-                shard,
-                "PullStale",
-                pb.PullStaleRequest(
+        return self.pull_stale_many({table: (ids, held_versions, bound)})[table]
+
+    def pull_stale_many(
+        self, requests: Mapping[str, tuple[Any, Any, int]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """:meth:`pull_stale` for ``{table: (ids, held_versions, bound)}``, all concurrently."""
+        calls: list[_Call] = []
+        targets: list[tuple[str, np.ndarray]] = []
+        dims = {}
+        for table, (ids, held_versions, bound) in requests.items():
+            id_array = as_id_array(ids)
+            held = np.ascontiguousarray(
+                torch.as_tensor(held_versions).cpu().numpy(), dtype=np.int64
+            )
+            if held.shape != id_array.shape:
+                raise ValueError(
+                    f"held_versions must have shape {id_array.shape}, got {held.shape}"
+                )
+            if bound < 0:
+                raise ValueError(f"bound must be >= 0, got {bound}")
+            dims[table] = self.dim(table)
+            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dims[table] + 24):
+                request = pb.PullStaleRequest(
                     table=table,
                     ids=encode_ids(id_array[chunk]),
                     held_versions=held[chunk].tobytes(),
                     bound=bound,
-                ),
+                )
+                calls.append(_Call(shard, "PullStale", request))
+                targets.append((table, chunk))
+        parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+            table: [] for table in requests
+        }
+        for (table, chunk), reply in zip(targets, self._run(calls)):
+            parts[table].append(
+                (
+                    chunk[np.frombuffer(reply.positions, dtype=np.int64)],
+                    np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dims[table]),
+                    np.frombuffer(reply.versions, dtype=np.int64),
+                )
             )
-            for shard, chunk in chunks
-        ]
-        positions, rows, versions = [], [], []
-        for (_, chunk), reply in zip(chunks, self._run(calls)):
-            positions.append(chunk[np.frombuffer(reply.positions, dtype=np.int64)])
-            rows.append(np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim))
-            versions.append(np.frombuffer(reply.versions, dtype=np.int64))
-        if not calls:
-            return (
-                torch.empty(0, dtype=torch.int64),
-                torch.empty(0, dim),
-                torch.empty(0, dtype=torch.int64),
+        results = {}
+        for table, pieces in parts.items():
+            positions = np.concatenate([p for p, _, _ in pieces] or [np.empty(0, np.int64)])
+            rows = np.concatenate(
+                [r for _, r, _ in pieces] or [np.empty((0, dims[table]), np.float32)]
             )
-        all_positions = np.concatenate(positions)
-        order = np.argsort(all_positions, kind="stable")
-        return (
-            torch.from_numpy(all_positions[order]),
-            torch.from_numpy(np.concatenate(rows)[order]),
-            torch.from_numpy(np.concatenate(versions)[order]),
-        )
+            versions = np.concatenate([v for _, _, v in pieces] or [np.empty(0, np.int64)])
+            order = np.argsort(positions, kind="stable")
+            results[table] = (
+                torch.from_numpy(positions[order]),
+                torch.from_numpy(rows[order]),
+                torch.from_numpy(versions[order]),
+            )
+        return results
 
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.

@@ -18,6 +18,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from ember.ps_server.client import PSClient
 from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.trainer.cache.cached_source import CachedRowSource
+from ember.trainer.cache.hot_cache import POLICIES, HotEmbeddingCache
+from ember.trainer.cache.profiler import profile_hot_ids
 from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCriteoConfig
@@ -46,6 +49,11 @@ class TrainConfig:
     criteo_path: str | None = None
     table_prefix: str = "criteo"
     progress: bool = True
+    cache: str = "none"
+    cache_mb: float = 16.0
+    pull_bound: int = 0
+    push_bound: int = 0
+    profile_batches: int = 8
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -60,6 +68,14 @@ class TrainConfig:
             )
         if not (self.sparse_lr > 0 and self.dense_lr > 0):
             raise ValueError("learning rates must be > 0")
+        if self.cache not in ("none", *POLICIES):
+            raise ValueError(
+                f"cache must be one of none, {', '.join(POLICIES)}, got {self.cache!r}"
+            )
+        if self.cache != "none" and not self.cache_mb > 0:
+            raise ValueError(f"cache_mb must be > 0, got {self.cache_mb}")
+        if self.pull_bound < 0 or self.push_bound < 0 or self.profile_batches < 1:
+            raise ValueError("pull_bound and push_bound must be >= 0 and profile_batches >= 1")
 
 
 @dataclasses.dataclass
@@ -73,20 +89,20 @@ class _Timer:
         self.seconds += time.perf_counter() - self._start
 
 
-class _TimedSource(PSRowSource):
-    """PSRowSource that also accounts the time spent waiting for the shards."""
+class _TimedSource:
+    """A row source that also accounts the time spent waiting for it."""
 
-    def __init__(self, client: PSClient) -> None:
-        super().__init__(client)
+    def __init__(self, inner: PSRowSource | CachedRowSource) -> None:
+        self.inner = inner
         self.wait = _Timer()
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with self.wait:
-            return super().rows(requests)
+            return self.inner.rows(requests)
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         with self.wait:
-            super().apply_gradients(updates)
+            self.inner.apply_gradients(updates)
 
 
 def train(config: TrainConfig) -> dict:
@@ -103,7 +119,8 @@ def train(config: TrainConfig) -> dict:
     with PSClient(list(config.endpoints)) as client:
         for spec in specs:
             client.create_table(spec)
-        source = _TimedSource(client)
+        inner = build_row_source(client, config, specs, data, rank)
+        source = _TimedSource(inner)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs], grad_scale=1.0 / world)
         progress = ProgressBar(config.steps) if config.progress and rank == 0 else None
         losses: list[float] = []
@@ -122,6 +139,8 @@ def train(config: TrainConfig) -> dict:
                     step,
                     **{"samples/s": step * config.batch_size * world / elapsed, "loss": losses[-1]},
                 )
+        with source.wait:
+            flush(inner)
         wall = time.perf_counter() - start
         samples = len(losses) * config.batch_size
         report = {
@@ -129,9 +148,9 @@ def train(config: TrainConfig) -> dict:
             "world_size": world,
             "steps": len(losses),
             "samples_per_s": samples * world / wall if wall else 0.0,
-            "cache_hit_rate": 0.0,
-            "bytes_pulled_per_sample": source.bytes_pulled / max(1, samples),
-            "bytes_pushed_per_sample": source.bytes_pushed / max(1, samples),
+            "cache_hit_rate": inner.hit_rate() if isinstance(inner, CachedRowSource) else 0.0,
+            "bytes_pulled_per_sample": inner.bytes_pulled / max(1, samples),
+            "bytes_pushed_per_sample": inner.bytes_pushed / max(1, samples),
             "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
             "train_losses": losses,
             "wall_s": wall,
@@ -146,6 +165,41 @@ def train(config: TrainConfig) -> dict:
         dist.barrier()
         dist.destroy_process_group()
     return report
+
+
+def build_row_source(
+    client: PSClient, config: TrainConfig, specs: list[TableSpec], data: SyntheticCriteo, rank: int
+) -> PSRowSource | CachedRowSource:
+    """The PS directly, or hot-embedding caches sized by a profiling pass over this rank's data."""
+    if config.cache == "none":
+        return PSRowSource(client)
+    sample = (
+        data.batch(config.batch_size, index, "train", part=rank)
+        for index in range(config.profile_batches)
+    )
+    names = [s.name for s in specs]
+    hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
+    caches = {
+        spec.name: HotEmbeddingCache(
+            config.dim,
+            max(1, len(hot[spec.name])),
+            config.cache,
+            config.pull_bound,
+            config.push_bound,
+            local_lr=spec.optimizer.lr,
+            hot_ids=hot[spec.name] if config.cache == "static" else None,
+        )
+        for spec in specs
+    }
+    source = CachedRowSource(client, caches)
+    source.warm()
+    return source
+
+
+def flush(source: PSRowSource | CachedRowSource) -> None:
+    """Push whatever a cache still holds back (no-op for the direct source)."""
+    if isinstance(source, CachedRowSource):
+        source.flush()
 
 
 def synthetic_data(config: TrainConfig) -> SyntheticCriteo:

@@ -66,6 +66,16 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--report", type=Path, default=None, help="write the JSON report here (rank 0)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
+    parser.add_argument(
+        "--cache", default="none", help="hot-embedding cache: none, static, lru, lfu"
+    )
+    parser.add_argument(
+        "--cache-mb", type=float, default=16.0, help="cache memory budget per rank, MiB"
+    )
+    parser.add_argument("--pull-bound", type=int, default=0, help="versions a cached row may lag")
+    parser.add_argument(
+        "--push-bound", type=int, default=0, help="local updates a row may hold back"
+    )
 
 
 def config_from_args(args: argparse.Namespace, endpoints: list[str]):
@@ -85,6 +95,10 @@ def config_from_args(args: argparse.Namespace, endpoints: list[str]):
         seed=args.seed,
         criteo_path=args.criteo,
         table_prefix=args.table_prefix,
+        cache=args.cache,
+        cache_mb=args.cache_mb,
+        pull_bound=args.pull_bound,
+        push_bound=args.push_bound,
         progress=not args.no_progress,
     )
     try:

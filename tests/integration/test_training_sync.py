@@ -6,6 +6,9 @@ import torch
 from ember.ps_server.client import PSClient
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.trainer.cache.cached_source import CachedRowSource
+from ember.trainer.cache.hot_cache import HotEmbeddingCache
+from ember.trainer.cache.profiler import cache_bytes_per_row, profile_hot_ids
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
 from ember.trainer.models.dlrm import DLRM
@@ -17,6 +20,34 @@ DIM = 8
 STEPS = 50
 
 
+def _cached(policy: str):
+    def build(client, specs, batches):
+        hot = profile_hot_ids(
+            batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM
+        )
+        caches = {
+            s.name: HotEmbeddingCache(
+                DIM, max(1, len(hot[s.name])), policy, 0, 0, local_lr=0.3,
+                hot_ids=hot[s.name] if policy == "static" else None,
+            )
+            for s in specs
+        }  # fmt: skip
+        source = CachedRowSource(client, caches)
+        source.warm()
+        return source
+
+    return build
+
+
+SOURCES = {
+    "direct": lambda client, specs, batches: PSRowSource(client),
+    "static-cache": _cached("static"),
+    "lru-cache": _cached("lru"),
+    "lfu-cache": _cached("lfu"),
+}
+
+
+@pytest.mark.parametrize("source_kind", list(SOURCES))
 @pytest.mark.parametrize(
     "optimizer",
     [
@@ -25,7 +56,7 @@ STEPS = 50
     ],
     ids=["sgd", "adagrad"],
 )
-def test_ps_training_matches_reference(cluster, table_name, optimizer):
+def test_ps_training_matches_reference(cluster, table_name, optimizer, source_kind):
     init = InitializerSpec(scale=0.1, seed=4)
     specs = [
         TableSpec(f"{table_name}.f{f}", DIM, init, optimizer) for f in range(len(CARDINALITIES))
@@ -45,7 +76,8 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer):
     with PSClient(cluster.endpoints) as client:
         for spec in specs:
             client.create_table(spec)
-        ebc = PSEmbeddingBagCollection(PSRowSource(client), [s.name for s in specs])
+        source = SOURCES[source_kind](client, specs, batches)
+        ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
         reference_losses, ps_losses = [], []
         for batch in batches:
             for model, embed, opts, losses in (
@@ -67,6 +99,9 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer):
                 if embed is ebc:
                     ebc.step()
                 losses.append(loss.item())
+        if source_kind != "direct":
+            source.flush()
+            assert 0.3 < source.hit_rate() < 1.0  # the cache really served rows
         np.testing.assert_allclose(ps_losses, reference_losses, rtol=1e-5)
         for spec, bag, cardinality in zip(specs, reference_tables.bags, CARDINALITIES):
             rows = client.pull(spec.name, torch.arange(cardinality))

@@ -1,0 +1,186 @@
+"""CachedRowSource: rows from HotEmbeddingCaches in front of the parameter servers.
+
+Per lookup: cached rows whose shard version is more than ``pull_bound`` ahead
+are refreshed (a conditional pull: a few bytes per row unless stale); misses
+are pulled, admitted by the policy (evicting, with write-back, what the batch
+does not use) or passed through uncached. Per update: cached rows take the
+gradient locally and push it when due; uncached rows push at once. All shard
+traffic for all tables of a step goes out in one concurrent fan-out per kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from ember.ps_server.client import PSClient
+from ember.trainer.cache.hot_cache import HotEmbeddingCache
+
+
+@dataclasses.dataclass
+class TrafficStats:
+    """Rows and bytes that crossed the network (payload: rows, ids, versions)."""
+
+    rows_pulled: int = 0
+    rows_pushed: int = 0
+    bytes_pulled: int = 0
+    bytes_pushed: int = 0
+
+
+class CachedRowSource:
+    """A RowSource over ``client`` with ``caches`` for some tables (others go straight to the PS).
+
+    Args:
+        client: connected PSClient; its tables exist.
+        caches: ``{table: HotEmbeddingCache}``.
+    """
+
+    def __init__(self, client: PSClient, caches: dict[str, HotEmbeddingCache]) -> None:
+        self.client = client
+        self.caches = caches
+        self.traffic = TrafficStats()
+        self._slots: dict[str, torch.Tensor] = {}
+
+    @property
+    def bytes_pulled(self) -> int:
+        return self.traffic.bytes_pulled
+
+    @property
+    def bytes_pushed(self) -> int:
+        return self.traffic.bytes_pushed
+
+    def warm(self) -> None:
+        """Load the static hot sets into their caches."""
+        hot = {
+            t: c.hot_ids for t, c in self.caches.items() if c.hot_ids is not None and len(c.hot_ids)
+        }
+        for table, (rows, versions) in self._pull(hot).items():
+            self.caches[table].insert(hot[table], rows, versions)
+
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rows for ``{table: distinct ids}``, from the caches where possible."""
+        slots = {
+            t: self.caches[t].lookup(ids) if t in self.caches else _misses(ids)
+            for t, ids in requests.items()
+        }
+        self._refresh_stale(requests, slots)
+        misses = {t: ids[slots[t] < 0] for t, ids in requests.items() if bool((slots[t] < 0).any())}
+        pulled = self._pull(misses)
+        out = {}
+        for table, ids in requests.items():
+            rows = torch.empty(len(ids), self.client.dim(table))
+            table_slots = slots[table]
+            hit = table_slots >= 0
+            cache = self.caches.get(table)
+            if cache is not None:
+                rows[hit] = cache.weights[table_slots[hit]].cpu()
+            if table in pulled:
+                missed = (~hit).nonzero().squeeze(1)
+                miss_rows, miss_versions = pulled[table]
+                rows[missed] = miss_rows
+                if cache is not None:
+                    table_slots[missed] = self._admit(
+                        cache, ids[missed], miss_rows, miss_versions, table_slots[hit]
+                    )
+            self._slots[table] = table_slots
+            out[table] = rows
+        return out
+
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Gradients of the ids of the last :meth:`rows` call: local when cached, pushed when due."""
+        pushes = {}
+        for table, (ids, grads) in updates.items():
+            slots = self._slots.pop(table)
+            if len(slots) != len(ids):
+                raise ValueError(
+                    f"table {table!r}: gradients for {len(ids)} ids, last lookup had {len(slots)}"
+                )
+            cached = slots >= 0
+            push_ids, push_grads = [ids[~cached]], [grads[~cached]]
+            if bool(cached.any()):
+                due_ids, due_grads = self.caches[table].accumulate(slots[cached], grads[cached])
+                push_ids.append(due_ids)
+                push_grads.append(due_grads)
+            pushes[table] = (torch.cat(push_ids), torch.cat(push_grads))
+        self._push(pushes)
+
+    def flush(self) -> None:
+        """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
+        self._push({table: cache.drain() for table, cache in self.caches.items()})
+
+    def hit_rate(self) -> float:
+        """Hits over lookups, across all caches."""
+        hits = sum(c.stats.hits for c in self.caches.values())
+        total = hits + sum(c.stats.misses for c in self.caches.values())
+        return hits / total if total else 0.0
+
+    def _refresh_stale(
+        self, requests: dict[str, torch.Tensor], slots: dict[str, torch.Tensor]
+    ) -> None:
+        checks = {}
+        for table, table_slots in slots.items():
+            hit = table_slots >= 0
+            if table in self.caches and bool(hit.any()):
+                cache = self.caches[table]
+                checks[table] = (
+                    requests[table][hit],
+                    cache.held_versions[table_slots[hit]],
+                    cache.pull_bound,
+                )
+        if not checks:
+            return
+        for table, (positions, rows, versions) in self.client.pull_stale_many(checks).items():
+            hit_slots = slots[table][slots[table] >= 0]
+            self.caches[table].refresh(hit_slots[positions], rows, versions)
+            self._count_pull(table, len(checks[table][0]), len(positions))
+
+    def _admit(
+        self,
+        cache: HotEmbeddingCache,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        versions: torch.Tensor,
+        pinned: torch.Tensor,
+    ) -> torch.Tensor:
+        """Cache what the policy admits, evicting unpinned rows if needed; -1 for pass-through ids."""
+        slots = torch.full((len(ids),), -1, dtype=torch.int64)
+        admissible = cache.admissible(ids).nonzero().squeeze(1)
+        shortfall = len(admissible) - cache.free_slots()
+        if shortfall > 0 and cache.policy != "static":
+            evicted_ids, evicted_grads = cache.evict(cache.victims(shortfall, pinned))
+            if len(evicted_ids):
+                self._push({_table_of(self.caches, cache): (evicted_ids, evicted_grads)})
+        admitted = admissible[: cache.free_slots()]
+        slots[admitted] = cache.insert(ids[admitted], rows[admitted], versions[admitted])
+        return slots
+
+    def _pull(
+        self, requests: dict[str, torch.Tensor]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        if not requests:
+            return {}
+        pulled = self.client.pull_many(requests)
+        for table, ids in requests.items():
+            self._count_pull(table, len(ids), len(ids))
+        return pulled
+
+    def _push(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        updates = {t: u for t, u in updates.items() if len(u[0])}
+        if not updates:
+            return
+        self.client.push_many(updates)
+        for table, (ids, _) in updates.items():
+            self.traffic.rows_pushed += len(ids)
+            self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.client.dim(table))
+
+    def _count_pull(self, table: str, ids_sent: int, rows_received: int) -> None:
+        self.traffic.rows_pulled += rows_received
+        self.traffic.bytes_pulled += ids_sent * 8 + rows_received * (4 * self.client.dim(table) + 8)
+
+
+def _misses(ids: torch.Tensor) -> torch.Tensor:
+    return torch.full((len(ids),), -1, dtype=torch.int64)
+
+
+def _table_of(caches: dict[str, HotEmbeddingCache], cache: HotEmbeddingCache) -> str:
+    return next(table for table, candidate in caches.items() if candidate is cache)
