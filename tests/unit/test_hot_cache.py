@@ -132,7 +132,7 @@ def test_pull_bound_limits_version_lag_and_push_bound_batches_pushes():
 
 
 def test_static_policy_caches_only_the_hot_set():
-    client, cache, source = _source("static", capacity=3, hot=torch.tensor([2, 4]))
+    _, cache, source = _source("static", capacity=3, hot=torch.tensor([2, 4]))
     source.warm()
     assert set(cache._slot_of) == {2, 4}
     _step(source, [2, 4, 9])
