@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ember.cli.train_cmd import add_training_flags, config_from_args, print_summary
+from ember.cli.train_cmd import add_training_flags, config_from_args, print_summary, train_argv
 from ember.env import env_value
 
 
@@ -31,6 +31,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         batch_size=512,
         max_cardinality=50_000,
         report=Path("ember-demo-report.json"),
+        cache="static",
+        pull_bound=2,
+        push_bound=2,
     )
 
 
@@ -44,17 +47,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting {args.shards} shards ...", flush=True)
     with LocalCluster(args.shards) as cluster:
         print(f"shards: {' '.join(cluster.endpoints)}; training on {args.ranks} ranks", flush=True)
+        config = config_from_args(args, cluster.endpoints)
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-            "-m", "ember.cli.main", "--log-level", "WARNING", "train",
-            "--endpoints", ",".join(cluster.endpoints), "--report", str(args.report),
-            "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-            "--eval-batches", str(args.eval_batches), "--dim", str(args.dim),
-            "--optimizer", args.optimizer, "--sparse-lr", str(args.sparse_lr), "--dense-lr", str(args.dense_lr),
-            "--max-cardinality", str(args.max_cardinality), "--seed", str(args.seed),
-            "--table-prefix", args.table_prefix,
-            *(["--criteo", args.criteo] if args.criteo else []),
-            *(["--no-progress"] if args.no_progress else []),
+            "-m", "ember.cli.main", "--log-level", "WARNING", "train", "--report", str(args.report),
+            *train_argv(config),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         result = subprocess.run(command, stdout=subprocess.DEVNULL, env=env, check=False)

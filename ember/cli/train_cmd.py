@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -76,36 +77,47 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--push-bound", type=int, default=0, help="local updates a row may hold back"
     )
+    parser.add_argument(
+        "--zipf-exponent", type=float, default=1.2, help="skew of the synthetic ids"
+    )
+    parser.add_argument(
+        "--profile-batches", type=int, default=8, help="batches the cache profiler samples"
+    )
+
+
+# TrainConfig fields whose flag is not --<field-with-dashes>.
+_FLAG_OF = {"criteo_path": "--criteo"}
+_NOT_FLAGS = ("endpoints", "progress")
 
 
 def config_from_args(args: argparse.Namespace, endpoints: list[str]):
     """The TrainConfig the flags describe; SystemExit with the reason if invalid."""
     from ember.trainer.train import TrainConfig
 
-    config = TrainConfig(
-        endpoints=tuple(endpoints),
-        steps=args.steps,
-        batch_size=args.batch_size,
-        eval_batches=args.eval_batches,
-        dim=args.dim,
-        optimizer=args.optimizer,
-        sparse_lr=args.sparse_lr,
-        dense_lr=args.dense_lr,
-        max_cardinality=args.max_cardinality,
-        seed=args.seed,
-        criteo_path=args.criteo,
-        table_prefix=args.table_prefix,
-        cache=args.cache,
-        cache_mb=args.cache_mb,
-        pull_bound=args.pull_bound,
-        push_bound=args.push_bound,
-        progress=not args.no_progress,
-    )
+    values = {
+        field.name: getattr(
+            args, _FLAG_OF.get(field.name, "--" + field.name).lstrip("-").replace("-", "_")
+        )
+        for field in dataclasses.fields(TrainConfig)
+        if field.name not in _NOT_FLAGS
+    }
+    config = TrainConfig(endpoints=tuple(endpoints), progress=not args.no_progress, **values)
     try:
         config.validate()
     except ValueError as error:
         raise SystemExit(f"ember: {error}") from None
     return config
+
+
+def train_argv(config) -> list[str]:
+    """``ember train`` flags that reproduce ``config`` (inverse of config_from_args)."""
+    argv = ["--endpoints", ",".join(config.endpoints)]
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in _NOT_FLAGS or value is None:
+            continue
+        argv += [_FLAG_OF.get(field.name, "--" + field.name.replace("_", "-")), str(value)]
+    return argv + ([] if config.progress else ["--no-progress"])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,35 @@
+import dataclasses
+
+import pytest
+
+from ember.cli.main import build_parser
+from ember.cli.train_cmd import config_from_args, train_argv
+from ember.trainer.train import TrainConfig
+
+
+def test_train_argv_round_trips_every_config_field():
+    config = TrainConfig(
+        endpoints=("127.0.0.1:1", "127.0.0.1:2"), steps=7, batch_size=33, eval_batches=2, dim=12,
+        optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
+        criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
+        pull_bound=3, push_bound=4, profile_batches=2,
+    )  # fmt: skip
+    args = build_parser().parse_args(["train", *train_argv(config)])
+    assert config_from_args(args, list(config.endpoints)) == config
+    changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(
+        TrainConfig(endpoints=config.endpoints), f.name)}  # fmt: skip
+    assert changed == {f.name for f in dataclasses.fields(config)} - {"endpoints"}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"cache": "fifo"}, "cache must be one of none, static, lru, lfu"),
+        ({"pull_bound": -1}, "pull_bound and push_bound must be >= 0"),
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"endpoints": ()}, "endpoints must list"),
+    ],
+)
+def test_invalid_train_configs_are_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TrainConfig(endpoints=("a:1",)), **change).validate()
