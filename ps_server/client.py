@@ -307,6 +307,41 @@ class PSClient:
         ]
         self._run(calls)
 
+    def assign(self, table: str, ids: Any, values: Any, state: Any = None) -> None:
+        """Overwrite rows of distinct ``ids`` with ``values`` [n, dim] (and optimizer ``state``
+        [n, width] when given); each row's version grows by one."""
+        id_array = as_id_array(ids)
+        if len(np.unique(id_array)) != len(id_array):
+            raise ValueError("assign needs distinct ids")
+        dim = self.dim(table)
+        rows = as_grad_rows(values, len(id_array), dim).numpy()
+        state_rows = None
+        if state is not None:
+            state_rows = (
+                torch.as_tensor(state, dtype=torch.float32)
+                .reshape(len(id_array), -1)
+                .contiguous()
+                .numpy()
+            )
+        request_id = f"{self._client_id}:{next(self._sequence)}"
+        calls = [
+            _Call(
+                shard,
+                "Assign",
+                pb.AssignRequest(
+                    table=table,
+                    ids=encode_ids(id_array[chunk]),
+                    values=rows[chunk].tobytes(),
+                    state=b"" if state_rows is None else state_rows[chunk].tobytes(),
+                    request_id=f"{request_id}:{shard}:{number}",
+                ),
+            )
+            for number, (shard, chunk) in enumerate(
+                self._chunks(table, id_array, bytes_per_row=8 * dim + 8)
+            )
+        ]
+        self._run(calls)
+
     def stats(self) -> list[ShardStats]:
         """Stats of every shard, in shard order."""
         replies = self._run([_Call(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)])

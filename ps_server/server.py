@@ -165,6 +165,37 @@ class ParameterServer:
             )
         return target.push(id_array, torch.from_numpy(grad_rows.copy()), request_id)
 
+    def assign(
+        self,
+        table: str,
+        ids: bytes | memoryview,
+        values: bytes | memoryview,
+        state: bytes | memoryview,
+        request_id: str,
+    ) -> bool:
+        """Overwrite rows (and their optimizer state when ``state`` is not empty); returns duplicate."""
+        target = self._table(table)
+        if not request_id:
+            raise InvalidArgumentError(
+                "assign needs a non-empty request_id for retry deduplication"
+            )
+        id_array = decode_ids(ids)
+        if len(np.unique(id_array)) != len(id_array):
+            raise InvalidArgumentError("assign needs distinct ids")
+        weights = decode_rows(values, len(id_array), target.spec.dim, "values")
+        width = target.store.state_width
+        state_rows = decode_rows(state, len(id_array), width, "state") if len(state) else None
+        for name, rows in (("values", weights), ("state", state_rows)):
+            if rows is not None and not np.isfinite(rows).all():
+                raise InvalidArgumentError(
+                    f"{name} for table {table!r} contain NaN or Inf; nothing was applied"
+                )
+        self._check_owned(table, id_array)
+        if len(id_array) == 0:
+            return False
+        state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
+        return target.assign(id_array, torch.from_numpy(weights.copy()), state_tensor, request_id)
+
     def stats(self) -> list[TableStats]:
         """Per-table rows, bytes and traffic counters."""
         with self._tables_lock:

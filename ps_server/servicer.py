@@ -34,6 +34,7 @@ def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandle
         "CreateTable": (pb.CreateTableRequest.FromString, pb.CreateTableResponse.SerializeToString),
         "Pull": (pb.PullRequest.FromString, None),
         "Push": (None, pb.PushResponse.SerializeToString),  # decoded in the handler
+        "Assign": (pb.AssignRequest.FromString, pb.AssignResponse.SerializeToString),
         "PullStale": (pb.PullStaleRequest.FromString, pb.PullStaleResponse.SerializeToString),
         "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
         "ListTables": (pb.ListTablesRequest.FromString, pb.ListTablesResponse.SerializeToString),
@@ -106,6 +107,13 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             versions=reply.versions.tobytes(),
             dim=reply.dim,
         )
+
+    @_rpc
+    def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
+        duplicate = self.server.assign(
+            request.table, request.ids, request.values, request.state, request.request_id
+        )
+        return pb.AssignResponse(duplicate=duplicate)
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

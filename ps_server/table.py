@@ -72,6 +72,24 @@ class Table:
         index = torch.from_numpy(stale)
         return stale, weights.index_select(0, index), versions.index_select(0, index)
 
+    def assign(
+        self, ids: np.ndarray, weights: torch.Tensor, state: torch.Tensor | None, request_id: str
+    ) -> bool:
+        """Overwrite the rows of distinct ``ids`` (and their state unless None); returns duplicate."""
+        with self._lock:
+            if request_id in self._applied:
+                return True
+            found, rows = self.store.fetch(ids, with_state=True)
+            if not found.all():
+                self._create_missing(ids, found, rows)
+            rows.weights = weights
+            if state is not None:
+                rows.state = state
+            rows.versions += 1
+            self.store.insert(ids, rows)
+            self._remember(request_id)
+            return False
+
     def _read(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Weights and versions of ``ids``, creating missing rows; caller holds the lock."""
         if len(ids) == 0:

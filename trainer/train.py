@@ -21,6 +21,7 @@ from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, Optimizer
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import POLICIES, HotEmbeddingCache
 from ember.trainer.cache.profiler import profile_hot_ids
+from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCriteoConfig
@@ -68,9 +69,9 @@ class TrainConfig:
             )
         if not (self.sparse_lr > 0 and self.dense_lr > 0):
             raise ValueError("learning rates must be > 0")
-        if self.cache not in ("none", *POLICIES):
+        if self.cache not in ("none", "replicated", *POLICIES):
             raise ValueError(
-                f"cache must be one of none, {', '.join(POLICIES)}, got {self.cache!r}"
+                f"cache must be one of none, replicated, {', '.join(POLICIES)}, got {self.cache!r}"
             )
         if self.cache != "none" and not self.cache_mb > 0:
             raise ValueError(f"cache_mb must be > 0, got {self.cache_mb}")
@@ -89,10 +90,13 @@ class _Timer:
         self.seconds += time.perf_counter() - self._start
 
 
+RowSourceKind = PSRowSource | CachedRowSource | ReplicatedRowSource
+
+
 class _TimedSource:
     """A row source that also accounts the time spent waiting for it."""
 
-    def __init__(self, inner: PSRowSource | CachedRowSource) -> None:
+    def __init__(self, inner: RowSourceKind) -> None:
         self.inner = inner
         self.wait = _Timer()
 
@@ -148,7 +152,7 @@ def train(config: TrainConfig) -> dict:
             "world_size": world,
             "steps": len(losses),
             "samples_per_s": samples * world / wall if wall else 0.0,
-            "cache_hit_rate": inner.hit_rate() if isinstance(inner, CachedRowSource) else 0.0,
+            "cache_hit_rate": 0.0 if isinstance(inner, PSRowSource) else inner.hit_rate(),
             "bytes_pulled_per_sample": inner.bytes_pulled / max(1, samples),
             "bytes_pushed_per_sample": inner.bytes_pushed / max(1, samples),
             "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
@@ -169,36 +173,44 @@ def train(config: TrainConfig) -> dict:
 
 def build_row_source(
     client: PSClient, config: TrainConfig, specs: list[TableSpec], data: SyntheticCriteo, rank: int
-) -> PSRowSource | CachedRowSource:
-    """The PS directly, or hot-embedding caches sized by a profiling pass over this rank's data."""
+) -> RowSourceKind:
+    """The PS directly, hot-embedding caches, or replicated hot rows, sized by a profiling pass.
+
+    The replicated hot set must be the same on every rank, so it is profiled on part 0 of
+    the data everywhere; caches profile the rank's own part.
+    """
     if config.cache == "none":
         return PSRowSource(client)
+    part = 0 if config.cache == "replicated" else rank
     sample = (
-        data.batch(config.batch_size, index, "train", part=rank)
+        data.batch(config.batch_size, index, "train", part=part)
         for index in range(config.profile_batches)
     )
     names = [s.name for s in specs]
     hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
-    caches = {
-        spec.name: HotEmbeddingCache(
-            config.dim,
-            max(1, len(hot[spec.name])),
-            config.cache,
-            config.pull_bound,
-            config.push_bound,
-            local_lr=spec.optimizer.lr,
-            hot_ids=hot[spec.name] if config.cache == "static" else None,
-        )
-        for spec in specs
-    }
-    source = CachedRowSource(client, caches)
+    if config.cache == "replicated":
+        source = ReplicatedRowSource(client, {s.name: s for s in specs}, hot, writer=rank == 0)
+    else:
+        caches = {
+            spec.name: HotEmbeddingCache(
+                config.dim,
+                max(1, len(hot[spec.name])),
+                config.cache,
+                config.pull_bound,
+                config.push_bound,
+                local_lr=spec.optimizer.lr,
+                hot_ids=hot[spec.name] if config.cache == "static" else None,
+            )
+            for spec in specs
+        }
+        source = CachedRowSource(client, caches)
     source.warm()
     return source
 
 
-def flush(source: PSRowSource | CachedRowSource) -> None:
-    """Push whatever a cache still holds back (no-op for the direct source)."""
-    if isinstance(source, CachedRowSource):
+def flush(source: RowSourceKind) -> None:
+    """Push or write back whatever the source holds locally (no-op for the direct source)."""
+    if not isinstance(source, PSRowSource):
         source.flush()
 
 

@@ -68,7 +68,9 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no live progress line")
     parser.add_argument(
-        "--cache", default="none", help="hot-embedding cache: none, static, lru, lfu"
+        "--cache",
+        default="none",
+        help="hot embeddings: none, static, lru, lfu (caches) or replicated",
     )
     parser.add_argument(
         "--cache-mb", type=float, default=16.0, help="cache memory budget per rank, MiB"

@@ -141,6 +141,26 @@ class PullStaleResponse(_message.Message):
     dim: int
     def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
+class AssignRequest(_message.Message):
+    __slots__ = ("table", "ids", "values", "state", "request_id")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    values: bytes
+    state: bytes
+    request_id: str
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AssignResponse(_message.Message):
+    __slots__ = ("duplicate",)
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -54,6 +54,11 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.FromString,
                 _registered_method=True)
+        self.Assign = channel.unary_unary(
+                '/ember.v1.ParameterServer/Assign',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.AssignRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.AssignResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/ember.v1.ParameterServer/Stats',
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.StatsRequest.SerializeToString,
@@ -93,6 +98,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Assign(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -127,6 +138,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PullStale,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.SerializeToString,
+            ),
+            'Assign': grpc.unary_unary_rpc_method_handler(
+                    servicer.Assign,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.AssignRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.AssignResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -247,6 +263,33 @@ class ParameterServer:
             '/ember.v1.ParameterServer/PullStale',
             ember_dot_v1_dot_parameter__server__pb2.PullStaleRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.PullStaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Assign(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/Assign',
+            ember_dot_v1_dot_parameter__server__pb2.AssignRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.AssignResponse.FromString,
             options,
             channel_credentials,
             insecure,

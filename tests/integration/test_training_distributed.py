@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
+from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.train import TrainConfig, synthetic_data, table_specs
@@ -16,8 +18,9 @@ from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 STEPS, BATCH, CARDINALITY = 15, 64, 300
 
 
+@pytest.mark.parametrize("mode", ["none", "replicated"])
 def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
-    cluster, tmp_path, table_name
+    cluster, tmp_path, table_name, mode
 ):
     report_path = tmp_path / "report.json"
     command = [
@@ -26,11 +29,14 @@ def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
         "--steps", str(STEPS), "--batch-size", str(BATCH), "--max-cardinality", str(CARDINALITY),
         "--optimizer", "sgd", "--sparse-lr", "0.5", "--dense-lr", "0.05", "--dim", "8",
         "--eval-batches", "1", "--no-progress", "--report", str(report_path),
-        "--table-prefix", table_name,
+        "--table-prefix", table_name, "--cache", mode, "--cache-mb", "0.05",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
-    ps_losses = json.loads(report_path.read_text())["train_losses"]
+    report = json.loads(report_path.read_text())
+    ps_losses = report["train_losses"]
+    if mode == "replicated":
+        assert 0.2 < report["cache_hit_rate"] < 1.0  # hot rows served from the replicas
 
     config = TrainConfig(
         endpoints=("unused:0",), steps=STEPS, batch_size=BATCH, max_cardinality=CARDINALITY,
@@ -57,6 +63,10 @@ def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
         sparse_opt.step()
         reference_losses.append(loss.item())
     np.testing.assert_allclose(ps_losses, reference_losses, rtol=1e-4)
+    with PSClient(cluster.endpoints) as client:  # hot rows were written back at the end
+        for spec, bag in zip(specs, tables.bags):
+            rows = client.pull(spec.name, torch.arange(bag.num_embeddings))
+            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=1e-5)
 
 
 def _train_two_ranks(tmp_path, name: str, extra: list[str]) -> dict:

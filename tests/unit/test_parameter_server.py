@@ -147,3 +147,29 @@ def test_pull_stale_checks_versions_and_reports_positions():
     reply = server.pull_stale("t", encode_ids(ids), np.zeros(3, dtype=np.int64).tobytes(), 0)
     assert reply.positions.tolist() == [1] and reply.versions.tolist() == [1]
     np.testing.assert_array_equal(reply.values, server.pull("t", encode_ids(np.array([8]))).values)
+
+
+def test_assign_overwrites_rows_and_state_all_or_nothing():
+    server = ParameterServer(shard=0, num_shards=1)
+    spec = TableSpec("a", dim=2, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.1))
+    server.create_table(spec)
+    ids = encode_ids(np.array([3, 5]))
+    values = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    state = np.full((2, 2), 4.0, dtype=np.float32)
+    assert server.assign("a", ids, values.tobytes(), state.tobytes(), "w1") is False
+    assert server.assign("a", ids, values.tobytes(), state.tobytes(), "w1") is True
+    reply = server.pull("a", ids)
+    np.testing.assert_array_equal(reply.values, values)
+    assert reply.versions.tolist() == [1, 1]
+    server.push("a", ids, np.ones((2, 2), dtype=np.float32).tobytes(), "p")
+    # Adagrad with the assigned state 4: s = 5, step = 0.1 / sqrt(5)
+    np.testing.assert_allclose(server.pull("a", ids).values, values - 0.1 / np.sqrt(5.0), rtol=1e-6)
+    bad = values.copy()
+    bad[1, 1] = np.inf
+    with pytest.raises(InvalidArgumentError, match="values .* NaN or Inf"):
+        server.assign("a", ids, bad.tobytes(), b"", "w2")
+    with pytest.raises(InvalidArgumentError, match="distinct ids"):
+        server.assign(
+            "a", encode_ids(np.array([3, 3])), np.zeros(4, np.float32).tobytes(), b"", "w3"
+        )
+    assert server.pull("a", ids).versions.tolist() == [2, 2]

@@ -1,10 +1,10 @@
 import dataclasses
 
 import pytest
+from ember.trainer.train import TrainConfig
 
 from ember.cli.main import build_parser
 from ember.cli.train_cmd import config_from_args, train_argv
-from ember.trainer.train import TrainConfig
 
 
 def test_train_argv_round_trips_every_config_field():
@@ -24,7 +24,7 @@ def test_train_argv_round_trips_every_config_field():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"cache": "fifo"}, "cache must be one of none, static, lru, lfu"),
+        ({"cache": "fifo"}, "cache must be one of none, replicated, static, lru, lfu"),
         ({"pull_bound": -1}, "pull_bound and push_bound must be >= 0"),
         ({"steps": 0}, "steps must be >= 1"),
         ({"endpoints": ()}, "endpoints must list"),
