@@ -3,7 +3,8 @@
 One run, same data, model and batch size:
   (a) single-process DLRM with nn.EmbeddingBag tables (sparse Adagrad),
   (b) Ember, 1 trainer, 2 shards, cache off,
-  (c) Ember, 1 trainer, 2 shards, hot cache on (static and lru) with bounded staleness.
+  (c) Ember, 1 trainer, 2 shards, hot cache on (static and lru) with bounded staleness,
+and, for comparison, the replicated hot set (exact, no staleness).
 Prints samples/s, ratios and bytes per sample.
 
 Usage: python benchmarks/bench_trainer.py [--steps 60] [--batch-size 1024] [--max-cardinality 100000]
@@ -71,6 +72,7 @@ def main() -> int:
         ("(b) Ember, cache off", {"cache": "none"}),
         ("(c) Ember, static cache", {"cache": "static"}),
         ("(c) Ember, lru cache", {"cache": "lru"}),
+        ("Ember, replicated hot rows", {"cache": "replicated"}),
     ]
     with LocalCluster(2) as cluster:
         for number, (name, change) in enumerate(runs):

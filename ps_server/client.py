@@ -170,6 +170,7 @@ class PSClient:
         """
         results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         calls: list[_Call] = []
+        sizes: list[int] = []
         targets: list[tuple[torch.Tensor, torch.Tensor, np.ndarray, int]] = []
         for table, ids in requests.items():
             id_array = as_id_array(ids)
@@ -184,6 +185,7 @@ class PSClient:
                     )
                 )
                 targets.append((rows, versions, chunk, dim))
+                sizes.append(len(chunk) * (4 * dim + 16))
 
         def place(index: int, reply: PullReplyView) -> None:
             # Runs while other shards' replies are still in flight.
@@ -194,7 +196,7 @@ class PSClient:
             )
             scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
 
-        self._run(calls, on_reply=place)
+        self._run_packed(calls, sizes, on_reply=place, single_table=len(requests) == 1)
         return results
 
     def pull_stale(
@@ -219,6 +221,7 @@ class PSClient:
     ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """:meth:`pull_stale` for ``{table: (ids, held_versions, bound)}``, all concurrently."""
         calls: list[_Call] = []
+        sizes: list[int] = []
         targets: list[tuple[str, np.ndarray]] = []
         dims = {}
         for table, (ids, held_versions, bound) in requests.items():
@@ -242,10 +245,12 @@ class PSClient:
                 )
                 calls.append(_Call(shard, "PullStale", request))
                 targets.append((table, chunk))
+                sizes.append(len(chunk) * (4 * dims[table] + 32))
         parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
             table: [] for table in requests
         }
-        for (table, chunk), reply in zip(targets, self._run(calls)):
+        replies = self._run_packed(calls, sizes, single_table=len(requests) == 1)
+        for (table, chunk), reply in zip(targets, replies):
             parts[table].append(
                 (
                     chunk[np.frombuffer(reply.positions, dtype=np.int64)],
@@ -289,23 +294,20 @@ class PSClient:
             unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
             prepared.append((table, dim, unique_ids, summed.numpy()))
         request_id = f"{self._client_id}:{next(self._sequence)}"
-        calls = [
-            _Call(
-                shard,
-                "Push",
-                encode_push_request(
-                    table,
-                    unique_ids[chunk],
-                    summed[chunk],
-                    f"{request_id}:{table}:{shard}:{number}",
-                ),
-            )
-            for table, dim, unique_ids, summed in prepared
+        single_table = len(prepared) == 1
+        calls, sizes = [], []
+        for table, dim, unique_ids, summed in prepared:
             for number, (shard, chunk) in enumerate(
                 self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8)
-            )
-        ]
-        self._run(calls)
+            ):
+                sub_id = f"{request_id}:{table}:{shard}:{number}"
+                # One table: the zero-copy encoding; several: entries of a PushBatch.
+                encode = encode_push_request if single_table else _push_request
+                calls.append(
+                    _Call(shard, "Push", encode(table, unique_ids[chunk], summed[chunk], sub_id))
+                )
+                sizes.append(len(chunk) * (4 * dim + 8))
+        self._run_packed(calls, sizes, single_table=single_table)
 
     def assign(self, table: str, ids: Any, values: Any, state: Any = None) -> None:
         """Overwrite rows of distinct ``ids`` with ``values`` [n, dim] (and optimizer ``state``
@@ -413,6 +415,48 @@ class PSClient:
             backoff = min(2 * backoff, config.max_backoff_s)
         raise AssertionError("unreachable: the last attempt either returns or raises")
 
+    def _run_packed(
+        self,
+        calls: list[_Call],
+        sizes: list[int],
+        on_reply: Callable[[int, Any], None] | None = None,
+        single_table: bool = False,
+    ) -> list[Any]:
+        """Run Pull/Push/PullStale calls; for several tables, packed per shard into batch RPCs
+        below the message limit, so a step costs one round trip per shard.
+
+        ``on_reply(i, reply)`` gets each call's own reply, as in :meth:`_run`.
+        """
+        if single_table or not calls:
+            return self._run(calls, on_reply)
+        method = calls[0].method
+        batch_method, batch_type = _BATCHES[method]
+        limit = self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES
+        groups: list[tuple[int, list[int]]] = []
+        open_group: dict[int, tuple[list[int], int]] = {}
+        for index, (call, size) in enumerate(zip(calls, sizes)):
+            members, used = open_group.get(call.shard, ([], 0))
+            if members and used + size > limit:
+                groups.append((call.shard, members))
+                members, used = [], 0
+            members.append(index)
+            open_group[call.shard] = (members, used + size)
+        groups += [(shard, members) for shard, (members, _) in open_group.items()]
+        batches = [
+            _Call(shard, batch_method, batch_type(requests=[calls[i].request for i in members]))
+            for shard, members in groups
+        ]
+        replies: list[Any] = [None] * len(calls)
+
+        def unpack(number: int, batch_reply: Any) -> None:
+            for index, reply in zip(groups[number][1], batch_reply.responses):
+                replies[index] = reply
+                if on_reply is not None:
+                    on_reply(index, reply)
+
+        self._run(batches, on_reply=unpack)
+        return replies
+
     def _invoker(self, call: _Call) -> Callable[[], Any]:
         method = getattr(self._stubs[call.shard], call.method)
         return functools.partial(method, call.request, timeout=self.config.timeout_s)
@@ -422,6 +466,21 @@ class PSClient:
         if error.code() == grpc.StatusCode.UNAVAILABLE:
             details = f"{details} (gave up after {attempts} attempts)"
         return PSClientError(self.endpoints[call.shard], error.code(), f"{call.method}: {details}")
+
+
+_BATCHES = {
+    "Pull": ("PullBatch", pb.PullBatchRequest),
+    "Push": ("PushBatch", pb.PushBatchRequest),
+    "PullStale": ("PullStaleBatch", pb.PullStaleBatchRequest),
+}
+
+
+def _push_request(
+    table: str, ids: np.ndarray, grads: np.ndarray, request_id: str
+) -> pb.PushRequest:
+    return pb.PushRequest(
+        table=table, ids=encode_ids(ids), grads=grads.tobytes(), request_id=request_id
+    )
 
 
 def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:

@@ -117,27 +117,30 @@ class ParameterServer:
 
     def pull(self, table: str, ids: bytes | memoryview) -> PullReply:
         """Rows and versions for packed ``ids`` (duplicates allowed), in request order."""
+        target, id_array = self.check_pull(table, ids)
+        weights, versions = target.pull(id_array)
+        return PullReply(values=weights.numpy(), versions=versions.numpy(), dim=target.spec.dim)
+
+    def check_pull(self, table: str, ids: bytes | memoryview) -> tuple[Table, np.ndarray]:
+        """Validate a pull of packed ``ids`` (table, ids, reply size, ownership) without reading."""
         target = self._table(table)
         id_array = decode_ids(ids)
-        dim = target.spec.dim
-        self._check_reply_size(table, len(id_array), dim + 2)
+        self._check_reply_size(table, len(id_array), target.spec.dim + 2)
         self._check_owned(table, id_array)
-        weights, versions = target.pull(id_array)
-        return PullReply(values=weights.numpy(), versions=versions.numpy(), dim=dim)
+        return target, id_array
 
     def pull_stale(
         self, table: str, ids: bytes | memoryview, held_versions: bytes | memoryview, bound: int
     ) -> PullStaleReply:
         """Rows of packed ``ids`` whose version exceeds the caller's by more than ``bound``."""
-        target = self._table(table)
-        id_array = decode_ids(ids)
+        target, id_array = self.check_pull(table, ids)
         held = decode_versions(held_versions, len(id_array))
-        dim = target.spec.dim
-        self._check_reply_size(table, len(id_array), dim + 2)
-        self._check_owned(table, id_array)
         positions, weights, versions = target.pull_stale(id_array, held, bound)
         return PullStaleReply(
-            positions=positions, values=weights.numpy(), versions=versions.numpy(), dim=dim
+            positions=positions,
+            values=weights.numpy(),
+            versions=versions.numpy(),
+            dim=target.spec.dim,
         )
 
     def push(
@@ -149,21 +152,34 @@ class ParameterServer:
             InvalidArgumentError: malformed bytes, negative id, non-finite
                 gradient or empty request id (nothing applied).
         """
+        return self.push_batch([(table, ids, grads, request_id)])[0]
+
+    def push_batch(
+        self, requests: list[tuple[str, bytes | memoryview, bytes | memoryview, str]]
+    ) -> list[tuple[bool, int]]:
+        """Apply several pushes ``(table, ids, grads, request_id)``, all validated before any is applied."""
+        validated = [self._validate_push(*request) for request in requests]
+        return [
+            target.push(ids, torch.from_numpy(grads.copy()), request_id) if len(ids) else (False, 0)
+            for target, ids, grads, request_id in validated
+        ]
+
+    def _validate_push(
+        self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
+    ) -> tuple[Table, np.ndarray, np.ndarray, str]:
         target = self._table(table)
         if not request_id:
             raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
         id_array = decode_ids(ids)
         grad_rows = decode_rows(grads, len(id_array), target.spec.dim, "grads")
         self._check_owned(table, id_array)
-        if len(id_array) == 0:
-            return False, 0
         if not np.isfinite(grad_rows).all():
             bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
             raise InvalidArgumentError(
                 f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
                 f"{int(id_array[bad])}); nothing was applied"
             )
-        return target.push(id_array, torch.from_numpy(grad_rows.copy()), request_id)
+        return target, id_array, grad_rows, request_id
 
     def assign(
         self,

@@ -34,6 +34,12 @@ def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandle
         "CreateTable": (pb.CreateTableRequest.FromString, pb.CreateTableResponse.SerializeToString),
         "Pull": (pb.PullRequest.FromString, None),
         "Push": (None, pb.PushResponse.SerializeToString),  # decoded in the handler
+        "PullBatch": (pb.PullBatchRequest.FromString, pb.PullBatchResponse.SerializeToString),
+        "PushBatch": (pb.PushBatchRequest.FromString, pb.PushBatchResponse.SerializeToString),
+        "PullStaleBatch": (
+            pb.PullStaleBatchRequest.FromString,
+            pb.PullStaleBatchResponse.SerializeToString,
+        ),
         "Assign": (pb.AssignRequest.FromString, pb.AssignResponse.SerializeToString),
         "PullStale": (pb.PullStaleRequest.FromString, pb.PullStaleResponse.SerializeToString),
         "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
@@ -98,6 +104,51 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def PullStale(
         self, request: pb.PullStaleRequest, context: grpc.ServicerContext
     ) -> pb.PullStaleResponse:
+        return self._pull_stale(request)
+
+    @_rpc
+    def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
+        duplicate = self.server.assign(
+            request.table, request.ids, request.values, request.state, request.request_id
+        )
+        return pb.AssignResponse(duplicate=duplicate)
+
+    @_rpc
+    def PullBatch(
+        self, request: pb.PullBatchRequest, context: grpc.ServicerContext
+    ) -> pb.PullBatchResponse:
+        for sub in request.requests:  # validate every entry before reading any
+            self.server.check_pull(sub.table, sub.ids)
+        replies = [self.server.pull(sub.table, sub.ids) for sub in request.requests]
+        return pb.PullBatchResponse(
+            responses=[
+                pb.PullResponse(values=r.values.tobytes(), versions=r.versions.tobytes(), dim=r.dim)
+                for r in replies
+            ]
+        )
+
+    @_rpc
+    def PushBatch(
+        self, request: pb.PushBatchRequest, context: grpc.ServicerContext
+    ) -> pb.PushBatchResponse:
+        outcomes = self.server.push_batch(
+            [(s.table, s.ids, s.grads, s.request_id) for s in request.requests]
+        )
+        return pb.PushBatchResponse(
+            responses=[pb.PushResponse(duplicate=d, rows_updated=n) for d, n in outcomes]
+        )
+
+    @_rpc
+    def PullStaleBatch(
+        self, request: pb.PullStaleBatchRequest, context: grpc.ServicerContext
+    ) -> pb.PullStaleBatchResponse:
+        for sub in request.requests:  # validate every entry before reading any
+            self.server.check_pull(sub.table, sub.ids)
+        return pb.PullStaleBatchResponse(
+            responses=[self._pull_stale(sub) for sub in request.requests]
+        )
+
+    def _pull_stale(self, request: pb.PullStaleRequest) -> pb.PullStaleResponse:
         reply = self.server.pull_stale(
             request.table, request.ids, request.held_versions, request.bound
         )
@@ -107,13 +158,6 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             versions=reply.versions.tobytes(),
             dim=reply.dim,
         )
-
-    @_rpc
-    def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
-        duplicate = self.server.assign(
-            request.table, request.ids, request.values, request.state, request.request_id
-        )
-        return pb.AssignResponse(duplicate=duplicate)
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

@@ -161,6 +161,42 @@ class AssignResponse(_message.Message):
     duplicate: bool
     def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
 
+class PullBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[PullRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ...) -> None: ...
+
+class PullBatchResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[PullResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+
+class PushBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[PushRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ...) -> None: ...
+
+class PushBatchResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[PushResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[PushResponse, _Mapping]]] = ...) -> None: ...
+
+class PullStaleBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[PullStaleRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[PullStaleRequest, _Mapping]]] = ...) -> None: ...
+
+class PullStaleBatchResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[PullStaleResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[PullStaleResponse, _Mapping]]] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

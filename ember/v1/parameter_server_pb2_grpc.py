@@ -59,6 +59,21 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.AssignRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.AssignResponse.FromString,
                 _registered_method=True)
+        self.PullBatch = channel.unary_unary(
+                '/ember.v1.ParameterServer/PullBatch',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.PullBatchRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullBatchResponse.FromString,
+                _registered_method=True)
+        self.PushBatch = channel.unary_unary(
+                '/ember.v1.ParameterServer/PushBatch',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.PushBatchRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PushBatchResponse.FromString,
+                _registered_method=True)
+        self.PullStaleBatch = channel.unary_unary(
+                '/ember.v1.ParameterServer/PullStaleBatch',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/ember.v1.ParameterServer/Stats',
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.StatsRequest.SerializeToString,
@@ -104,6 +119,24 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullStaleBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -143,6 +176,21 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Assign,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.AssignRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.AssignResponse.SerializeToString,
+            ),
+            'PullBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullBatch,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullBatchRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.PullBatchResponse.SerializeToString,
+            ),
+            'PushBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushBatch,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PushBatchRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.PushBatchResponse.SerializeToString,
+            ),
+            'PullStaleBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullStaleBatch,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -290,6 +338,87 @@ class ParameterServer:
             '/ember.v1.ParameterServer/Assign',
             ember_dot_v1_dot_parameter__server__pb2.AssignRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.AssignResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/PullBatch',
+            ember_dot_v1_dot_parameter__server__pb2.PullBatchRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.PullBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/PushBatch',
+            ember_dot_v1_dot_parameter__server__pb2.PushBatchRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.PushBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStaleBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/PullStaleBatch',
+            ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.PullStaleBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

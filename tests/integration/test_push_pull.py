@@ -3,13 +3,16 @@
 import dataclasses
 import threading
 
+import grpc
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.initializers import initial_rows
+from ember.ps_server.routing import shard_of
 from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import encode_ids, pb, pb_grpc
 
 from tests.support.reference import OPTIMIZERS, ReferenceRow
 
@@ -119,3 +122,53 @@ def test_pull_stale_returns_only_rows_ahead_by_more_than_the_bound(client, table
         assert torch.equal(stale_rows, fresh_rows) and torch.equal(versions, fresh_versions)
     with pytest.raises(ValueError, match="held_versions must have shape"):
         client.pull_stale(table_name, ids, held[:3], 0)
+
+
+def test_multi_table_calls_match_single_table_calls_and_are_all_or_nothing(client, table_name):
+    specs = [
+        TableSpec(
+            f"{table_name}.{k}", dim=4 + k, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0)
+        )
+        for k in range(3)
+    ]
+    for spec in specs:
+        client.create_table(spec)
+    ids = {spec.name: torch.randint(0, 10_000, (500,)) for spec in specs}
+    before = client.pull_many(ids)
+    for spec in specs:
+        rows, versions = client.pull_with_versions(spec.name, ids[spec.name])
+        assert torch.equal(before[spec.name][0], rows) and torch.equal(
+            before[spec.name][1], versions
+        )
+    grads = {spec.name: torch.randn(500, spec.dim) for spec in specs}
+    client.push_many({name: (ids[name], grads[name]) for name in ids})
+    after = client.pull_many({name: torch.unique(ids[name]) for name in ids})
+    for spec in specs:
+        unique, inverse = torch.unique(ids[spec.name], return_inverse=True)
+        summed = torch.zeros(len(unique), spec.dim).index_add_(0, inverse, grads[spec.name])
+        expected = initial_rows(spec, unique.numpy()) - summed
+        torch.testing.assert_close(after[spec.name][0], expected, rtol=1e-5, atol=1e-5)
+    bad = {spec.name: (ids[spec.name][:5], torch.zeros(5, spec.dim)) for spec in specs}
+    bad[specs[2].name] = (ids[specs[2].name][:5], torch.full((5, specs[2].dim), float("nan")))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        client.push_many(bad)
+    unchanged = client.pull_many({name: torch.unique(ids[name]) for name in ids})
+    for name in ids:
+        assert torch.equal(unchanged[name][1], after[name][1])
+
+
+def test_push_batch_is_validated_before_anything_is_applied(cluster, table_name):
+    spec = TableSpec(table_name, dim=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    ids = np.arange(200, dtype=np.int64)
+    mine = encode_ids(ids[shard_of(table_name, ids, 2) == 0][:3])
+    with grpc.insecure_channel(cluster.endpoints[0]) as channel:
+        stub = pb_grpc.ParameterServerStub(channel)
+        stub.CreateTable(pb.CreateTableRequest(spec=spec.to_proto()), timeout=10)
+        grads = np.ones((3, 2), np.float32).tobytes()
+        good = pb.PushRequest(table=table_name, ids=mine, grads=grads, request_id="a")
+        bad = pb.PushRequest(table=table_name, ids=mine, grads=b"\x00" * 5, request_id="b")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.PushBatch(pb.PushBatchRequest(requests=[good, bad]), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        reply = stub.Pull(pb.PullRequest(table=table_name, ids=mine), timeout=10)
+        assert np.frombuffer(reply.versions, dtype=np.int64).tolist() == [0, 0, 0]
