@@ -214,17 +214,18 @@ class PSClient:
             ``(positions, rows, versions)``: ascending positions into ``ids`` of
             the stale rows, their float32 rows [k, dim] and current versions.
         """
-        return self.pull_stale_many({table: (ids, held_versions, bound)})[table]
+        return self.pull_stale_many([(table, ids, held_versions, bound)])[0]
 
     def pull_stale_many(
-        self, requests: Mapping[str, tuple[Any, Any, int]]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """:meth:`pull_stale` for ``{table: (ids, held_versions, bound)}``, all concurrently."""
+        self, requests: Sequence[tuple[str, Any, Any, int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """:meth:`pull_stale` for each ``(table, ids, held_versions, bound)``, in one round trip
+        per shard. A held version of -1 always counts as stale, so misses can ride along."""
         calls: list[_Call] = []
         sizes: list[int] = []
-        targets: list[tuple[str, np.ndarray]] = []
-        dims = {}
-        for table, (ids, held_versions, bound) in requests.items():
+        targets: list[tuple[int, np.ndarray]] = []
+        dims = []
+        for number, (table, ids, held_versions, bound) in enumerate(requests):
             id_array = as_id_array(ids)
             held = np.ascontiguousarray(
                 torch.as_tensor(held_versions).cpu().numpy(), dtype=np.int64
@@ -235,8 +236,8 @@ class PSClient:
                 )
             if bound < 0:
                 raise ValueError(f"bound must be >= 0, got {bound}")
-            dims[table] = self.dim(table)
-            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dims[table] + 24):
+            dims.append(self.dim(table))
+            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dims[-1] + 24):
                 request = pb.PullStaleRequest(
                     table=table,
                     ids=encode_ids(id_array[chunk]),
@@ -244,32 +245,30 @@ class PSClient:
                     bound=bound,
                 )
                 calls.append(_Call(shard, "PullStale", request))
-                targets.append((table, chunk))
-                sizes.append(len(chunk) * (4 * dims[table] + 32))
-        parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
-            table: [] for table in requests
-        }
+                targets.append((number, chunk))
+                sizes.append(len(chunk) * (4 * dims[-1] + 32))
+        parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in requests]
         replies = self._run_packed(calls, sizes, single_table=len(requests) == 1)
-        for (table, chunk), reply in zip(targets, replies):
-            parts[table].append(
+        for (number, chunk), reply in zip(targets, replies):
+            parts[number].append(
                 (
                     chunk[np.frombuffer(reply.positions, dtype=np.int64)],
-                    np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dims[table]),
+                    np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dims[number]),
                     np.frombuffer(reply.versions, dtype=np.int64),
                 )
             )
-        results = {}
-        for table, pieces in parts.items():
+        results = []
+        for dim, pieces in zip(dims, parts):
             positions = np.concatenate([p for p, _, _ in pieces] or [np.empty(0, np.int64)])
-            rows = np.concatenate(
-                [r for _, r, _ in pieces] or [np.empty((0, dims[table]), np.float32)]
-            )
+            rows = np.concatenate([r for _, r, _ in pieces] or [np.empty((0, dim), np.float32)])
             versions = np.concatenate([v for _, _, v in pieces] or [np.empty(0, np.int64)])
             order = np.argsort(positions, kind="stable")
-            results[table] = (
-                torch.from_numpy(positions[order]),
-                torch.from_numpy(rows[order]),
-                torch.from_numpy(versions[order]),
+            results.append(
+                (
+                    torch.from_numpy(positions[order]),
+                    torch.from_numpy(rows[order]),
+                    torch.from_numpy(versions[order]),
+                )
             )
         return results
 

@@ -45,15 +45,15 @@ class FakePSClient:
         return out
 
     def pull_stale_many(self, requests):
-        out = {}
-        for table, (ids, held, bound) in requests.items():
+        out = []
+        for table, ids, held, bound in requests:
             self.pull_many({table: ids})
             current = torch.tensor(
                 [self.versions[(table, i)] for i in ids.tolist()], dtype=torch.int64
             )
             positions = ((current - torch.as_tensor(held)) > bound).nonzero().squeeze(1)
             rows, versions = self.pull_many({table: ids[positions]})[table]
-            out[table] = (positions, rows, versions)
+            out.append((positions, rows, versions))
         return out
 
     def push_many(self, updates):

@@ -1,9 +1,9 @@
 """CachedRowSource: rows from HotEmbeddingCaches in front of the parameter servers.
 
 Per lookup: cached rows whose shard version is more than ``pull_bound`` ahead
-are refreshed (a conditional pull: a few bytes per row unless stale); misses
-are pulled, admitted by the policy (evicting, with write-back, what the batch
-does not use) or passed through uncached. Per update: cached rows take the
+are refreshed (a conditional pull: 16 bytes per row unless stale); misses are
+pulled in the same round trip, then admitted by the policy (evicting, with
+write-back, what the batch does not use) or passed through uncached. Per update: cached rows take the
 gradient locally and push it when due; uncached rows push at once. All shard
 traffic for all tables of a step goes out in one concurrent fan-out per kind.
 """
@@ -58,32 +58,44 @@ class CachedRowSource:
             self.caches[table].insert(hot[table], rows, versions)
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Rows for ``{table: distinct ids}``, from the caches where possible."""
+        """Rows for ``{table: distinct ids}``, from the caches where possible.
+
+        Freshness checks of cached rows and pulls of missed rows share one round trip per
+        shard: a miss is a conditional pull of a held version of -1, which is always stale.
+        """
         slots = {
             t: self.caches[t].lookup(ids) if t in self.caches else _misses(ids)
             for t, ids in requests.items()
         }
-        self._refresh_stale(requests, slots)
-        misses = {t: ids[slots[t] < 0] for t, ids in requests.items() if bool((slots[t] < 0).any())}
-        pulled = self._pull(misses)
-        out = {}
+        queries, kinds = [], []
         for table, ids in requests.items():
-            rows = torch.empty(len(ids), self.client.dim(table))
-            table_slots = slots[table]
-            hit = table_slots >= 0
-            cache = self.caches.get(table)
-            if cache is not None:
-                rows[hit] = cache.weights[table_slots[hit]].cpu()
-            if table in pulled:
+            hit = slots[table] >= 0
+            if bool(hit.any()):
+                cache = self.caches[table]
+                held = cache.held_versions[slots[table][hit]]
+                queries.append((table, ids[hit], held, cache.pull_bound))
+                kinds.append((table, "check", hit.nonzero().squeeze(1)))
+            if not bool(hit.all()):
                 missed = (~hit).nonzero().squeeze(1)
-                miss_rows, miss_versions = pulled[table]
-                rows[missed] = miss_rows
-                if cache is not None:
-                    table_slots[missed] = self._admit(
-                        cache, ids[missed], miss_rows, miss_versions, table_slots[hit]
-                    )
-            self._slots[table] = table_slots
-            out[table] = rows
+                queries.append((table, ids[missed], torch.full((len(missed),), -1), 0))
+                kinds.append((table, "miss", missed))
+        replies = self.client.pull_stale_many(queries) if queries else []
+        out = {t: torch.empty(len(ids), self.client.dim(t)) for t, ids in requests.items()}
+        for (table, kind, where), (positions, rows, versions), query in zip(
+            kinds, replies, queries
+        ):
+            self._count_pull(table, len(where), len(positions))
+            table_slots = slots[table]
+            cache = self.caches.get(table)
+            if kind == "check":
+                cache.refresh(table_slots[where][positions], rows, versions)
+                out[table][where] = cache.weights[table_slots[where]].cpu()
+                continue
+            out[table][where] = rows
+            if cache is not None:
+                pinned = table_slots[table_slots >= 0]
+                table_slots[where] = self._admit(cache, query[1], rows, versions, pinned)
+        self._slots.update(slots)
         return out
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -114,26 +126,6 @@ class CachedRowSource:
         total = hits + sum(c.stats.misses for c in self.caches.values())
         return hits / total if total else 0.0
 
-    def _refresh_stale(
-        self, requests: dict[str, torch.Tensor], slots: dict[str, torch.Tensor]
-    ) -> None:
-        checks = {}
-        for table, table_slots in slots.items():
-            hit = table_slots >= 0
-            if table in self.caches and bool(hit.any()):
-                cache = self.caches[table]
-                checks[table] = (
-                    requests[table][hit],
-                    cache.held_versions[table_slots[hit]],
-                    cache.pull_bound,
-                )
-        if not checks:
-            return
-        for table, (positions, rows, versions) in self.client.pull_stale_many(checks).items():
-            hit_slots = slots[table][slots[table] >= 0]
-            self.caches[table].refresh(hit_slots[positions], rows, versions)
-            self._count_pull(table, len(checks[table][0]), len(positions))
-
     def _admit(
         self,
         cache: HotEmbeddingCache,
@@ -161,7 +153,8 @@ class CachedRowSource:
             return {}
         pulled = self.client.pull_many(requests)
         for table, ids in requests.items():
-            self._count_pull(table, len(ids), len(ids))
+            self.traffic.rows_pulled += len(ids)
+            self.traffic.bytes_pulled += len(ids) * (4 * self.client.dim(table) + 16)
         return pulled
 
     def _push(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -174,8 +167,11 @@ class CachedRowSource:
             self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.client.dim(table))
 
     def _count_pull(self, table: str, ids_sent: int, rows_received: int) -> None:
+        """A conditional pull sends an id and a version per row and gets stale rows back."""
         self.traffic.rows_pulled += rows_received
-        self.traffic.bytes_pulled += ids_sent * 8 + rows_received * (4 * self.client.dim(table) + 8)
+        self.traffic.bytes_pulled += ids_sent * 16 + rows_received * (
+            4 * self.client.dim(table) + 16
+        )
 
 
 def _misses(ids: torch.Tensor) -> torch.Tensor:
