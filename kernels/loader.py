@@ -12,6 +12,7 @@ builds, else the pure-Python reference, with one log line saying which),
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -42,8 +43,10 @@ def kernel_mode() -> str:
 
 
 def build_directory() -> Path:
-    """Where the ops are built: EMBER_KERNELS_CACHE or ~/.cache/ember/kernels, keyed by a hash."""
+    """Where the ops are built: EMBER_KERNELS_CACHE or ~/.cache/ember/kernels, keyed by a hash
+    of the torch version, the source folder (the build files name it) and the sources."""
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(str(CSRC).encode())
     for name in CPU_SOURCES:
         digest.update(name.encode())
         digest.update((CSRC / name).read_bytes())
@@ -76,11 +79,17 @@ def _build_and_load() -> None:
 
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(
-        name="ember_kernels_cpu",
-        sources=[str(CSRC / name) for name in CPU_SOURCES],
-        build_directory=str(directory),
-        extra_cflags=["-O3"],
-        is_python_module=False,
-        verbose=os.environ.get("EMBER_KERNELS_VERBOSE") == "1",
-    )
+    # torch's own build lock is a plain file that a builder killed mid-build leaves behind,
+    # stalling every later load. An flock dies with its holder: under it, a torch lock file
+    # can only be stale.
+    with open(directory / "ember.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (directory / "lock").unlink(missing_ok=True)
+        cpp_extension.load(
+            name="ember_kernels_cpu",
+            sources=[str(CSRC / name) for name in CPU_SOURCES],
+            build_directory=str(directory),
+            extra_cflags=["-O3"],
+            is_python_module=False,
+            verbose=os.environ.get("EMBER_KERNELS_VERBOSE") == "1",
+        )

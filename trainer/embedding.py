@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from ember.trainer.data.batch import JaggedIds
+from ember.trainer.traffic import CountingClient
 from torch import nn
 
 
@@ -147,19 +148,12 @@ class PSRowSource:
         client: a connected PSClient whose tables already exist.
     """
 
-    def __init__(self, client) -> None:
-        self.client = client
-        self.bytes_pulled = 0
-        self.bytes_pushed = 0
+    def __init__(self, client: Any) -> None:
+        self.client = CountingClient(client)
+        self.traffic = self.client.traffic
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        pulled = self.client.pull_many(requests)
-        for table, (rows, _) in pulled.items():
-            self.bytes_pulled += rows.numel() * 4 + len(requests[table]) * 8
-        return {table: rows for table, (rows, _) in pulled.items()}
+        return {table: rows for table, (rows, _) in self.client.pull_many(requests).items()}
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.client.push_many(updates)
-        self.bytes_pushed += sum(
-            grads.numel() * 4 + len(ids) * 8 for ids, grads in updates.values()
-        )

@@ -52,3 +52,22 @@ def test_auto_mode_falls_back_with_one_log_line(monkeypatch, caplog):
     assert [r.message for r in caplog.records] == [
         "ember kernels: reference backend (native build failed: no compiler)"
     ]
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(monkeypatch, tmp_path):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("EMBER_KERNELS", "native")
+    monkeypatch.setenv("EMBER_KERNELS_CACHE", str(tmp_path))
+    directory = loader.build_directory()
+    directory.mkdir(parents=True)
+    (directory / "lock").touch()  # what a builder killed mid-build leaves
+    calls = []
+
+    def fake_load(**kwargs):
+        assert not (directory / "lock").exists()
+        calls.append(kwargs["build_directory"])
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    assert loader.native_ops_available() is True
+    assert calls == [str(directory)]

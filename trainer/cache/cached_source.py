@@ -10,21 +10,10 @@ traffic for all tables of a step goes out in one concurrent fan-out per kind.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from ember.ps_server.client import PSClient
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
-
-
-@dataclasses.dataclass
-class TrafficStats:
-    """Rows and bytes that crossed the network (payload: rows, ids, versions)."""
-
-    rows_pulled: int = 0
-    rows_pushed: int = 0
-    bytes_pulled: int = 0
-    bytes_pushed: int = 0
+from ember.trainer.traffic import CountingClient
 
 
 class CachedRowSource:
@@ -36,25 +25,17 @@ class CachedRowSource:
     """
 
     def __init__(self, client: PSClient, caches: dict[str, HotEmbeddingCache]) -> None:
-        self.client = client
+        self.client = CountingClient(client)
+        self.traffic = self.client.traffic
         self.caches = caches
-        self.traffic = TrafficStats()
         self._slots: dict[str, torch.Tensor] = {}
-
-    @property
-    def bytes_pulled(self) -> int:
-        return self.traffic.bytes_pulled
-
-    @property
-    def bytes_pushed(self) -> int:
-        return self.traffic.bytes_pushed
 
     def warm(self) -> None:
         """Load the static hot sets into their caches."""
         hot = {
             t: c.hot_ids for t, c in self.caches.items() if c.hot_ids is not None and len(c.hot_ids)
         }
-        for table, (rows, versions) in self._pull(hot).items():
+        for table, (rows, versions) in self.client.pull_many(hot).items():
             self.caches[table].insert(hot[table], rows, versions)
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -84,7 +65,6 @@ class CachedRowSource:
         for (table, kind, where), (positions, rows, versions), query in zip(
             kinds, replies, queries
         ):
-            self._count_pull(table, len(where), len(positions))
             table_slots = slots[table]
             cache = self.caches.get(table)
             if kind == "check":
@@ -114,11 +94,11 @@ class CachedRowSource:
                 push_ids.append(due_ids)
                 push_grads.append(due_grads)
             pushes[table] = (torch.cat(push_ids), torch.cat(push_grads))
-        self._push(pushes)
+        self.client.push_many(pushes)
 
     def flush(self) -> None:
         """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
-        self._push({table: cache.drain() for table, cache in self.caches.items()})
+        self.client.push_many({table: cache.drain() for table, cache in self.caches.items()})
 
     def hit_rate(self) -> float:
         """Hits over lookups, across all caches."""
@@ -141,37 +121,10 @@ class CachedRowSource:
         if shortfall > 0 and cache.policy != "static":
             evicted_ids, evicted_grads = cache.evict(cache.victims(shortfall, pinned))
             if len(evicted_ids):
-                self._push({_table_of(self.caches, cache): (evicted_ids, evicted_grads)})
+                self.client.push_many({_table_of(self.caches, cache): (evicted_ids, evicted_grads)})
         admitted = admissible[: cache.free_slots()]
         slots[admitted] = cache.insert(ids[admitted], rows[admitted], versions[admitted])
         return slots
-
-    def _pull(
-        self, requests: dict[str, torch.Tensor]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        if not requests:
-            return {}
-        pulled = self.client.pull_many(requests)
-        for table, ids in requests.items():
-            self.traffic.rows_pulled += len(ids)
-            self.traffic.bytes_pulled += len(ids) * (4 * self.client.dim(table) + 16)
-        return pulled
-
-    def _push(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        updates = {t: u for t, u in updates.items() if len(u[0])}
-        if not updates:
-            return
-        self.client.push_many(updates)
-        for table, (ids, _) in updates.items():
-            self.traffic.rows_pushed += len(ids)
-            self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.client.dim(table))
-
-    def _count_pull(self, table: str, ids_sent: int, rows_received: int) -> None:
-        """A conditional pull sends an id and a version per row and gets stale rows back."""
-        self.traffic.rows_pulled += rows_received
-        self.traffic.bytes_pulled += ids_sent * 16 + rows_received * (
-            4 * self.client.dim(table) + 16
-        )
 
 
 def _misses(ids: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ember.ps_server.client import PSClient
 from ember.ps_server.optimizers import apply_update, state_width
 from ember.ps_server.table_spec import TableSpec
-from ember.trainer.cache.cached_source import TrafficStats
+from ember.trainer.traffic import CountingClient
 
 
 class ReplicatedRowSource:
@@ -37,7 +37,8 @@ class ReplicatedRowSource:
         hot_ids: dict[str, torch.Tensor],
         writer: bool,
     ) -> None:
-        self.client = client
+        self.client = CountingClient(client)
+        self.traffic = self.client.traffic
         self.specs = specs
         self.hot_ids = {
             t: torch.sort(torch.as_tensor(ids, dtype=torch.int64)).values
@@ -52,17 +53,8 @@ class ReplicatedRowSource:
         self.steps = {
             t: torch.zeros(len(ids), dtype=torch.int64) for t, ids in self.hot_ids.items()
         }
-        self.traffic = TrafficStats()
         self.hits = self.lookups = 0
         self._positions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def bytes_pulled(self) -> int:
-        return self.traffic.bytes_pulled
-
-    @property
-    def bytes_pushed(self) -> int:
-        return self.traffic.bytes_pushed
 
     def hit_rate(self) -> float:
         """Lookups served by replicated rows over all lookups."""
@@ -71,7 +63,7 @@ class ReplicatedRowSource:
     def warm(self) -> None:
         """Read the hot rows from the shards."""
         requests = {t: ids for t, ids in self.hot_ids.items() if len(ids)}
-        for table, (rows, _) in self._pull(requests).items():
+        for table, (rows, _) in self.client.pull_many(requests).items():
             self.weights[table] = rows.clone()
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -88,7 +80,7 @@ class ReplicatedRowSource:
             out[table] = rows
             self.hits += int(hot.sum())
             self.lookups += len(ids)
-        for table, (cold_rows, _) in self._pull(cold_requests).items():
+        for table, (cold_rows, _) in self.client.pull_many(cold_requests).items():
             out[table][~self._positions[table][1]] = cold_rows
         return out
 
@@ -116,7 +108,7 @@ class ReplicatedRowSource:
             offset += size + len(touched[table])
             if bool(hit.any()):
                 self._update(table, hit.nonzero().squeeze(1), grad[hit])
-        self._push(cold)
+        self.client.push_many(cold)
 
     def flush(self) -> None:
         """Write the hot rows and their optimizer state back to the shards (writer rank only)."""
@@ -140,22 +132,3 @@ class ReplicatedRowSource:
             return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), dtype=torch.bool)
         position = torch.searchsorted(hot_ids, ids).clamp(max=len(hot_ids) - 1)
         return position, hot_ids[position] == ids
-
-    def _pull(
-        self, requests: dict[str, torch.Tensor]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        if not requests:
-            return {}
-        pulled = self.client.pull_many(requests)
-        for table, ids in requests.items():
-            self.traffic.rows_pulled += len(ids)
-            self.traffic.bytes_pulled += len(ids) * (4 * self.specs[table].dim + 16)
-        return pulled
-
-    def _push(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        if not updates:
-            return
-        self.client.push_many(updates)
-        for table, (ids, _) in updates.items():
-            self.traffic.rows_pushed += len(ids)
-            self.traffic.bytes_pushed += len(ids) * (4 * self.specs[table].dim + 8)
