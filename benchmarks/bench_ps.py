@@ -45,7 +45,7 @@ class RawBytesClient:
         self._pull = [c.unary_unary("/ember.bench.Echo/Pull") for c in self._channels]
         self._push = [c.unary_unary("/ember.bench.Echo/Push") for c in self._channels]
 
-        self._fan_out = FanOut(max_workers=2 * len(endpoints))
+        self._fan_out = FanOut(max_workers=max(8, 2 * len(endpoints)))  # as PSClient
 
     def call(self, method: str, payloads: list[bytes]) -> None:
         stubs = self._pull if method == "pull" else self._push

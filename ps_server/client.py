@@ -1,38 +1,32 @@
 """PSClient: the Python client of a sharded Ember parameter-server cluster.
 
-Routes ids to shards by hash, fans requests out to all shards in parallel,
-splits batches below the gRPC message limit, retries UNAVAILABLE shards with
-exponential backoff (a push keeps its request id, so a retry is applied at
-most once) and raises :class:`PSClientError` naming the shard otherwise.
+Validates input before anything is sent, routes ids to shards by hash, splits
+batches below the gRPC message limit and assembles replies in the caller's
+order. Sending, retrying and batching live in :mod:`ember.ps_server.shard_rpc`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
-import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import grpc
 import numpy as np
 import torch
 from ember.kernels.rows import scatter_rows
-from ember.ps_server.config import ClientConfig, message_size_options
+from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
-from ember.ps_server.fanout import FanOut
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.server import TableStats
+from ember.ps_server.shard_rpc import REQUEST_OVERHEAD_BYTES, ShardCall, ShardRPC
 from ember.ps_server.table import TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb, pb_grpc, readonly_tensor
-from ember.ps_server.wire_codec import PullReplyView, decode_pull_reply, encode_push_request
-
-# Room for field tags, the table name and the request id beside the payload.
-_REQUEST_OVERHEAD_BYTES = 4096
+from ember.ps_server.wire import encode_ids, pb, readonly_tensor
+from ember.ps_server.wire_codec import PullReplyView, encode_push_request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,30 +37,6 @@ class ShardStats:
     shard: int
     num_shards: int
     tables: list[TableStats]
-
-
-class _DataPathStub(pb_grpc.ParameterServerStub):
-    """The generated stub with Pull replies and Push requests on the zero-copy codecs."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        super().__init__(channel)
-        self.Pull = channel.unary_unary(
-            f"/{SERVICE_NAME}/Pull",
-            request_serializer=pb.PullRequest.SerializeToString,
-            response_deserializer=decode_pull_reply,
-        )
-        self.Push = channel.unary_unary(
-            f"/{SERVICE_NAME}/Push",
-            request_serializer=None,  # already encoded by encode_push_request
-            response_deserializer=pb.PushResponse.FromString,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    shard: int
-    method: str
-    request: Any
 
 
 class PSClient:
@@ -92,10 +62,7 @@ class PSClient:
         self.config = config or ClientConfig()
         self.config.validate()
         self.endpoints = endpoints
-        options = message_size_options(self.config.max_message_bytes)
-        self._channels = [grpc.insecure_channel(e, options=options) for e in endpoints]
-        self._stubs = [_DataPathStub(c) for c in self._channels]
-        self._fan_out = FanOut(max_workers=max(8, 2 * len(endpoints)))
+        self._rpc = ShardRPC(endpoints, self.config)
         self._dims: dict[str, int] = {}
         self._client_id = uuid.uuid4().hex
         self._sequence = itertools.count()
@@ -114,9 +81,7 @@ class PSClient:
 
     def close(self) -> None:
         """Close the channels to all shards."""
-        self._fan_out.close()
-        for channel in self._channels:
-            channel.close()
+        self._rpc.close()
 
     def create_table(self, spec: TableSpec) -> None:
         """Create ``spec`` on every shard (idempotent for an identical spec).
@@ -128,12 +93,12 @@ class PSClient:
         spec.validate()
         self._ensure_topology()
         request = pb.CreateTableRequest(spec=spec.to_proto())
-        self._run([_Call(k, "CreateTable", request) for k in range(self.num_shards)])
+        self._rpc.run([ShardCall(k, "CreateTable", request) for k in range(self.num_shards)])
         self._dims[spec.name] = spec.dim
 
     def list_tables(self) -> list[TableSpec]:
         """Specs of all tables (as shard 0 reports them)."""
-        (reply,) = self._run([_Call(0, "ListTables", pb.ListTablesRequest())])
+        (reply,) = self._rpc.run([ShardCall(0, "ListTables", pb.ListTablesRequest())])
         specs = [TableSpec.from_proto(message) for message in reply.tables]
         self._dims.update({spec.name: spec.dim for spec in specs})
         return specs
@@ -169,7 +134,7 @@ class PSClient:
             ``{table: (rows, versions)}`` as :meth:`pull_with_versions` gives them.
         """
         results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        calls: list[_Call] = []
+        calls: list[ShardCall] = []
         sizes: list[int] = []
         targets: list[tuple[torch.Tensor, torch.Tensor, np.ndarray, int]] = []
         for table, ids in requests.items():
@@ -180,7 +145,7 @@ class PSClient:
             results[table] = (rows, versions)
             for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
                 calls.append(
-                    _Call(
+                    ShardCall(
                         shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))
                     )
                 )
@@ -196,7 +161,7 @@ class PSClient:
             )
             scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
 
-        self._run_packed(calls, sizes, on_reply=place, single_table=len(requests) == 1)
+        self._rpc.run_packed(calls, sizes, on_reply=place, single_table=len(requests) == 1)
         return results
 
     def pull_stale(
@@ -221,7 +186,7 @@ class PSClient:
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """:meth:`pull_stale` for each ``(table, ids, held_versions, bound)``, in one round trip
         per shard. A held version of -1 always counts as stale, so misses can ride along."""
-        calls: list[_Call] = []
+        calls: list[ShardCall] = []
         sizes: list[int] = []
         targets: list[tuple[int, np.ndarray]] = []
         dims = []
@@ -244,11 +209,11 @@ class PSClient:
                     held_versions=held[chunk].tobytes(),
                     bound=bound,
                 )
-                calls.append(_Call(shard, "PullStale", request))
+                calls.append(ShardCall(shard, "PullStale", request))
                 targets.append((number, chunk))
                 sizes.append(len(chunk) * (4 * dims[-1] + 32))
         parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in requests]
-        replies = self._run_packed(calls, sizes, single_table=len(requests) == 1)
+        replies = self._rpc.run_packed(calls, sizes, single_table=len(requests) == 1)
         for (number, chunk), reply in zip(targets, replies):
             parts[number].append(
                 (
@@ -303,10 +268,12 @@ class PSClient:
                 # One table: the zero-copy encoding; several: entries of a PushBatch.
                 encode = encode_push_request if single_table else _push_request
                 calls.append(
-                    _Call(shard, "Push", encode(table, unique_ids[chunk], summed[chunk], sub_id))
+                    ShardCall(
+                        shard, "Push", encode(table, unique_ids[chunk], summed[chunk], sub_id)
+                    )
                 )
                 sizes.append(len(chunk) * (4 * dim + 8))
-        self._run_packed(calls, sizes, single_table=single_table)
+        self._rpc.run_packed(calls, sizes, single_table=single_table)
 
     def assign(self, table: str, ids: Any, values: Any, state: Any = None) -> None:
         """Overwrite rows of distinct ``ids`` with ``values`` [n, dim] (and optimizer ``state``
@@ -326,7 +293,7 @@ class PSClient:
             )
         request_id = f"{self._client_id}:{next(self._sequence)}"
         calls = [
-            _Call(
+            ShardCall(
                 shard,
                 "Assign",
                 pb.AssignRequest(
@@ -341,11 +308,13 @@ class PSClient:
                 self._chunks(table, id_array, bytes_per_row=8 * dim + 8)
             )
         ]
-        self._run(calls)
+        self._rpc.run(calls)
 
     def stats(self) -> list[ShardStats]:
         """Stats of every shard, in shard order."""
-        replies = self._run([_Call(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)])
+        replies = self._rpc.run(
+            [ShardCall(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)]
+        )
         return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
 
     def _ensure_topology(self) -> None:
@@ -369,7 +338,7 @@ class PSClient:
         """(shard, positions into ids) pairs, each small enough for one message."""
         self._ensure_topology()
         rows_per_message = max(
-            1, (self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES) // bytes_per_row
+            1, (self.config.max_message_bytes - REQUEST_OVERHEAD_BYTES) // bytes_per_row
         )
         groups = positions_by_shard(shard_of(table, ids, self.num_shards), self.num_shards)
         return [
@@ -377,101 +346,6 @@ class PSClient:
             for shard, positions in enumerate(groups)
             for start in range(0, len(positions), rows_per_message)
         ]
-
-    def _run(
-        self, calls: list[_Call], on_reply: Callable[[int, Any], None] | None = None
-    ) -> list[Any]:
-        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order.
-
-        ``on_reply(i, reply)`` runs on this thread as each reply arrives.
-        """
-        config = self.config
-        replies: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        backoff = config.initial_backoff_s
-        for attempt in range(1, config.max_attempts + 1):
-            retry, failure = [], None
-            for k, (reply, error) in self._fan_out.as_completed(
-                [self._invoker(calls[i]) for i in pending]
-            ):
-                i = pending[k]
-                if error is None:
-                    replies[i] = reply
-                    if on_reply is not None:
-                        on_reply(i, reply)
-                elif not isinstance(error, grpc.RpcError):
-                    raise error
-                elif error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:
-                    retry.append(i)
-                elif failure is None:
-                    failure = self._client_error(calls[i], error, attempt)
-            if failure is not None:
-                raise failure
-            if not retry:
-                return replies
-            pending = retry
-            time.sleep(backoff)
-            backoff = min(2 * backoff, config.max_backoff_s)
-        raise AssertionError("unreachable: the last attempt either returns or raises")
-
-    def _run_packed(
-        self,
-        calls: list[_Call],
-        sizes: list[int],
-        on_reply: Callable[[int, Any], None] | None = None,
-        single_table: bool = False,
-    ) -> list[Any]:
-        """Run Pull/Push/PullStale calls; for several tables, packed per shard into batch RPCs
-        below the message limit, so a step costs one round trip per shard.
-
-        ``on_reply(i, reply)`` gets each call's own reply, as in :meth:`_run`.
-        """
-        if single_table or not calls:
-            return self._run(calls, on_reply)
-        method = calls[0].method
-        batch_method, batch_type = _BATCHES[method]
-        limit = self.config.max_message_bytes - _REQUEST_OVERHEAD_BYTES
-        groups: list[tuple[int, list[int]]] = []
-        open_group: dict[int, tuple[list[int], int]] = {}
-        for index, (call, size) in enumerate(zip(calls, sizes)):
-            members, used = open_group.get(call.shard, ([], 0))
-            if members and used + size > limit:
-                groups.append((call.shard, members))
-                members, used = [], 0
-            members.append(index)
-            open_group[call.shard] = (members, used + size)
-        groups += [(shard, members) for shard, (members, _) in open_group.items()]
-        batches = [
-            _Call(shard, batch_method, batch_type(requests=[calls[i].request for i in members]))
-            for shard, members in groups
-        ]
-        replies: list[Any] = [None] * len(calls)
-
-        def unpack(number: int, batch_reply: Any) -> None:
-            for index, reply in zip(groups[number][1], batch_reply.responses):
-                replies[index] = reply
-                if on_reply is not None:
-                    on_reply(index, reply)
-
-        self._run(batches, on_reply=unpack)
-        return replies
-
-    def _invoker(self, call: _Call) -> Callable[[], Any]:
-        method = getattr(self._stubs[call.shard], call.method)
-        return functools.partial(method, call.request, timeout=self.config.timeout_s)
-
-    def _client_error(self, call: _Call, error: grpc.RpcError, attempts: int) -> PSClientError:
-        details = error.details() or ""
-        if error.code() == grpc.StatusCode.UNAVAILABLE:
-            details = f"{details} (gave up after {attempts} attempts)"
-        return PSClientError(self.endpoints[call.shard], error.code(), f"{call.method}: {details}")
-
-
-_BATCHES = {
-    "Pull": ("PullBatch", pb.PullBatchRequest),
-    "Push": ("PushBatch", pb.PushBatchRequest),
-    "PullStale": ("PullStaleBatch", pb.PullStaleBatchRequest),
-}
 
 
 def _push_request(
