@@ -1,1 +1,1 @@
-"""x"""
+"""Parameter-server shards (logic, store, gRPC service) and their client library."""

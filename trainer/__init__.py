@@ -1,1 +1,1 @@
-"""x"""
+"""Trainer side: PS-backed embeddings, hot-embedding caches, DLRM, data and the training loop."""

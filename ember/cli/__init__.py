@@ -1,1 +1,1 @@
-"""x"""
+"""The ``ember`` command line and its subcommands."""

@@ -1,0 +1,1 @@
+"""Models whose embeddings come from the parameter servers."""
