@@ -103,3 +103,21 @@ def test_flags_can_come_from_the_environment(tmp_path):
         env={**os.environ, "EMBER_SHARD": "5", "EMBER_NUM_SHARDS": "2"},
     )
     assert result.returncode != 0 and "shard must be in 0..1, got 5" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "mode, backend", [("reference", "reference (Python)"), ("auto", "native CPU")]
+)
+def test_doctor_reports_every_op_backend(mode, backend):
+    result = subprocess.run(
+        [*EMBER, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "EMBER_KERNELS": mode},
+    )
+    assert result.returncode == 0, result.stderr
+    for op in ("hash_find", "hash_insert", "gather_rows", "scatter_rows"):
+        assert f"{op:<14} {backend}" in result.stdout
+    assert f"EMBER_KERNELS={mode}" in result.stdout and "CUDA:" in result.stdout

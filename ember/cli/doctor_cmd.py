@@ -1,0 +1,52 @@
+"""``ember doctor``: which backend each native op uses, the compiler and CUDA status."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import subprocess
+
+OPS = ("hash_find", "hash_insert", "gather_rows", "scatter_rows")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add the ``doctor`` subcommand."""
+    parser = commands.add_parser(
+        "doctor", help="report native-op backends, compiler and CUDA status"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; exit status 0 whatever the backend (the reference always works)."""
+    import torch
+
+    from ember.kernels.loader import build_directory, kernel_mode, native_ops_available
+
+    native = native_ops_available()
+    print(f"python {platform.python_version()}  torch {torch.__version__}")
+    print(f"EMBER_KERNELS={kernel_mode()}  build directory {build_directory()}")
+    print(f"c++ compiler: {_version('c++')}")
+    print(f"nvcc: {_version('nvcc')}")
+    cuda = torch.cuda.is_available()
+    print(f"CUDA: {'available, ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
+          f" (torch built with CUDA {torch.version.cuda or 'none'})")  # fmt: skip
+    for op in OPS:
+        backend = "native CPU" if native and hasattr(torch.ops.ember, op) else "reference (Python)"
+        print(f"  {op:<14} {backend}")
+    return 0
+
+
+def _version(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        return "not found"
+    try:
+        output = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{path} (no version: {error})"
+    lines = [line for line in output.stdout.splitlines() if line.strip()]
+    return f"{path}: {lines[-1] if tool == 'nvcc' and lines else (lines[0] if lines else '?')}"
