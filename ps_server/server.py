@@ -117,31 +117,55 @@ class ParameterServer:
 
     def pull(self, table: str, ids: bytes | memoryview) -> PullReply:
         """Rows and versions for packed ``ids`` (duplicates allowed), in request order."""
-        target, id_array = self.check_pull(table, ids)
-        weights, versions = target.pull(id_array)
-        return PullReply(values=weights.numpy(), versions=versions.numpy(), dim=target.spec.dim)
+        return self.pull_batch([(table, ids)])[0]
 
-    def check_pull(self, table: str, ids: bytes | memoryview) -> tuple[Table, np.ndarray]:
+    def pull_batch(self, requests: list[tuple[str, bytes | memoryview]]) -> list[PullReply]:
+        """Several pulls ``(table, ids)``, all validated before any row is read or created."""
+        validated = [self._check_pull(table, ids) for table, ids in requests]
+        replies = []
+        for target, id_array in validated:
+            weights, versions = target.pull(id_array)
+            replies.append(
+                PullReply(values=weights.numpy(), versions=versions.numpy(), dim=target.spec.dim)
+            )
+        return replies
+
+    def pull_stale(
+        self, table: str, ids: bytes | memoryview, held_versions: bytes | memoryview, bound: int
+    ) -> PullStaleReply:
+        """Rows of packed ``ids`` whose version exceeds the caller's by more than ``bound``."""
+        return self.pull_stale_batch([(table, ids, held_versions, bound)])[0]
+
+    def pull_stale_batch(
+        self, requests: list[tuple[str, bytes | memoryview, bytes | memoryview, int]]
+    ) -> list[PullStaleReply]:
+        """Several conditional pulls ``(table, ids, held_versions, bound)``, all validated first."""
+        validated = []
+        for table, ids, held_versions, bound in requests:
+            target, id_array = self._check_pull(table, ids)
+            validated.append(
+                (target, id_array, decode_versions(held_versions, len(id_array)), bound)
+            )
+        replies = []
+        for target, id_array, held, bound in validated:
+            positions, weights, versions = target.pull_stale(id_array, held, bound)
+            replies.append(
+                PullStaleReply(
+                    positions=positions,
+                    values=weights.numpy(),
+                    versions=versions.numpy(),
+                    dim=target.spec.dim,
+                )
+            )
+        return replies
+
+    def _check_pull(self, table: str, ids: bytes | memoryview) -> tuple[Table, np.ndarray]:
         """Validate a pull of packed ``ids`` (table, ids, reply size, ownership) without reading."""
         target = self._table(table)
         id_array = decode_ids(ids)
         self._check_reply_size(table, len(id_array), target.spec.dim + 2)
         self._check_owned(table, id_array)
         return target, id_array
-
-    def pull_stale(
-        self, table: str, ids: bytes | memoryview, held_versions: bytes | memoryview, bound: int
-    ) -> PullStaleReply:
-        """Rows of packed ``ids`` whose version exceeds the caller's by more than ``bound``."""
-        target, id_array = self.check_pull(table, ids)
-        held = decode_versions(held_versions, len(id_array))
-        positions, weights, versions = target.pull_stale(id_array, held, bound)
-        return PullStaleReply(
-            positions=positions,
-            values=weights.numpy(),
-            versions=versions.numpy(),
-            dim=target.spec.dim,
-        )
 
     def push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str

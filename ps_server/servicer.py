@@ -18,7 +18,7 @@ import torch
 from ember.ps_server.config import ShardConfig, message_size_options
 from ember.ps_server.errors import EmberError, status_code_for
 from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.server import ParameterServer
+from ember.ps_server.server import ParameterServer, PullStaleReply
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire_codec import decode_push_request, encode_pull_reply
@@ -104,7 +104,10 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def PullStale(
         self, request: pb.PullStaleRequest, context: grpc.ServicerContext
     ) -> pb.PullStaleResponse:
-        return self._pull_stale(request)
+        reply = self.server.pull_stale(
+            request.table, request.ids, request.held_versions, request.bound
+        )
+        return _pull_stale_response(reply)
 
     @_rpc
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
@@ -117,9 +120,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def PullBatch(
         self, request: pb.PullBatchRequest, context: grpc.ServicerContext
     ) -> pb.PullBatchResponse:
-        for sub in request.requests:  # validate every entry before reading any
-            self.server.check_pull(sub.table, sub.ids)
-        replies = [self.server.pull(sub.table, sub.ids) for sub in request.requests]
+        replies = self.server.pull_batch([(sub.table, sub.ids) for sub in request.requests])
         return pb.PullBatchResponse(
             responses=[
                 pb.PullResponse(values=r.values.tobytes(), versions=r.versions.tobytes(), dim=r.dim)
@@ -142,22 +143,10 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def PullStaleBatch(
         self, request: pb.PullStaleBatchRequest, context: grpc.ServicerContext
     ) -> pb.PullStaleBatchResponse:
-        for sub in request.requests:  # validate every entry before reading any
-            self.server.check_pull(sub.table, sub.ids)
-        return pb.PullStaleBatchResponse(
-            responses=[self._pull_stale(sub) for sub in request.requests]
+        replies = self.server.pull_stale_batch(
+            [(sub.table, sub.ids, sub.held_versions, sub.bound) for sub in request.requests]
         )
-
-    def _pull_stale(self, request: pb.PullStaleRequest) -> pb.PullStaleResponse:
-        reply = self.server.pull_stale(
-            request.table, request.ids, request.held_versions, request.bound
-        )
-        return pb.PullStaleResponse(
-            positions=reply.positions.astype("<i8").tobytes(),
-            values=reply.values.tobytes(),
-            versions=reply.versions.tobytes(),
-            dim=reply.dim,
-        )
+        return pb.PullStaleBatchResponse(responses=[_pull_stale_response(r) for r in replies])
 
     @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
@@ -184,6 +173,15 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:
         return pb.ListTablesResponse(tables=[spec.to_proto() for spec in self.server.list_tables()])
+
+
+def _pull_stale_response(reply: PullStaleReply) -> pb.PullStaleResponse:
+    return pb.PullStaleResponse(
+        positions=reply.positions.astype("<i8").tobytes(),
+        values=reply.values.tobytes(),
+        versions=reply.versions.tobytes(),
+        dim=reply.dim,
+    )
 
 
 class ShardServer:
