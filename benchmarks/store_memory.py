@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import psutil
 import torch
+from ember.kernels.optim import state_width
 from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.optimizers import state_width
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 

@@ -1,9 +1,11 @@
 """The one loader of Ember's native ops (``torch.ops.ember.*``).
 
-Sources under ``kernels/csrc`` are compiled with ``torch.utils.cpp_extension``
-on first use, into a build directory keyed by a hash of the sources and the
-torch version, so an unchanged tree never rebuilds (concurrent processes wait
-on the build's lock). Nothing is built or loaded at import time.
+Sources under ``kernels/csrc`` (C++) and, where torch has CUDA and a GPU is
+present, ``kernels/cuda`` (.cu) are compiled with ``torch.utils.cpp_extension``
+on first use into one library, in a build directory keyed by a hash of the
+sources and the torch version, so an unchanged tree never rebuilds
+(concurrent processes wait on the build's lock). Nothing is built or loaded at
+import time. Op wrappers ask :func:`native_backend_for` per tensor device.
 
 ``EMBER_KERNELS`` chooses the backend: ``auto`` (default: native when it
 builds, else the pure-Python reference, with one log line saying which),
@@ -26,7 +28,22 @@ from ember.env import env_value
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CPU_SOURCES = ("hash_map.cpp", "rows.cpp")
+CUDA_SRC = Path(__file__).resolve().parent / "cuda"
+CPU_SOURCES = ("hash_map.cpp", "rows.cpp", "unique.cpp", "optim.cpp", "pack.cpp")
+CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
+HEADERS = ("checks.h",)
+OPS = (
+    "hash_find",
+    "hash_insert",
+    "hash_erase",
+    "unique_inverse",
+    "gather_rows",
+    "scatter_rows",
+    "scatter_add_rows",
+    "fused_row_update",
+    "pack_rows",
+    "unpack_rows",
+)
 MODES = ("auto", "native", "reference")
 
 
@@ -42,16 +59,27 @@ def kernel_mode() -> str:
     return mode
 
 
-def build_directory() -> Path:
+def cuda_build_wanted() -> bool:
+    """Whether the CUDA sources join the build: torch has CUDA and sees a GPU."""
+    return bool(torch.version.cuda) and torch.cuda.is_available()
+
+
+def source_paths(with_cuda: bool) -> list[Path]:
+    """The files compiled (headers excluded) for a CPU or a CPU+CUDA build."""
+    paths = [CSRC / name for name in CPU_SOURCES]
+    return paths + ([CUDA_SRC / name for name in CUDA_SOURCES] if with_cuda else [])
+
+
+def build_directory(with_cuda: bool | None = None) -> Path:
     """Where the ops are built: EMBER_KERNELS_CACHE or ~/.cache/ember/kernels, keyed by a hash
-    of the torch version, the source folder (the build files name it) and the sources."""
+    of the torch version, the source folders (the build files name them) and the sources."""
+    with_cuda = cuda_build_wanted() if with_cuda is None else with_cuda
     digest = hashlib.sha256(torch.__version__.encode())
-    digest.update(str(CSRC).encode())
-    for name in CPU_SOURCES:
-        digest.update(name.encode())
-        digest.update((CSRC / name).read_bytes())
+    for path in source_paths(with_cuda) + [CSRC / name for name in HEADERS]:
+        digest.update(str(path).encode())
+        digest.update(path.read_bytes())
     root = Path(env_value("KERNELS_CACHE", str(Path.home() / ".cache" / "ember" / "kernels")))
-    return root / f"cpu-{digest.hexdigest()[:16]}"
+    return root / f"{'cuda' if with_cuda else 'cpu'}-{digest.hexdigest()[:16]}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,14 +98,23 @@ def native_ops_available() -> bool:
             "ember kernels: reference backend (native build failed: %s)", str(error).splitlines()[0]
         )
         return False
-    log.info("ember kernels: native CPU backend")
+    log.info("ember kernels: native %s backend", "CPU+CUDA" if cuda_build_wanted() else "CPU")
     return True
+
+
+def native_backend_for(tensor: torch.Tensor) -> bool:
+    """Whether the native ops serve tensors on ``tensor``'s device (else the reference does)."""
+    kind = tensor.device.type
+    if kind == "cpu":
+        return native_ops_available()
+    return kind == "cuda" and cuda_build_wanted() and native_ops_available()
 
 
 def _build_and_load() -> None:
     from torch.utils import cpp_extension
 
-    directory = build_directory()
+    with_cuda = cuda_build_wanted()
+    directory = build_directory(with_cuda)
     directory.mkdir(parents=True, exist_ok=True)
     # torch's own build lock is a plain file that a builder killed mid-build leaves behind,
     # stalling every later load. An flock dies with its holder: under it, a torch lock file
@@ -86,10 +123,12 @@ def _build_and_load() -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (directory / "lock").unlink(missing_ok=True)
         cpp_extension.load(
-            name="ember_kernels_cpu",
-            sources=[str(CSRC / name) for name in CPU_SOURCES],
+            name="ember_kernels_cuda" if with_cuda else "ember_kernels_cpu",
+            sources=[str(path) for path in source_paths(with_cuda)],
             build_directory=str(directory),
             extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", f"-I{CSRC}"],
+            extra_include_paths=[str(CSRC)],
             is_python_module=False,
             verbose=os.environ.get("EMBER_KERNELS_VERBOSE") == "1",
         )

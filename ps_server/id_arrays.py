@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from ember.kernels.dedup import unique_inverse
+from ember.kernels.rows import scatter_add_rows
 
 
 def as_id_array(ids: Any) -> np.ndarray:
@@ -50,15 +52,21 @@ def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
     return tensor
 
 
+def id_tensor(ids: np.ndarray) -> torch.Tensor:
+    """Ids as an int64 tensor sharing memory (copied when read-only, e.g. request bytes)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    return torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+
+
 def sum_duplicates(ids: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-    """Distinct ids in ascending order and the summed gradient rows of each.
+    """Distinct ids (in order of first occurrence) and the summed gradient rows of each.
 
     Ids that are already strictly increasing (as a client sends them) skip the
-    sort and the summation.
+    deduplication and the summation.
     """
     if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, grads
-    unique_ids, inverse = np.unique(ids, return_inverse=True)
+    unique_ids, inverse, _ = unique_inverse(id_tensor(ids))
     summed = torch.zeros(len(unique_ids), grads.shape[1], dtype=grads.dtype)
-    summed.index_add_(0, torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False)), grads)
-    return unique_ids, summed
+    scatter_add_rows(summed, inverse, grads.contiguous())
+    return unique_ids.numpy(), summed

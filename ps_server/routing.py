@@ -12,26 +12,7 @@ import functools
 import hashlib
 
 import numpy as np
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser over a uint64 array (wrapping arithmetic).
-
-    Args:
-        x: array of dtype uint64.
-
-    Returns:
-        A new uint64 array of the same shape; a bijection of the input.
-    """
-    with np.errstate(over="ignore"):
-        z = x + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _MUL1
-        z = (z ^ (z >> np.uint64(27))) * _MUL2
-        return z ^ (z >> np.uint64(31))
+from ember.kernels.hash_map import mix64
 
 
 @functools.lru_cache(maxsize=4096)

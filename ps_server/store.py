@@ -3,7 +3,8 @@
 ``InMemoryStore`` keeps three growable tensors (weights, state, versions)
 indexed by slot and an :class:`IdIndex` from id to slot, so a table costs close
 to the raw bytes of its rows and optimizer state. Every backend speaks the same
-verbs (``fetch``, ``insert``, ``size``) on batches of rows.
+verbs (``fetch``, ``insert``, ``update``, ``size``) on batches of rows; the
+in-memory store updates rows in place with the fused optimizer op.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import dataclasses
 
 import numpy as np
 import torch
+from ember.kernels.id_index import IdIndex
+from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
-from ember.ps_server.id_index import IdIndex
+from ember.ps_server.id_arrays import id_tensor
 
 
 @dataclasses.dataclass
@@ -61,11 +64,11 @@ class InMemoryStore:
             rows whose entries where ``found`` is false are unspecified. The
             state is empty (width 0) unless ``with_state``.
         """
-        slots = self._index.find(ids)
-        found = slots >= 0
+        slots = self._index.find(id_tensor(ids))
+        found = (slots >= 0).numpy()
         if not self._rows:
             return found, _empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
-        index = torch.from_numpy(np.where(found, slots, 0))  # absent ids read slot 0
+        index = slots.clamp(min=0)  # absent ids read slot 0
         rows = RowBatch(
             weights=_take(self._weights, index),
             state=_take(self._state, index) if with_state else torch.empty(len(ids), 0),
@@ -73,17 +76,33 @@ class InMemoryStore:
         )
         return found, rows
 
+    def absent(self, ids: np.ndarray) -> np.ndarray:
+        """A bool mask over ``ids``: true where the store holds no row."""
+        return (self._index.find(id_tensor(ids)) < 0).numpy()
+
+    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
+        """Step the rows of distinct, present ``ids`` with their summed ``grads``, in place.
+
+        Each row's version goes up by one (Adam's t). Raises KeyError, changing
+        nothing, if an id is absent.
+        """
+        slots = self._index.find(id_tensor(ids))
+        if bool((slots < 0).any()):
+            raise KeyError(f"update of {int((slots < 0).sum())} ids the store does not hold")
+        fused_row_update(optimizer, self._weights, self._state, self._versions, slots, grads)
+
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows for distinct ids, adding those that are absent (upsert)."""
-        slots = self._index.find(ids)
-        absent = slots < 0
-        if absent.any():
-            new_slots = np.arange(self._rows, self._rows + int(absent.sum()), dtype=np.int64)
-            self._grow(self._rows + len(new_slots))
-            self._index.insert(ids[absent], new_slots)
-            self._rows += len(new_slots)
-            slots[absent] = new_slots
-        index = torch.from_numpy(slots)
+        id_batch = id_tensor(ids)
+        index = self._index.find(id_batch)
+        absent = index < 0
+        if bool(absent.any()):
+            count = int(absent.sum())
+            new_slots = torch.arange(self._rows, self._rows + count, dtype=torch.int64)
+            self._grow(self._rows + count)
+            self._index.insert(id_batch[absent], new_slots)
+            self._rows += count
+            index[absent] = new_slots
         scatter_rows(self._weights, index, rows.weights.contiguous())
         if self.state_width:
             scatter_rows(self._state, index, rows.state.contiguous())

@@ -13,9 +13,9 @@ import threading
 
 import numpy as np
 import torch
+from ember.kernels.optim import state_width
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
-from ember.ps_server.optimizers import apply_update, state_width
 from ember.ps_server.store import InMemoryStore, RowBatch
 from ember.ps_server.table_spec import TableSpec
 
@@ -79,9 +79,7 @@ class Table:
         with self._lock:
             if request_id in self._applied:
                 return True
-            found, rows = self.store.fetch(ids, with_state=True)
-            if not found.all():
-                self._create_missing(ids, found, rows)
+            rows = self._fetch_creating(ids, with_state=True)
             rows.weights = weights
             if state is not None:
                 rows.state = state
@@ -94,9 +92,7 @@ class Table:
         """Weights and versions of ``ids``, creating missing rows; caller holds the lock."""
         if len(ids) == 0:
             return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
-        found, rows = self.store.fetch(ids, with_state=False)
-        if not found.all():
-            self._create_missing(ids, found, rows)
+        rows = self._fetch_creating(ids, with_state=False)
         return rows.weights, rows.versions
 
     def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:
@@ -112,32 +108,31 @@ class Table:
             if request_id in self._applied:
                 self.counters.duplicate_pushes += 1
                 return True, 0
-            found, rows = self.store.fetch(unique_ids, with_state=True)
-            if not found.all():
-                self._create_missing(unique_ids, found, rows)
-            rows.versions += 1
-            apply_update(self.spec.optimizer, rows.weights, rows.state, summed, rows.versions)
-            self.store.insert(unique_ids, rows)
+            absent = self.store.absent(unique_ids)
+            if absent.any():
+                self._create(unique_ids[absent])
+            self.store.update(unique_ids, summed, self.spec.optimizer)
             self._remember(request_id)
             self.counters.rows_pushed += len(ids)
             return False, len(unique_ids)
 
-    def _create_missing(self, ids: np.ndarray, found: np.ndarray, rows: RowBatch) -> None:
-        """Initialise the rows of ``ids`` not ``found``, store them and fill them into ``rows``."""
-        missing = np.flatnonzero(~found)
-        new_ids, inverse = np.unique(ids[missing], return_inverse=True)
+    def _create(self, new_ids: np.ndarray) -> None:
+        """Initialise and store the rows of distinct ``new_ids``."""
         fresh = RowBatch(
             weights=initial_rows(self.spec, new_ids),
             state=torch.zeros(len(new_ids), self.store.state_width, dtype=torch.float32),
             versions=torch.zeros(len(new_ids), dtype=torch.int64),
         )
         self.store.insert(new_ids, fresh)
-        where = torch.from_numpy(missing)
-        source = torch.from_numpy(inverse.astype(np.int64, copy=False))
-        rows.weights[where] = fresh.weights[source]
-        rows.versions[where] = 0
-        if rows.state.shape[1]:
-            rows.state[where] = 0.0
+
+    def _fetch_creating(self, ids: np.ndarray, with_state: bool) -> RowBatch:
+        """The rows of ``ids`` (duplicates allowed), initialising absent ones first."""
+        found, rows = self.store.fetch(ids, with_state=with_state)
+        if found.all():
+            return rows
+        del rows  # the first fetch's buffers are reused by the second
+        self._create(np.unique(ids[~found]))
+        return self.store.fetch(ids, with_state=with_state)[1]
 
     def _remember(self, request_id: str) -> None:
         self._applied[request_id] = None

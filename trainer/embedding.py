@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from ember.kernels.dedup import unique_inverse
 from ember.trainer.data.batch import JaggedIds
 from ember.trainer.traffic import CountingClient
 from torch import nn
@@ -82,7 +83,7 @@ class PSEmbeddingBagCollection(nn.Module):
             for t in self.feature_tables
         }
         unique = {
-            table: torch.unique(torch.cat([features[f].values for f in fs]), return_inverse=True)
+            table: unique_inverse(torch.cat([features[f].values for f in fs]))[:2]
             for table, fs in members.items()
         }
         fetched = self.source.rows({table: ids for table, (ids, _) in unique.items()})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from ember.ps_server.routing import mix64
+from ember.kernels.hash_map import mix64
 
 _FEATURE_STREAM = np.uint64(0xA24BAED4963EE407)
 

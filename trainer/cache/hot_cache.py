@@ -12,8 +12,8 @@ Policies: ``static`` caches a fixed hot set chosen by a profiling pass (FAE);
 ``lru`` and ``lfu`` admit every missed id and evict the least recently / least
 frequently (then least recently) used row that the current batch does not use.
 
-The id -> slot index is a dict: the cache is bounded by its capacity; the
-native device hash map of the kernels work replaces it.
+The id -> slot index is the kernels' hash map (:class:`IdIndex`) on the
+cache's device and free slots are a tensor stack, so no step does per-id Python.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from ember.kernels.id_index import IdIndex
+from ember.kernels.rows import scatter_add_rows, scatter_rows
 
 POLICIES = ("static", "lru", "lfu")
 
@@ -89,19 +91,26 @@ class HotEmbeddingCache:
         self.last_used = torch.zeros(capacity, dtype=torch.int64)
         self.frequency = torch.zeros(capacity, dtype=torch.int64)
         self.ids = torch.full((capacity,), -1, dtype=torch.int64)
-        self._slot_of: dict[int, int] = {}
-        self._free = list(range(capacity - 1, -1, -1))
+        self._index = IdIndex(capacity, device=self.device)
+        self._free = torch.arange(
+            capacity - 1, -1, -1, dtype=torch.int64
+        )  # a stack: top at the end
+        self._free_count = capacity
         self._clock = 0
         self.hot_ids = None if hot_ids is None else torch.as_tensor(hot_ids, dtype=torch.int64)
         self.stats = CacheStats()
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return len(self._index)
+
+    def peek(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slot of each id, -1 where not cached; no side effects."""
+        return self._index.find(ids.to(self.device)).cpu()
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each distinct id, -1 for a miss; marks hits as used now."""
         self._clock += 1
-        slots = torch.tensor([self._slot_of.get(i, -1) for i in ids.tolist()], dtype=torch.int64)
+        slots = self.peek(ids)
         hit = slots >= 0
         self.stats.hits += int(hit.sum())
         self.stats.misses += int((~hit).sum())
@@ -132,9 +141,9 @@ class HotEmbeddingCache:
         """Drop ``slots``; returns ``(ids, pending grads)`` of those with unpushed updates."""
         dirty = slots[self.local_updates[slots] > 0]
         write_back = (self.ids[dirty].clone(), self.pending[dirty].clone())
-        for slot, row_id in zip(slots.tolist(), self.ids[slots].tolist()):
-            del self._slot_of[row_id]
-            self._free.append(slot)
+        self._index.erase(self.ids[slots].to(self.device))
+        self._free[self._free_count : self._free_count + len(slots)] = slots
+        self._free_count += len(slots)
         self.ids[slots] = -1
         self.pending[slots] = 0.0
         self.local_updates[slots] = 0
@@ -143,15 +152,18 @@ class HotEmbeddingCache:
 
     def free_slots(self) -> int:
         """Slots not holding a row."""
-        return len(self._free)
+        return self._free_count
 
     def insert(self, ids: torch.Tensor, rows: torch.Tensor, versions: torch.Tensor) -> torch.Tensor:
         """Cache new rows (as many as there are free slots); returns their slots."""
-        slots = torch.tensor([self._free.pop() for _ in range(len(ids))], dtype=torch.int64)
-        for slot, row_id in zip(slots.tolist(), ids.tolist()):
-            self._slot_of[row_id] = slot
+        if len(ids) > self._free_count:
+            raise ValueError(f"{len(ids)} rows do not fit the {self._free_count} free slots")
+        top = self._free_count
+        slots = self._free[top - len(ids) : top].flip(0)
+        self._free_count -= len(ids)
+        self._index.insert(ids.to(self.device), slots.to(self.device))
         self.ids[slots] = ids
-        self.weights[slots] = rows.to(self.device)
+        scatter_rows(self.weights, slots.to(self.device), rows.to(self.device).contiguous())
         self.held_versions[slots] = versions
         self.pending[slots] = 0.0
         self.local_updates[slots] = 0
@@ -172,9 +184,11 @@ class HotEmbeddingCache:
         self, slots: torch.Tensor, grads: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Apply gradients locally; returns ``(ids, grads)`` of rows due for a push (then cleared)."""
-        grads = grads.to(self.device)
-        self.weights[slots] -= self.local_lr * grads
-        self.pending[slots] += grads
+        grads = grads.to(self.device).contiguous()
+        device_slots = slots.to(self.device)
+        if self.local_lr:
+            scatter_add_rows(self.weights, device_slots, grads * -self.local_lr)
+        scatter_add_rows(self.pending, device_slots, grads)
         self.local_updates[slots] += 1
         due = slots[self.local_updates[slots] >= max(1, self.push_bound)]
         return self._take_pending(due)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from ember.kernels.optim import apply_rows, state_width
+from ember.kernels.rows import scatter_add_rows
 from ember.ps_server.client import PSClient
-from ember.ps_server.optimizers import apply_update, state_width
 from ember.ps_server.table_spec import TableSpec
 from ember.trainer.traffic import CountingClient
 
@@ -93,7 +94,7 @@ class ReplicatedRowSource:
         for table, (ids, grads) in updates.items():
             position, hot = self._positions.pop(table)
             if table in sums and bool(hot.any()):
-                sums[table].index_add_(0, position[hot], grads[hot])
+                scatter_add_rows(sums[table], position[hot], grads[hot].contiguous())
                 touched[table][position[hot]] = 1.0
             if not bool(hot.all()):
                 cold[table] = (ids[~hot], grads[~hot])
@@ -122,7 +123,7 @@ class ReplicatedRowSource:
     def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
         weights, state = self.weights[table][rows], self.state[table][rows]
         self.steps[table][rows] += 1
-        apply_update(self.specs[table].optimizer, weights, state, grads, self.steps[table][rows])
+        apply_rows(self.specs[table].optimizer, weights, state, grads, self.steps[table][rows])
         self.weights[table][rows] = weights
         self.state[table][rows] = state
 

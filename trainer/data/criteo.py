@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ember.ps_server.routing import mix64
+from ember.kernels.hash_map import mix64
 from ember.trainer.data.batch import Batch, JaggedIds
 
 NUM_DENSE = 13

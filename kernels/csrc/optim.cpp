@@ -1,0 +1,118 @@
+// Fused row-wise optimizer step (CPU), in place on a table's storage by slot.
+//
+// For each i, with row r = slots[i]: versions[r] += 1, then the optimizer of
+// ``kind`` updates weights[r] and state[r] with gradient grads[i] (plus L2
+// weight decay) and step t = versions[r]. One pass, no gathered copies.
+// Arithmetic is float32 in the order of the pure-torch reference
+// (kernels/optim.py), so both agree to rounding. Slots should be distinct:
+// a repeated slot is stepped once per occurrence.
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "checks.h"
+
+namespace ember {
+namespace {
+
+struct Hyper {
+  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay;
+  double beta1_d, beta2_d;
+};
+
+void step_row(int64_t kind, const Hyper& h, float* w, float* s, const float* grad, int64_t dim, int64_t t,
+              float* g) {
+  for (int64_t j = 0; j < dim; ++j) g[j] = h.weight_decay != 0.0f ? grad[j] + h.weight_decay * w[j] : grad[j];
+  switch (kind) {
+    case kSgd:
+      for (int64_t j = 0; j < dim; ++j) w[j] -= h.lr * g[j];
+      break;
+    case kAdagrad:
+      for (int64_t j = 0; j < dim; ++j) {
+        s[j] += g[j] * g[j];
+        w[j] -= (h.lr * g[j]) / (std::sqrt(s[j]) + h.eps);
+      }
+      break;
+    case kRowwiseAdagrad: {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < dim; ++j) sum += g[j] * g[j];
+      s[0] += sum / static_cast<float>(dim);
+      const float denom = std::sqrt(s[0]) + h.eps;
+      for (int64_t j = 0; j < dim; ++j) w[j] -= (h.lr * g[j]) / denom;
+      break;
+    }
+    case kAdam: {
+      float* m = s;
+      float* v = s + dim;
+      const float bias1 = static_cast<float>(1.0 - std::pow(h.beta1_d, static_cast<double>(t)));
+      const float bias2 = static_cast<float>(1.0 - std::pow(h.beta2_d, static_cast<double>(t)));
+      for (int64_t j = 0; j < dim; ++j) {
+        m[j] = m[j] * h.beta1 + h.one_minus_beta1 * g[j];
+        v[j] = v[j] * h.beta2 + h.one_minus_beta2 * g[j] * g[j];
+        w[j] -= (h.lr * (m[j] / bias1)) / (std::sqrt(v[j] / bias2) + h.eps);
+      }
+      break;
+    }
+  }
+}
+
+int64_t state_width(int64_t kind, int64_t dim) {
+  switch (kind) {
+    case kSgd: return 0;
+    case kAdagrad: return dim;
+    case kRowwiseAdagrad: return 1;
+    case kAdam: return 2 * dim;
+  }
+  TORCH_CHECK(false, "unknown optimizer kind ", kind, " (1 sgd, 2 adagrad, 3 rowwise_adagrad, 4 adam)");
+}
+
+void fused_row_update(at::Tensor weights, at::Tensor state, at::Tensor versions, const at::Tensor& slots,
+                      const at::Tensor& grads, int64_t kind, double lr, double eps, double beta1, double beta2,
+                      double weight_decay) {
+  check_rows(weights, "weights");
+  check_rows(state, "state");
+  check_rows(grads, "grads");
+  check_ids(versions, "versions");
+  check_ids(slots, "slots");
+  const at::Tensor* all[] = {&weights, &state, &grads, &versions, &slots};
+  for (const at::Tensor* t : all) check_device(*t, at::kCPU, "every tensor");
+  TORCH_CHECK(weights.scalar_type() == at::kFloat && state.scalar_type() == at::kFloat &&
+                  grads.scalar_type() == at::kFloat,
+              "weights, state and grads must be float32");
+  const int64_t dim = weights.size(1);
+  const int64_t width = state_width(kind, dim);
+  TORCH_CHECK(state.size(0) == weights.size(0) && state.size(1) == width, "state must have shape [",
+              weights.size(0), ", ", width, "] for this optimizer, got ", state.sizes());
+  TORCH_CHECK(versions.size(0) == weights.size(0), "versions must have one entry per row");
+  TORCH_CHECK(grads.size(0) == slots.size(0) && grads.size(1) == dim, "grads must have shape [", slots.size(0),
+              ", ", dim, "], got ", grads.sizes());
+  check_index_range(slots, weights.size(0), "slots");
+  const Hyper h{static_cast<float>(lr),         static_cast<float>(eps),
+                static_cast<float>(beta1),      static_cast<float>(beta2),
+                static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2),
+                static_cast<float>(weight_decay), beta1, beta2};
+  float* w = weights.data_ptr<float>();
+  float* s = state.data_ptr<float>();
+  int64_t* version = versions.data_ptr<int64_t>();
+  const float* grad = grads.data_ptr<float>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  std::vector<float> scratch(dim);
+  for (int64_t i = 0; i < slots.size(0); ++i) {
+    const int64_t r = slot[i];
+    const int64_t t = ++version[r];
+    step_row(kind, h, w + r * dim, s + r * width, grad + i * dim, dim, t, scratch.data());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ember, m) {
+  m.def(
+      "fused_row_update(Tensor(a!) weights, Tensor(b!) state, Tensor(c!) versions, Tensor slots, Tensor grads, "
+      "int kind, float lr, float eps, float beta1, float beta2, float weight_decay) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("fused_row_update", fused_row_update); }
+
+}  // namespace ember

@@ -1,0 +1,67 @@
+// unique_inverse (CPU): distinct ids in order of first occurrence, the inverse
+// index (ids[i] == unique[inverse[i]]) and each distinct id's count.
+//
+// One pass over the ids with a scratch open-addressing table of (id, position)
+// pairs at load <= 0.5; any int64 is a valid id (emptiness is kept in the
+// position, not the key). First-occurrence order is deterministic and, unlike
+// sorted order, needs no sort.
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "checks.h"
+
+namespace ember {
+namespace {
+
+struct Bucket {
+  int64_t id;
+  int64_t position;  // index into the unique ids, -1 when empty
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse(const at::Tensor& ids) {
+  check_ids(ids, "ids");
+  check_device(ids, at::kCPU, "ids");
+  const int64_t n = ids.size(0);
+  at::Tensor unique = at::empty({n}, ids.options());
+  at::Tensor inverse = at::empty({n}, ids.options());
+  at::Tensor counts = at::empty({n}, ids.options());
+  uint64_t capacity = 16;
+  while (capacity < 2 * static_cast<uint64_t>(n)) capacity <<= 1;
+  const uint64_t mask = capacity - 1;
+  std::vector<Bucket> table(capacity, Bucket{0, -1});
+  const int64_t* id = ids.data_ptr<int64_t>();
+  int64_t* out_unique = unique.data_ptr<int64_t>();
+  int64_t* out_inverse = inverse.data_ptr<int64_t>();
+  int64_t* out_counts = counts.data_ptr<int64_t>();
+  auto home = [&](int64_t i) { return mix64(static_cast<uint64_t>(id[i]) ^ kIndexSalt) & mask; };
+  constexpr int64_t kAhead = 16;
+  int64_t distinct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&table[home(i + kAhead)]);
+    uint64_t pos = home(i);
+    while (table[pos].position >= 0 && table[pos].id != id[i]) pos = (pos + 1) & mask;
+    Bucket& bucket = table[pos];
+    if (bucket.position < 0) {
+      bucket = Bucket{id[i], distinct};
+      out_unique[distinct] = id[i];
+      out_counts[distinct] = 0;
+      ++distinct;
+    }
+    out_inverse[i] = bucket.position;
+    ++out_counts[bucket.position];
+  }
+  return {unique.narrow(0, 0, distinct).clone(), inverse, counts.narrow(0, 0, distinct).clone()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ember, m) {
+  m.def("unique_inverse(Tensor ids) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("unique_inverse", unique_inverse); }
+
+}  // namespace ember

@@ -1,0 +1,160 @@
+"""Every native op against its pure-torch reference (and the reference against a plain definition)."""
+
+import pytest
+import torch
+from ember.kernels.dedup import unique_inverse, unique_inverse_reference
+from ember.kernels.pack import pack_rows, unpack_rows
+from ember.kernels.rows import gather_rows, scatter_add_rows, scatter_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+ID_CASES = {
+    "empty": torch.empty(0, dtype=torch.int64),
+    "all-duplicates": torch.full((1000,), 42, dtype=torch.int64),
+    "int64-extremes": torch.tensor([INT64_MAX, INT64_MIN, 0, -1, INT64_MAX, INT64_MIN, -1]),
+    "zipf-1M": (torch.distributions.Pareto(1.0, 1.2).sample((1_000_000,)).clamp(max=1e12)).long(),
+    "random-1M": torch.randint(INT64_MIN, INT64_MAX, (1_000_000,)),
+}
+
+
+def first_occurrence_definition(ids: list[int]) -> tuple[list[int], list[int], list[int]]:
+    position: dict[int, int] = {}
+    counts: list[int] = []
+    inverse = []
+    for i in ids:
+        if i not in position:
+            position[i] = len(position)
+            counts.append(0)
+        counts[position[i]] += 1
+        inverse.append(position[i])
+    return list(position), inverse, counts
+
+
+@pytest.mark.parametrize("case", ID_CASES, ids=str)
+def test_unique_inverse_matches_reference(backend, case):
+    ids = ID_CASES[case]
+    unique, inverse, counts = unique_inverse(ids)
+    expected = unique_inverse_reference(ids)
+    for got, want in zip((unique, inverse, counts), expected):
+        assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert torch.equal(unique[inverse], ids)
+    assert int(counts.sum()) == len(ids)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)), max_size=60))
+def test_unique_inverse_reference_is_first_occurrence_order(values):
+    got = unique_inverse_reference(torch.tensor(values, dtype=torch.int64))
+    assert [t.tolist() for t in got] == list(first_occurrence_definition(values))
+
+
+def random_rows(rows: int, dim: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(rows, dim, dtype=torch.float64).to(dtype)
+
+
+@pytest.mark.parametrize("count", [0, 1, 1_000_000])
+def test_gather_and_scatter_match_indexing(backend, count):
+    table = random_rows(50_000, 64)
+    index = torch.randint(0, len(table), (count,))
+    out = torch.empty(count, 64)
+    assert torch.equal(gather_rows(table, index, out), table[index])
+    distinct = torch.randperm(len(table))[: min(count, len(table))]
+    updates = random_rows(len(distinct), 64)
+    expected = table.clone()
+    expected[distinct] = updates
+    assert torch.equal(scatter_rows(table, distinct, updates), expected)
+
+
+def test_gather_and_scatter_of_1d_rows(backend):
+    versions = torch.arange(100, dtype=torch.int64) * 7
+    index = torch.tensor([5, 0, 99, 5])
+    assert gather_rows(versions, index, torch.empty(4, dtype=torch.int64)).tolist() == [
+        35,
+        0,
+        693,
+        35,
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["empty", "all-duplicates", "random-1M"])
+def test_scatter_add_is_the_float64_segment_sum(backend, dtype, case):
+    ids = ID_CASES[case]
+    _, inverse, counts = unique_inverse(ids)
+    grads = random_rows(len(ids), 16, dtype)
+    summed = scatter_add_rows(torch.zeros(len(counts), 16, dtype=dtype), inverse, grads)
+    expected = torch.zeros(len(counts), 16, dtype=torch.float64).index_add_(
+        0, inverse, grads.double()
+    )
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(summed.double(), expected, rtol=tolerance, atol=tolerance * 30)
+    again = scatter_add_rows(torch.zeros(len(counts), 16, dtype=dtype), inverse, grads)
+    assert torch.equal(summed, again)  # deterministic: bit-identical on a re-run
+
+
+def test_native_scatter_add_equals_sequential_reference_exactly():
+    from tests.support.native import require_native
+
+    require_native()
+    inverse = torch.randint(0, 1000, (200_000,))
+    grads = random_rows(len(inverse), 32)
+    native = scatter_add_rows(torch.zeros(1000, 32), inverse, grads)
+    assert torch.equal(native, torch.zeros(1000, 32).index_add_(0, inverse, grads))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([0, 4]), torch.empty(2, 3)), "out of range|out of bounds"),
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([-1]), torch.empty(1, 3)), "out of range|out of bounds"),
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([0]), torch.empty(1, 2)), "differ"),
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([0]), torch.empty(1, 3, dtype=torch.float64)), "differ"),
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([0.0]), torch.empty(1, 3)), "int64"),
+        (lambda: gather_rows(torch.zeros(4, 3), torch.tensor([0, 1]), torch.empty(1, 3)), "entries"),
+        (lambda: gather_rows(torch.zeros(3, 4).t(), torch.tensor([0]), torch.empty(1, 3)), "contiguous"),
+        (lambda: scatter_rows(torch.zeros(4, 3), torch.tensor([9]), torch.ones(1, 3)), "out of range|out of bounds"),
+        (lambda: scatter_add_rows(torch.zeros(4, 3), torch.tensor([4]), torch.ones(1, 3)), "out of range|out of bounds"),
+        (lambda: scatter_add_rows(torch.zeros(4, 3, dtype=torch.int64), torch.tensor([0]), torch.ones(1, 3, dtype=torch.int64)), "floating"),
+    ],
+)  # fmt: skip
+def test_bad_row_ops_raise_and_write_nothing(backend, call, match):
+    with pytest.raises((ValueError, RuntimeError, IndexError), match=match):
+        call()
+
+
+def test_an_out_of_range_scatter_changes_nothing(backend):
+    table = random_rows(8, 4)
+    before = table.clone()
+    with pytest.raises((RuntimeError, IndexError)):
+        scatter_rows(table, torch.tensor([1, 2, 8]), torch.ones(3, 4))
+    with pytest.raises((RuntimeError, IndexError)):
+        scatter_add_rows(table, torch.tensor([1, 2, -1]), torch.ones(3, 4))
+    assert torch.equal(table, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pack_rounds_like_torch_and_unpacks_exactly(backend, dtype):
+    rows = torch.cat([
+        random_rows(100_000, 64) * 10.0 ** torch.randint(-8, 6, (100_000, 1)),
+        torch.tensor([[0.0, -0.0, float("inf"), float("-inf"), 65520.0, 1e-8, 3.4e38, 1.0 + 2**-11] * 8]),
+    ])  # fmt: skip
+    packed = pack_rows(rows, dtype)
+    assert packed.dtype == dtype and packed.shape == rows.shape
+    assert torch.equal(packed.view(torch.int16), rows.to(dtype).view(torch.int16))
+    assert torch.equal(unpack_rows(packed), packed.to(torch.float32))
+
+
+def test_pack_keeps_nan(backend):
+    packed = pack_rows(torch.tensor([[float("nan"), 1.0]]), torch.bfloat16)
+    assert torch.isnan(unpack_rows(packed)[0, 0]) and unpack_rows(packed)[0, 1] == 1.0
+
+
+def test_pack_refuses_other_dtypes(backend):
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        pack_rows(torch.zeros(2, 2), torch.int8)
+    with pytest.raises(ValueError, match="float32"):
+        pack_rows(torch.zeros(2, 2, dtype=torch.float64), torch.float16)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        unpack_rows(torch.zeros(2, 2))
