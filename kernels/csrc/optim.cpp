@@ -4,8 +4,10 @@
 // ``kind`` updates weights[r] and state[r] with gradient grads[i] (plus L2
 // weight decay) and step t = versions[r]. One pass, no gathered copies.
 // Arithmetic is float32 in the order of the pure-torch reference
-// (kernels/optim.py), so both agree to rounding. Slots should be distinct:
-// a repeated slot is stepped once per occurrence.
+// (kernels/optim.py). torch's vectorised CPU kernels fuse multiply-adds
+// (addcmul, add with alpha) on CPUs with FMA; this op does the same there, so
+// both give the same bits and a model trained through either matches. Slots
+// should be distinct: a repeated slot is stepped once per occurrence.
 #include <torch/library.h>
 
 #include <cmath>
@@ -21,8 +23,19 @@ struct Hyper {
   double beta1_d, beta2_d;
 };
 
-void step_row(int64_t kind, const Hyper& h, float* w, float* s, const float* grad, int64_t dim, int64_t t,
-              float* g) {
+// a * b + c, fused (one rounding) where torch's kernels fuse it.
+template <bool kFused>
+inline __attribute__((always_inline)) float mul_add(float a, float b, float c) {
+  if constexpr (kFused) {
+    return __builtin_fmaf(a, b, c);
+  } else {
+    return a * b + c;
+  }
+}
+
+template <bool kFused>
+inline __attribute__((always_inline)) void step_row(int64_t kind, const Hyper& h, float* w, float* s,
+                                                     const float* grad, int64_t dim, int64_t t, float* g) {
   for (int64_t j = 0; j < dim; ++j) g[j] = h.weight_decay != 0.0f ? grad[j] + h.weight_decay * w[j] : grad[j];
   switch (kind) {
     case kSgd:
@@ -30,7 +43,7 @@ void step_row(int64_t kind, const Hyper& h, float* w, float* s, const float* gra
       break;
     case kAdagrad:
       for (int64_t j = 0; j < dim; ++j) {
-        s[j] += g[j] * g[j];
+        s[j] = mul_add<kFused>(g[j], g[j], s[j]);
         w[j] -= (h.lr * g[j]) / (std::sqrt(s[j]) + h.eps);
       }
       break;
@@ -48,13 +61,30 @@ void step_row(int64_t kind, const Hyper& h, float* w, float* s, const float* gra
       const float bias1 = static_cast<float>(1.0 - std::pow(h.beta1_d, static_cast<double>(t)));
       const float bias2 = static_cast<float>(1.0 - std::pow(h.beta2_d, static_cast<double>(t)));
       for (int64_t j = 0; j < dim; ++j) {
-        m[j] = m[j] * h.beta1 + h.one_minus_beta1 * g[j];
-        v[j] = v[j] * h.beta2 + h.one_minus_beta2 * g[j] * g[j];
+        m[j] = mul_add<kFused>(g[j], h.one_minus_beta1, m[j] * h.beta1);
+        v[j] = mul_add<kFused>(h.one_minus_beta2 * g[j], g[j], v[j] * h.beta2);
         w[j] -= (h.lr * (m[j] / bias1)) / (std::sqrt(v[j] / bias2) + h.eps);
       }
       break;
     }
   }
+}
+
+template <bool kFused>
+void step_rows(int64_t kind, const Hyper& h, float* w, float* s, int64_t* version, const float* grad,
+               const int64_t* slot, int64_t n, int64_t dim, int64_t width) {
+  std::vector<float> scratch(dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = slot[i];
+    const int64_t t = ++version[r];
+    step_row<kFused>(kind, h, w + r * dim, s + r * width, grad + i * dim, dim, t, scratch.data());
+  }
+}
+
+__attribute__((target("fma"))) void step_rows_fused(int64_t kind, const Hyper& h, float* w, float* s,
+                                                     int64_t* version, const float* grad, const int64_t* slot,
+                                                     int64_t n, int64_t dim, int64_t width) {
+  step_rows<true>(kind, h, w, s, version, grad, slot, n, dim, width);
 }
 
 int64_t state_width(int64_t kind, int64_t dim) {
@@ -97,11 +127,10 @@ void fused_row_update(at::Tensor weights, at::Tensor state, at::Tensor versions,
   int64_t* version = versions.data_ptr<int64_t>();
   const float* grad = grads.data_ptr<float>();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  std::vector<float> scratch(dim);
-  for (int64_t i = 0; i < slots.size(0); ++i) {
-    const int64_t r = slot[i];
-    const int64_t t = ++version[r];
-    step_row(kind, h, w + r * dim, s + r * width, grad + i * dim, dim, t, scratch.data());
+  if (__builtin_cpu_supports("fma")) {
+    step_rows_fused(kind, h, w, s, version, grad, slot, slots.size(0), dim, width);
+  } else {
+    step_rows<false>(kind, h, w, s, version, grad, slot, slots.size(0), dim, width);
   }
 }
 

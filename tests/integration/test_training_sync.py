@@ -105,8 +105,11 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
         np.testing.assert_allclose(ps_losses, reference_losses, rtol=1e-5)
         for spec, bag, cardinality in zip(specs, reference_tables.bags, CARDINALITIES):
             rows = client.pull(spec.name, torch.arange(cardinality))
-            # float32 sums of duplicate-id gradients run in another order in torch's sparse path
-            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=1e-5)
+            # float32 rounding differs by design: torch's sparse path sums duplicate-id
+            # gradients in another order, and its vectorised CPU sqrt is not correctly
+            # rounded (1 ulp off for ~17% of inputs here) while the native Adagrad's is.
+            # 50 steps of feedback through the model grow such 1-ulp gaps to ~3e-5.
+            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=5e-5)
             initial = initial_rows(spec, np.arange(cardinality))
             moved = (
                 (rows - initial).abs().amax(dim=1).gt(1e-4)

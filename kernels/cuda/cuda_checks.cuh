@@ -1,0 +1,31 @@
+// Helpers shared by the CUDA ops: device checks, launch geometry and an
+// index range check that runs on the device before any write.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "checks.h"
+
+namespace ember {
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t work) {
+  const int64_t blocks = (work + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535)));
+}
+
+inline void check_cuda(const at::Tensor& t, const char* what) { check_device(t, at::kCUDA, what); }
+
+// Raises, naming the bounds, if any index lies outside [0, bound). One reduction, one sync.
+inline void check_index_range_cuda(const at::Tensor& index, int64_t bound, const char* what) {
+  if (index.numel() == 0) return;
+  auto [low, high] = at::aminmax(index);
+  const int64_t lo = low.item<int64_t>(), hi = high.item<int64_t>();
+  TORCH_CHECK(lo >= 0 && hi < bound, what, " out of range [0, ", bound, "): min ", lo, ", max ", hi);
+}
+
+}  // namespace ember
