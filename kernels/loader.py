@@ -14,11 +14,13 @@ builds, else the pure-Python reference, with one log line saying which),
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -102,8 +104,24 @@ def native_ops_available() -> bool:
     return True
 
 
+_reference_forced = False
+
+
+@contextlib.contextmanager
+def reference_backend() -> Iterator[None]:
+    """Inside the block every op wrapper runs its pure-torch reference (for comparisons)."""
+    global _reference_forced
+    previous, _reference_forced = _reference_forced, True
+    try:
+        yield
+    finally:
+        _reference_forced = previous
+
+
 def native_backend_for(tensor: torch.Tensor) -> bool:
     """Whether the native ops serve tensors on ``tensor``'s device (else the reference does)."""
+    if _reference_forced:
+        return False
     kind = tensor.device.type
     if kind == "cpu":
         return native_ops_available()

@@ -7,8 +7,6 @@ import platform
 import shutil
 import subprocess
 
-OPS = ("hash_find", "hash_insert", "gather_rows", "scatter_rows")
-
 
 def register(commands: argparse._SubParsersAction) -> None:
     """Add the ``doctor`` subcommand."""
@@ -22,9 +20,16 @@ def run(args: argparse.Namespace) -> int:
     """Print the report; exit status 0 whatever the backend (the reference always works)."""
     import torch
 
-    from ember.kernels.loader import build_directory, kernel_mode, native_ops_available
+    from ember.kernels.loader import (
+        OPS,
+        build_directory,
+        cuda_build_wanted,
+        kernel_mode,
+        native_ops_available,
+    )
 
     native = native_ops_available()
+    cuda_ops = native and cuda_build_wanted()
     print(f"python {platform.python_version()}  torch {torch.__version__}")
     print(f"EMBER_KERNELS={kernel_mode()}  build directory {build_directory()}")
     print(f"c++ compiler: {_version('c++')}")
@@ -33,8 +38,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"CUDA: {'available, ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
           f" (torch built with CUDA {torch.version.cuda or 'none'})")  # fmt: skip
     for op in OPS:
-        backend = "native CPU" if native and hasattr(torch.ops.ember, op) else "reference (Python)"
-        print(f"  {op:<14} {backend}")
+        loaded = native and hasattr(torch.ops.ember, op)
+        cpu = "native" if loaded else "reference (torch)"
+        gpu = "native" if loaded and cuda_ops else "reference (torch)"
+        print(f"  {op:<18} CPU: {cpu:<18} CUDA: {gpu}")
     return 0
 
 

@@ -1,0 +1,33 @@
+"""benchmarks/gpu_check.py runs: on a GPU it checks the CUDA ops, elsewhere its dry mode says so."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+def test_gpu_check_runs_and_every_op_matches_its_reference(tmp_path):
+    report_path = tmp_path / "gpu.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--ids", "20000", "--out", str(report_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(report_path.read_text())
+    assert report["checks"] and all(report["checks"].values())
+    assert {"unique_inverse", "hash_map", "gather_rows", "scatter_add_rows"} <= set(
+        report["checks"]
+    )
+    if torch.cuda.is_available():
+        assert not report["dry_mode"] and report["bandwidth"]["copy_GBps"] > 0
+    else:
+        assert (
+            report["dry_mode"] and "no GPU found" in result.stdout and "DRY MODE" in result.stdout
+        )
