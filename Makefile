@@ -16,6 +16,8 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python benchmarks/bench_ps.py
+	$(VENV)/bin/python benchmarks/bench_kernels.py
+	$(VENV)/bin/python benchmarks/bench_trainer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -7,7 +7,7 @@ shards and trainers overlap them with network work), median of several repeats:
   scatter_add  scatter_add_rows             vs Tensor.index_add_
   hash find    IdIndex.find (native)        vs the same map probed by the torch reference
   optimizer    fused_row_update (Adagrad)   vs gather + apply_rows + scatter
-  pack         pack_rows (bf16)             vs Tensor.to(bfloat16)
+  pack         pack_rows (fp16, bf16)       vs Tensor.to(float16 / bfloat16)
 plus gather and scatter-add bandwidth against a same-size memcpy (Tensor.copy_).
 
 Usage: python benchmarks/bench_kernels.py [--ids 1000000] [--dim 64] [--table-rows 4000000]
@@ -33,13 +33,20 @@ from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
     """Median wall time of ``run`` after one warm-up call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    return paired_medians([run], repeats)[0]
+
+
+def paired_medians(runs: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median wall time of each of ``runs``, timed in alternation so drift hits all alike."""
+    for run in runs:
         run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, samples in zip(runs, times):
+            start = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
 
 
 def _with_reference(op: Callable[..., object], *args: object) -> object:
@@ -52,7 +59,7 @@ def main() -> int:
     parser.add_argument("--ids", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--table-rows", type=int, default=4_000_000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
     if not loader.native_ops_available():
         print("native ops unavailable: nothing to compare (see `ember doctor`)")
@@ -60,9 +67,9 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     n, dim, repeats = args.ids, args.dim, args.repeats
-    # Zipf-like ids over the table, as a training batch: many repeats of hot ids.
-    ids = (torch.distributions.Pareto(1.0, 1.1).sample((n,)) - 1).long() % args.table_rows
-    ids = ids[torch.randperm(n)]
+    # Uniform ids over a table larger than the caches: every gather row is a cache
+    # miss (the hard case for bandwidth), and ~12% of the ids repeat.
+    ids = torch.randint(0, args.table_rows, (n,))
     table = torch.randn(args.table_rows, dim)
     grads = torch.randn(n, dim)
     unique, inverse, _ = unique_inverse(ids)
@@ -73,7 +80,8 @@ def main() -> int:
     results: list[tuple[str, float, float]] = []  # (name, native s, reference s)
 
     def compare(name: str, native: Callable[[], object], reference: Callable[[], object]) -> None:
-        results.append((name, median_seconds(native, repeats), median_seconds(reference, repeats)))
+        native_s, reference_s = paired_medians([native, reference], repeats)
+        results.append((name, native_s, reference_s))
 
     compare(
         "dedup",
@@ -108,12 +116,17 @@ def main() -> int:
         lambda: fused_row_update(spec, table, state, versions, slots, row_grads),
         gathered_update,
     )
-    compare("pack bf16", lambda: pack_rows(grads, torch.bfloat16), lambda: grads.to(torch.bfloat16))
+    for dtype in (torch.float16, torch.bfloat16):
+        compare(
+            f"pack {str(dtype)[6:]}",
+            lambda dtype=dtype: pack_rows(grads, dtype),
+            lambda dtype=dtype: grads.to(dtype),
+        )
     copy_target = torch.empty(n, dim)
     memcpy = median_seconds(lambda: copy_target.copy_(grads), repeats)
 
     print(
-        f"kernels: {n:,} ids (Zipf, {len(unique):,} distinct), dim {dim}, table {args.table_rows:,} rows,"
+        f"kernels: {n:,} uniform ids ({len(unique):,} distinct), dim {dim}, table {args.table_rows:,} rows,"
     )
     print(f"one thread, median of {repeats}; torch {torch.__version__}")
     print(f"{'op':<12} {'native ms':>10} {'torch ms':>10} {'speed-up':>9}")

@@ -71,10 +71,16 @@ inline __attribute__((always_inline)) void step_row(int64_t kind, const Hyper& h
 }
 
 template <bool kFused>
-void step_rows(int64_t kind, const Hyper& h, float* w, float* s, int64_t* version, const float* grad,
+inline __attribute__((always_inline)) void step_rows(int64_t kind, const Hyper& h, float* w, float* s, int64_t* version, const float* grad,
                const int64_t* slot, int64_t n, int64_t dim, int64_t width) {
   std::vector<float> scratch(dim);
+  constexpr int64_t kAhead = 8;  // slots are random rows: fetch a few ahead
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const int64_t ahead = slot[i + kAhead];
+      for (int64_t j = 0; j < dim; j += 16) __builtin_prefetch(w + ahead * dim + j, 1);
+      for (int64_t j = 0; j < width; j += 16) __builtin_prefetch(s + ahead * width + j, 1);
+    }
     const int64_t r = slot[i];
     const int64_t t = ++version[r];
     step_row<kFused>(kind, h, w + r * dim, s + r * width, grad + i * dim, dim, t, scratch.data());

@@ -16,7 +16,14 @@
 namespace ember {
 namespace {
 
-constexpr int64_t kAhead = 8;
+constexpr int64_t kAhead = 16;  // rows in flight: enough to cover DRAM latency on one core
+constexpr int64_t kLine = 64;
+
+// Every cache line of a row: rows are random, so the hardware prefetcher cannot guess them.
+template <int kWrite>
+inline void prefetch_row(const char* row, int64_t bytes) {
+  for (int64_t offset = 0; offset < bytes; offset += kLine) __builtin_prefetch(row + offset, kWrite);
+}
 
 // A "rows" tensor: contiguous CPU, >= 1 dimension; a row is one slice along dim 0.
 void check_row_tensor(const at::Tensor& rows, const char* what) {
@@ -51,7 +58,7 @@ void gather_rows(const at::Tensor& src, const at::Tensor& index, at::Tensor out)
   const int64_t* idx = index.data_ptr<int64_t>();
   const int64_t n = index.size(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(from + idx[i + kAhead] * bytes);
+    if (i + kAhead < n) prefetch_row<0>(from + idx[i + kAhead] * bytes, bytes);
     std::memcpy(to + i * bytes, from + idx[i] * bytes, bytes);
   }
 }
@@ -65,7 +72,7 @@ void scatter_rows(at::Tensor dst, const at::Tensor& index, const at::Tensor& src
   const int64_t* idx = index.data_ptr<int64_t>();
   const int64_t n = index.size(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(to + idx[i + kAhead] * bytes, 1);
+    if (i + kAhead < n) prefetch_row<1>(to + idx[i + kAhead] * bytes, bytes);
     std::memcpy(to + idx[i] * bytes, from + i * bytes, bytes);
   }
 }
@@ -73,7 +80,7 @@ void scatter_rows(at::Tensor dst, const at::Tensor& index, const at::Tensor& src
 template <typename T>
 void add_rows(T* dst, const int64_t* idx, const T* src, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) __builtin_prefetch(dst + idx[i + kAhead] * width, 1);
+    if (i + kAhead < n) prefetch_row<1>(reinterpret_cast<const char*>(dst + idx[i + kAhead] * width), width * sizeof(T));
     T* __restrict__ to = dst + idx[i] * width;
     const T* __restrict__ from = src + i * width;
     for (int64_t j = 0; j < width; ++j) to[j] += from[j];

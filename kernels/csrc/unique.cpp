@@ -31,7 +31,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse(const at::Tensor& 
   uint64_t capacity = 16;
   while (capacity < 2 * static_cast<uint64_t>(n)) capacity <<= 1;
   const uint64_t mask = capacity - 1;
-  std::vector<Bucket> table(capacity, Bucket{0, -1});
+  // Scratch kept per thread: a fresh multi-MiB table per call would pay a page
+  // fault per 4 KiB before the first probe.
+  thread_local std::vector<Bucket> scratch;
+  if (scratch.size() < capacity) scratch.resize(capacity);
+  Bucket* table = scratch.data();
+  std::fill(table, table + capacity, Bucket{0, -1});
   const int64_t* id = ids.data_ptr<int64_t>();
   int64_t* out_unique = unique.data_ptr<int64_t>();
   int64_t* out_inverse = inverse.data_ptr<int64_t>();
