@@ -76,6 +76,13 @@ class InMemoryStore:
         )
         return found, rows
 
+    def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""
+        slots = self._index.find(id_tensor(ids))
+        found = slots >= 0
+        versions = _take(self._versions, slots.clamp(min=0)) if self._rows else torch.zeros_like(slots)
+        return found.numpy(), versions.masked_fill_(~found, 0)
+
     def absent(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask over ``ids``: true where the store holds no row."""
         return (self._index.find(id_tensor(ids)) < 0).numpy()

@@ -65,12 +65,15 @@ class Table:
             of the stale rows, their current values and versions.
         """
         with self._lock:
-            weights, versions = self._read(ids)
+            found, versions = self.store.fetch_versions(ids)
+            if not found.all():  # absent rows are created, at version 0
+                self._create(np.unique(ids[~found]))
+            # Only stale rows are read: a fresh row costs its version, not its weights.
             stale = np.flatnonzero(versions.numpy() - held_versions > bound)
+            weights, stale_versions = self._read(ids[stale])
             self.counters.pull_requests += 1
             self.counters.rows_pulled += len(stale)
-        index = torch.from_numpy(stale)
-        return stale, weights.index_select(0, index), versions.index_select(0, index)
+        return stale, weights, stale_versions
 
     def assign(
         self, ids: np.ndarray, weights: torch.Tensor, state: torch.Tensor | None, request_id: str
