@@ -80,7 +80,9 @@ class InMemoryStore:
         """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""
         slots = self._index.find(id_tensor(ids))
         found = slots >= 0
-        versions = _take(self._versions, slots.clamp(min=0)) if self._rows else torch.zeros_like(slots)
+        versions = (
+            _take(self._versions, slots.clamp(min=0)) if self._rows else torch.zeros_like(slots)
+        )
         return found.numpy(), versions.masked_fill_(~found, 0)
 
     def absent(self, ids: np.ndarray) -> np.ndarray:

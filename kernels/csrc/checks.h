@@ -1,6 +1,6 @@
-// Argument checks shared by the CPU and CUDA ops: every op validates its
-// inputs and raises a clear c10::Error (a RuntimeError in Python) instead of
-// reading or writing out of bounds.
+// Shared by the CPU and CUDA ops: argument checks (every op validates its inputs
+// and raises a clear c10::Error, a RuntimeError in Python, instead of reading or
+// writing out of bounds), the hash-map layout constants and the optimizer codes.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -65,5 +65,56 @@ constexpr int64_t kTombstone = -2;
 
 // Optimizer codes shared with kernels/optim.py.
 enum OptimizerCode : int64_t { kSgd = 1, kAdagrad = 2, kRowwiseAdagrad = 3, kAdam = 4 };
+
+// Hyper-parameters of a fused row update as the kernels use them (float32 math,
+// Adam's bias corrections from double powers, as the torch reference).
+struct OptimizerHyper {
+  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay;
+  double beta1_d, beta2_d;
+};
+
+inline OptimizerHyper make_hyper(double lr, double eps, double beta1, double beta2, double weight_decay) {
+  return OptimizerHyper{static_cast<float>(lr),          static_cast<float>(eps),
+                        static_cast<float>(beta1),       static_cast<float>(beta2),
+                        static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2),
+                        static_cast<float>(weight_decay), beta1, beta2};
+}
+
+inline int64_t optimizer_state_width(int64_t kind, int64_t dim) {
+  switch (kind) {
+    case kSgd: return 0;
+    case kAdagrad: return dim;
+    case kRowwiseAdagrad: return 1;
+    case kAdam: return 2 * dim;
+  }
+  TORCH_CHECK(false, "unknown optimizer kind ", kind, " (1 sgd, 2 adagrad, 3 rowwise_adagrad, 4 adam)");
+}
+
+// The arguments of fused_row_update, all on one device of ``type``; returns the state width.
+inline int64_t check_fused_update(const at::Tensor& weights, const at::Tensor& state, const at::Tensor& versions,
+                                  const at::Tensor& slots, const at::Tensor& grads, int64_t kind,
+                                  at::DeviceType type) {
+  check_rows(weights, "weights");
+  check_rows(state, "state");
+  check_rows(grads, "grads");
+  check_ids(versions, "versions");
+  check_ids(slots, "slots");
+  check_device(weights, type, "weights");
+  const at::Tensor* all[] = {&state, &grads, &versions, &slots};
+  for (const at::Tensor* t : all) {
+    TORCH_CHECK(t->device() == weights.device(), "every tensor must be on ", weights.device());
+  }
+  TORCH_CHECK(weights.scalar_type() == at::kFloat && state.scalar_type() == at::kFloat &&
+                  grads.scalar_type() == at::kFloat,
+              "weights, state and grads must be float32");
+  const int64_t dim = weights.size(1);
+  const int64_t width = optimizer_state_width(kind, dim);
+  TORCH_CHECK(state.size(0) == weights.size(0) && state.size(1) == width, "state must have shape [",
+              weights.size(0), ", ", width, "] for this optimizer, got ", state.sizes());
+  TORCH_CHECK(versions.size(0) == weights.size(0), "versions must have one entry per row");
+  TORCH_CHECK(grads.size(0) == slots.size(0) && grads.size(1) == dim, "grads must have shape [", slots.size(0),
+              ", ", dim, "], got ", grads.sizes());
+  return width;
+}
 
 }  // namespace ember

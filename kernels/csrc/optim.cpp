@@ -18,11 +18,6 @@
 namespace ember {
 namespace {
 
-struct Hyper {
-  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay;
-  double beta1_d, beta2_d;
-};
-
 // a * b + c, fused (one rounding) where torch's kernels fuse it.
 template <bool kFused>
 inline __attribute__((always_inline)) float mul_add(float a, float b, float c) {
@@ -34,7 +29,7 @@ inline __attribute__((always_inline)) float mul_add(float a, float b, float c) {
 }
 
 template <bool kFused>
-inline __attribute__((always_inline)) void step_row(int64_t kind, const Hyper& h, float* w, float* s,
+inline __attribute__((always_inline)) void step_row(int64_t kind, const OptimizerHyper& h, float* w, float* s,
                                                      const float* grad, int64_t dim, int64_t t, float* g) {
   for (int64_t j = 0; j < dim; ++j) g[j] = h.weight_decay != 0.0f ? grad[j] + h.weight_decay * w[j] : grad[j];
   switch (kind) {
@@ -71,8 +66,9 @@ inline __attribute__((always_inline)) void step_row(int64_t kind, const Hyper& h
 }
 
 template <bool kFused>
-inline __attribute__((always_inline)) void step_rows(int64_t kind, const Hyper& h, float* w, float* s, int64_t* version, const float* grad,
-               const int64_t* slot, int64_t n, int64_t dim, int64_t width) {
+inline __attribute__((always_inline)) void step_rows(int64_t kind, const OptimizerHyper& h, float* w, float* s,
+                                                      int64_t* version, const float* grad, const int64_t* slot,
+                                                      int64_t n, int64_t dim, int64_t width) {
   std::vector<float> scratch(dim);
   constexpr int64_t kAhead = 8;  // slots are random rows: fetch a few ahead
   for (int64_t i = 0; i < n; ++i) {
@@ -87,47 +83,19 @@ inline __attribute__((always_inline)) void step_rows(int64_t kind, const Hyper& 
   }
 }
 
-__attribute__((target("fma"))) void step_rows_fused(int64_t kind, const Hyper& h, float* w, float* s,
+__attribute__((target("fma"))) void step_rows_fused(int64_t kind, const OptimizerHyper& h, float* w, float* s,
                                                      int64_t* version, const float* grad, const int64_t* slot,
                                                      int64_t n, int64_t dim, int64_t width) {
   step_rows<true>(kind, h, w, s, version, grad, slot, n, dim, width);
 }
 
-int64_t state_width(int64_t kind, int64_t dim) {
-  switch (kind) {
-    case kSgd: return 0;
-    case kAdagrad: return dim;
-    case kRowwiseAdagrad: return 1;
-    case kAdam: return 2 * dim;
-  }
-  TORCH_CHECK(false, "unknown optimizer kind ", kind, " (1 sgd, 2 adagrad, 3 rowwise_adagrad, 4 adam)");
-}
-
 void fused_row_update(at::Tensor weights, at::Tensor state, at::Tensor versions, const at::Tensor& slots,
                       const at::Tensor& grads, int64_t kind, double lr, double eps, double beta1, double beta2,
                       double weight_decay) {
-  check_rows(weights, "weights");
-  check_rows(state, "state");
-  check_rows(grads, "grads");
-  check_ids(versions, "versions");
-  check_ids(slots, "slots");
-  const at::Tensor* all[] = {&weights, &state, &grads, &versions, &slots};
-  for (const at::Tensor* t : all) check_device(*t, at::kCPU, "every tensor");
-  TORCH_CHECK(weights.scalar_type() == at::kFloat && state.scalar_type() == at::kFloat &&
-                  grads.scalar_type() == at::kFloat,
-              "weights, state and grads must be float32");
+  const int64_t width = check_fused_update(weights, state, versions, slots, grads, kind, at::kCPU);
   const int64_t dim = weights.size(1);
-  const int64_t width = state_width(kind, dim);
-  TORCH_CHECK(state.size(0) == weights.size(0) && state.size(1) == width, "state must have shape [",
-              weights.size(0), ", ", width, "] for this optimizer, got ", state.sizes());
-  TORCH_CHECK(versions.size(0) == weights.size(0), "versions must have one entry per row");
-  TORCH_CHECK(grads.size(0) == slots.size(0) && grads.size(1) == dim, "grads must have shape [", slots.size(0),
-              ", ", dim, "], got ", grads.sizes());
   check_index_range(slots, weights.size(0), "slots");
-  const Hyper h{static_cast<float>(lr),         static_cast<float>(eps),
-                static_cast<float>(beta1),      static_cast<float>(beta2),
-                static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2),
-                static_cast<float>(weight_decay), beta1, beta2};
+  const OptimizerHyper h = make_hyper(lr, eps, beta1, beta2, weight_decay);
   float* w = weights.data_ptr<float>();
   float* s = state.data_ptr<float>();
   int64_t* version = versions.data_ptr<int64_t>();

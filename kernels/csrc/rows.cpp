@@ -80,7 +80,9 @@ void scatter_rows(at::Tensor dst, const at::Tensor& index, const at::Tensor& src
 template <typename T>
 void add_rows(T* dst, const int64_t* idx, const T* src, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_row<1>(reinterpret_cast<const char*>(dst + idx[i + kAhead] * width), width * sizeof(T));
+    if (i + kAhead < n) {
+      prefetch_row<1>(reinterpret_cast<const char*>(dst + idx[i + kAhead] * width), width * sizeof(T));
+    }
     T* __restrict__ to = dst + idx[i] * width;
     const T* __restrict__ from = src + i * width;
     for (int64_t j = 0; j < width; ++j) to[j] += from[j];

@@ -8,14 +8,9 @@
 namespace ember {
 namespace {
 
-struct HyperCuda {
-  float lr, eps, beta1, beta2, one_minus_beta1, one_minus_beta2, weight_decay;
-  double beta1_d, beta2_d;
-};
-
 __global__ void fused_update_kernel(float* weights, float* state, int64_t* versions, const int64_t* slots,
                                     const float* grads, int64_t n, int64_t dim, int64_t width, int64_t kind,
-                                    HyperCuda h) {
+                                    OptimizerHyper h) {
   __shared__ float reduce[kThreads];
   __shared__ int64_t step;
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -66,35 +61,12 @@ __global__ void fused_update_kernel(float* weights, float* state, int64_t* versi
 void fused_row_update_cuda(at::Tensor weights, at::Tensor state, at::Tensor versions, const at::Tensor& slots,
                            const at::Tensor& grads, int64_t kind, double lr, double eps, double beta1, double beta2,
                            double weight_decay) {
-  check_rows(weights, "weights");
-  check_rows(state, "state");
-  check_rows(grads, "grads");
-  check_ids(versions, "versions");
-  check_ids(slots, "slots");
-  const at::Tensor* all[] = {&weights, &state, &grads, &versions, &slots};
-  for (const at::Tensor* t : all) {
-    TORCH_CHECK(t->device() == weights.device(), "every tensor must be on ", weights.device());
-  }
-  check_cuda(weights, "weights");
-  TORCH_CHECK(weights.scalar_type() == at::kFloat && state.scalar_type() == at::kFloat &&
-                  grads.scalar_type() == at::kFloat,
-              "weights, state and grads must be float32");
-  TORCH_CHECK(kind >= kSgd && kind <= kAdam, "unknown optimizer kind ", kind);
+  const int64_t width = check_fused_update(weights, state, versions, slots, grads, kind, at::kCUDA);
   const int64_t dim = weights.size(1);
-  const int64_t width = state.size(1);
-  const int64_t expected = kind == kSgd ? 0 : kind == kAdagrad ? dim : kind == kRowwiseAdagrad ? 1 : 2 * dim;
-  TORCH_CHECK(state.size(0) == weights.size(0) && width == expected, "state must have shape [", weights.size(0),
-              ", ", expected, "], got ", state.sizes());
-  TORCH_CHECK(versions.size(0) == weights.size(0), "versions must have one entry per row");
-  TORCH_CHECK(grads.size(0) == slots.size(0) && grads.size(1) == dim, "grads must have shape [", slots.size(0),
-              ", ", dim, "]");
   check_index_range_cuda(slots, weights.size(0), "slots");
   if (slots.size(0) == 0) return;
   const c10::cuda::CUDAGuard guard(weights.device());
-  const HyperCuda h{static_cast<float>(lr),         static_cast<float>(eps),
-                    static_cast<float>(beta1),      static_cast<float>(beta2),
-                    static_cast<float>(1.0 - beta1), static_cast<float>(1.0 - beta2),
-                    static_cast<float>(weight_decay), beta1, beta2};
+  const OptimizerHyper h = make_hyper(lr, eps, beta1, beta2, weight_decay);
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, dim)));
   const int rounded = 1 << (32 - __builtin_clz(static_cast<unsigned>(threads - 1)));  // power of two for the reduction
   fused_update_kernel<<<static_cast<int>(std::min<int64_t>(slots.size(0), 65535)), rounded, 0,
