@@ -11,8 +11,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "store_memory.py"
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_resident_memory_within_one_and_a_half_times_raw(optimizer):
-    # 2M rows: the buffers of one 1M-id request, which the shard's tuned allocator keeps
-    # for reuse (~70 MB), would be a third of a 1M-row table and blur its per-row cost.
+    # 2M rows: the buffers of the largest requests, which the shard's tuned allocator
+    # keeps for reuse, would blur a smaller table's per-row cost.
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--rows", "2000000", "--dim", "64", "--optimizer", optimizer],
         capture_output=True,
