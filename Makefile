@@ -9,9 +9,13 @@ setup:
 	@bash scripts/setup-venv.sh
 
 demo: setup
+	$(VENV)/bin/ember doctor
 	$(VENV)/bin/ember demo
 
 test: setup
+	@bash scripts/setup-redis.sh
+	@# Build the native ops once, before any test or shard needs them.
+	$(VENV)/bin/ember doctor
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: setup

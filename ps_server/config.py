@@ -25,6 +25,7 @@ class ShardConfig:
             is memory-bound and requests already run on ``workers`` threads;
             more intra-op threads mostly spin, stealing cores from the
             handlers (and, on one machine, from trainers).
+        store: where table rows live: ``memory`` or a ``redis://`` / ``rediss://`` URL.
     """
 
     shard: int = 0
@@ -35,6 +36,7 @@ class ShardConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     dedup_window: int = 65536
     torch_threads: int = 1
+    store: str = "memory"
 
     @classmethod
     def from_env(cls) -> ShardConfig:
@@ -57,6 +59,10 @@ class ShardConfig:
             raise ValueError(f"dedup_window must be >= 1, got {self.dedup_window}")
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
+        if self.store != "memory" and not self.store.startswith(("redis://", "rediss://")):
+            raise ValueError(
+                f"store must be 'memory' or a redis:// or rediss:// URL, got {self.store.split('@')[-1]!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,12 +37,22 @@ class MessageTooLargeError(EmberError):
     """A request or its reply exceeds the message limit."""
 
 
+class StoreUnavailableError(EmberError):
+    """The store behind a table (e.g. Redis) cannot be reached; nothing was applied."""
+
+
+class StoreCorruptError(EmberError):
+    """The store holds a value Ember cannot read (another format or table layout)."""
+
+
 _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     TableNotFoundError: grpc.StatusCode.NOT_FOUND,
     TableExistsError: grpc.StatusCode.ALREADY_EXISTS,
     NotOwnedError: grpc.StatusCode.FAILED_PRECONDITION,
     MessageTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    StoreCorruptError: grpc.StatusCode.DATA_LOSS,
 }
 
 

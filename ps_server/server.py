@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import torch
+from ember.kernels.optim import state_width
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -21,6 +22,7 @@ from ember.ps_server.errors import (
     TableNotFoundError,
 )
 from ember.ps_server.routing import shard_of
+from ember.ps_server.stores import open_store
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows, decode_versions
@@ -67,6 +69,7 @@ class ParameterServer:
         num_shards: number of shards in the cluster.
         max_message_bytes: largest reply this shard will send.
         dedup_window: recent push request ids remembered per table.
+        store: where rows live, ``memory`` or a Redis URL (see :func:`open_store`).
 
     Example:
         >>> server = ParameterServer(shard=0, num_shards=1)
@@ -80,6 +83,7 @@ class ParameterServer:
         num_shards: int,
         max_message_bytes: int = 64 << 20,
         dedup_window: int = 65536,
+        store: str = "memory",
     ) -> None:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
@@ -87,6 +91,7 @@ class ParameterServer:
         self.num_shards = num_shards
         self.max_message_bytes = max_message_bytes
         self._dedup_window = dedup_window
+        self._store_url = store
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
 
@@ -101,7 +106,14 @@ class ParameterServer:
         with self._tables_lock:
             existing = self._tables.get(spec.name)
             if existing is None:
-                self._tables[spec.name] = Table(spec, self._dedup_window)
+                store = open_store(
+                    self._store_url,
+                    spec.name,
+                    self.shard,
+                    spec.dim,
+                    state_width(spec.optimizer.kind, spec.dim),
+                )
+                self._tables[spec.name] = Table(spec, store, self._dedup_window)
                 return True
         if existing.spec != spec:
             raise TableExistsError(

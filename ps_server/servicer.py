@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import torch
+from ember.kernels.loader import native_ops_available
 from ember.ps_server.config import ShardConfig, message_size_options
 from ember.ps_server.errors import EmberError, status_code_for
 from ember.ps_server.malloc_tuning import retain_freed_buffers
@@ -216,8 +217,13 @@ class ShardServer:
         config.validate()
         torch.set_num_threads(config.torch_threads)
         retain_freed_buffers(config.max_message_bytes)
+        native_ops_available()  # build or load the native ops before the first request waits on it
         logic = ParameterServer(
-            config.shard, config.num_shards, config.max_message_bytes, config.dedup_window
+            config.shard,
+            config.num_shards,
+            config.max_message_bytes,
+            config.dedup_window,
+            config.store,
         )
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),

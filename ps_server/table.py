@@ -16,7 +16,7 @@ import torch
 from ember.kernels.optim import state_width
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
-from ember.ps_server.store import InMemoryStore, RowBatch
+from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
 from ember.ps_server.table_spec import TableSpec
 
 
@@ -36,12 +36,16 @@ class Table:
 
     Args:
         spec: validated table spec.
+        store: where the rows live (default: a new in-memory store).
         dedup_window: how many recent push request ids are remembered.
     """
 
-    def __init__(self, spec: TableSpec, dedup_window: int = 65536) -> None:
+    def __init__(
+        self, spec: TableSpec, store: RowStore | None = None, dedup_window: int = 65536
+    ) -> None:
         self.spec = spec
-        self.store = InMemoryStore(spec.dim, state_width(spec.optimizer.kind, spec.dim))
+        width = state_width(spec.optimizer.kind, spec.dim)
+        self.store = InMemoryStore(spec.dim, width) if store is None else store
         self.counters = TableCounters()
         self._lock = threading.Lock()
         self._applied: collections.OrderedDict[str, None] = collections.OrderedDict()

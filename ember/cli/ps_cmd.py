@@ -48,6 +48,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="intra-op threads of tensor ops (env EMBER_TORCH_THREADS)",
     )
     parser.add_argument(
+        "--store",
+        default=defaults.store,
+        help="where rows live: memory, or redis://[user:password@]host:port/db or rediss:// "
+        "(env EMBER_STORE)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -58,7 +64,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
+    from ember.ps_server.errors import StoreUnavailableError
     from ember.ps_server.servicer import serve_until_signalled
+    from ember.ps_server.stores import probe_store
 
     config = ShardConfig(
         shard=args.shard,
@@ -69,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         dedup_window=args.dedup_window,
         torch_threads=args.torch_threads,
+        store=args.store,
     )
     try:
         config.validate()
-    except ValueError as error:
+        probe_store(config.store)
+    except (ValueError, StoreUnavailableError) as error:
         raise SystemExit(f"ember ps: {error}") from None
     serve_until_signalled(config, args.ready_file)
     return 0

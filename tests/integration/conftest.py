@@ -9,6 +9,8 @@ import pytest
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 
+from tests.support.redis_server import RedisServer
+
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
@@ -27,3 +29,10 @@ def client(cluster: LocalCluster) -> Iterator[PSClient]:
 def table_name(request: pytest.FixtureRequest) -> str:
     """A table name unique to the test, so tests sharing a cluster never interfere."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:120]
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the session (tests use distinct table names)."""
+    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server

@@ -1,15 +1,11 @@
-"""Row storage: each row with its optimizer state and version counter.
+"""InMemoryStore: a table's rows on one shard, in process memory.
 
-``InMemoryStore`` keeps three growable tensors (weights, state, versions)
-indexed by slot and an :class:`IdIndex` from id to slot, so a table costs close
-to the raw bytes of its rows and optimizer state. Every backend speaks the same
-verbs (``fetch``, ``insert``, ``update``, ``size``) on batches of rows; the
-in-memory store updates rows in place with the fused optimizer op.
+Three growable tensors (weights, state, versions) indexed by slot and an
+:class:`IdIndex` from id to slot, so a table costs close to the raw bytes of
+its rows and optimizer state; optimizer steps run in place with the fused op.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import torch
@@ -17,19 +13,11 @@ from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
 from ember.ps_server.id_arrays import id_tensor
-
-
-@dataclasses.dataclass
-class RowBatch:
-    """A batch of rows as stored: weights [n, dim], state [n, width], versions [n]."""
-
-    weights: torch.Tensor
-    state: torch.Tensor
-    versions: torch.Tensor
+from ember.ps_server.stores.base import RowBatch, empty_batch
 
 
 class InMemoryStore:
-    """Rows of one table on one shard, in process memory.
+    """Rows of one table on one shard, in process memory (the ``memory`` store).
 
     Args:
         dim: floats per row.
@@ -67,7 +55,7 @@ class InMemoryStore:
         slots = self._index.find(id_tensor(ids))
         found = (slots >= 0).numpy()
         if not self._rows:
-            return found, _empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
+            return found, empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
         index = slots.clamp(min=0)  # absent ids read slot 0
         rows = RowBatch(
             weights=_take(self._weights, index),
@@ -137,11 +125,3 @@ def _resized(tensor: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
     grown = torch.empty((capacity, *tensor.shape[1:]), dtype=tensor.dtype)
     grown[:used] = tensor[:used]
     return grown
-
-
-def _empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
-    return RowBatch(
-        weights=torch.zeros(rows, dim, dtype=torch.float32),
-        state=torch.zeros(rows, state_width, dtype=torch.float32),
-        versions=torch.zeros(rows, dtype=torch.int64),
-    )

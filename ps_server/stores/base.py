@@ -1,0 +1,65 @@
+"""What every row store holds and speaks.
+
+A store keeps the rows of one table on one shard, each row with its optimizer
+state and version, and answers in batches: ``fetch``, ``fetch_versions``,
+``absent``, ``insert`` (upsert), ``update`` (one optimizer step), ``size``.
+Backends: ``memory`` (:class:`InMemoryStore`) and ``redis``
+(:class:`RedisStore`), chosen by URL in :func:`ember.ps_server.stores.open_store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+import torch
+from ember.kernels.optim import RowOptimizer
+
+
+@dataclasses.dataclass
+class RowBatch:
+    """A batch of rows as stored: weights [n, dim], state [n, width], versions [n]."""
+
+    weights: torch.Tensor
+    state: torch.Tensor
+    versions: torch.Tensor
+
+
+def empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
+    """``rows`` zero rows (what a fetch reports for ids it does not hold)."""
+    return RowBatch(
+        weights=torch.zeros(rows, dim, dtype=torch.float32),
+        state=torch.zeros(rows, state_width, dtype=torch.float32),
+        versions=torch.zeros(rows, dtype=torch.int64),
+    )
+
+
+class RowStore(Protocol):
+    """The verbs every backend implements (ids are int64 numpy arrays).
+
+    Each call is all-or-nothing: it raises before changing anything, or applies
+    the whole batch. A backend that loses its storage mid-call raises
+    :class:`ember.ps_server.errors.StoreUnavailableError`.
+    """
+
+    dim: int
+    state_width: int
+
+    def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
+        """``(found mask, rows)`` for ids (duplicates allowed); absent entries are zeros."""
+
+    def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """``(found mask, versions)``, 0 where absent."""
+
+    def absent(self, ids: np.ndarray) -> np.ndarray:
+        """A bool mask over ids: true where no row is held."""
+
+    def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
+        """Write the rows of distinct ids (upsert)."""
+
+    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
+        """One optimizer step on the held rows of distinct ids; versions go up by one."""
+
+    def size(self) -> int:
+        """Number of rows held."""

@@ -1,0 +1,174 @@
+"""RedisStore: a table's rows on one shard, in Redis (``redis://`` or ``rediss://``).
+
+One binary value per row (:mod:`row_codec`: header, weights, optimizer state,
+version) under the key ``ember:<table>:s<shard>:`` + the id's 8 little-endian
+bytes, so tables and shards never collide. Reads go out as pipelined MGETs of
+at most ``batch_keys`` keys; a write is one MULTI/EXEC transaction of MSETs,
+so Redis applies a batch entirely or not at all. A lost connection raises
+:class:`StoreUnavailableError` naming the URL (password redacted); the next
+call reconnects.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+import redis
+import torch
+from ember.kernels.optim import RowOptimizer, apply_rows
+from ember.ps_server.errors import StoreUnavailableError
+from ember.ps_server.stores.base import RowBatch, empty_batch
+from ember.ps_server.stores.row_codec import HEADER_BYTES, decode_rows, encode_rows
+
+T = TypeVar("T")
+
+DEFAULT_BATCH_KEYS = 10_000  # keys per MGET / MSET: far below Redis's limits, few round trips
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisStore:
+    """Rows of one table on one shard, in Redis (the ``redis`` store).
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` or ``rediss://`` (TLS).
+        table: table name (part of every key).
+        shard: shard index (part of every key).
+        dim: floats per row.
+        state_width: optimizer-state floats per row.
+        batch_keys: keys per MGET / MSET command.
+        timeout_s: socket connect and read timeout.
+
+    Raises:
+        StoreUnavailableError: Redis does not answer, or refuses the credentials.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        table: str,
+        shard: int,
+        dim: int,
+        state_width: int,
+        batch_keys: int = DEFAULT_BATCH_KEYS,
+        timeout_s: float = 10.0,
+    ) -> None:
+        if batch_keys < 1:
+            raise ValueError(f"batch_keys must be >= 1, got {batch_keys}")
+        self.dim, self.state_width = dim, state_width
+        self.url = redact(url)
+        self._prefix = f"ember:{table}:s{shard}:".encode()
+        self._batch = batch_keys
+        self._value_bytes = HEADER_BYTES + 4 * (dim + state_width)
+        try:
+            self._redis = redis.Redis.from_url(
+                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            )
+        except ValueError as error:
+            raise ValueError(f"bad redis URL {self.url}: {error}") from error
+        self._call(self._redis.ping)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the row values held (Redis's own overhead not counted)."""
+        return self.size() * self._value_bytes
+
+    def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
+        """``(found mask, rows)`` of ``ids`` (duplicates allowed); absent rows are zeros."""
+        values = self._get(ids)
+        found = np.array([v is not None for v in values], dtype=bool)
+        rows = empty_batch(len(ids), self.dim, self.state_width)
+        if found.any():
+            held = decode_rows(
+                [v for v in values if v is not None], self.dim, self.state_width, self.url
+            )
+            where = torch.from_numpy(np.flatnonzero(found))
+            rows.weights[where], rows.state[where], rows.versions[where] = (
+                held.weights, held.state, held.versions,
+            )  # fmt: skip
+        if not with_state:
+            rows.state = torch.empty(len(ids), 0)
+        return found, rows
+
+    def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
+        """``(found mask, versions)``, 0 where absent."""
+        found, rows = self.fetch(ids, with_state=False)
+        return found, rows.versions
+
+    def absent(self, ids: np.ndarray) -> np.ndarray:
+        """A bool mask over ``ids``: true where no row is held."""
+        return ~self.fetch_versions(ids)[0]
+
+    def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
+        """Write the rows of distinct ``ids`` (upsert) in one transaction."""
+        if len(ids) == 0:
+            return
+        values = encode_rows(
+            RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
+        )
+        keys = self._keys(ids)
+
+        def write() -> None:
+            with self._redis.pipeline(transaction=True) as pipe:
+                for start in range(0, len(keys), self._batch):
+                    chunk = range(start, min(len(keys), start + self._batch))
+                    pipe.mset({keys[i]: values[i] for i in chunk})
+                pipe.execute()
+
+        self._call(write)
+
+    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
+        """One optimizer step on the held rows of distinct ``ids``; KeyError if one is absent."""
+        found, rows = self.fetch(ids, with_state=True)
+        if not found.all():
+            raise KeyError(f"update of {int((~found).sum())} ids the store does not hold")
+        rows.versions += 1
+        apply_rows(optimizer, rows.weights, rows.state, grads, rows.versions)
+        self.insert(ids, rows)
+
+    def size(self) -> int:
+        """Rows held (a SCAN over this table's keys on this shard: O(rows), for stats)."""
+        pattern = self._prefix.replace(b"*", rb"\*") + b"*"
+        return self._call(
+            lambda: sum(1 for _ in self._redis.scan_iter(match=pattern, count=10_000))
+        )
+
+    def _keys(self, ids: np.ndarray) -> list[bytes]:
+        raw = np.ascontiguousarray(ids, dtype="<i8").tobytes()
+        prefix = self._prefix
+        return [prefix + raw[i : i + 8] for i in range(0, len(raw), 8)]
+
+    def _get(self, ids: np.ndarray) -> list[bytes | None]:
+        keys = self._keys(ids)
+        if not keys:
+            return []
+
+        def read() -> list[bytes | None]:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for start in range(0, len(keys), self._batch):
+                    pipe.mget(keys[start : start + self._batch])
+                return [value for chunk in pipe.execute() for value in chunk]
+
+        return self._call(read)
+
+    def _call(self, operation: Callable[[], T]) -> T:
+        try:
+            return operation()
+        except redis.AuthenticationError as error:
+            raise StoreUnavailableError(
+                f"redis at {self.url} refused the credentials: {error}"
+            ) from error
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailableError(f"redis at {self.url} is unreachable: {error}") from error

@@ -1,0 +1,73 @@
+"""The binary value of one row in an external store (Redis).
+
+Little-endian: a 4-byte magic that names the format version (``EMR1``), the
+row width and state width (uint32 each), the row's version (int64), then the
+weights and the optimizer state as float32. Weights, state and version travel
+in one value, so no tier can hold a row with slots from another moment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ember.ps_server.errors import StoreCorruptError
+from ember.ps_server.stores.base import RowBatch
+
+MAGIC = b"EMR1"
+HEADER_BYTES = 20
+
+
+def value_dtype(dim: int, state_width: int) -> np.dtype:
+    """The numpy record layout of one value."""
+    return np.dtype(
+        [
+            ("magic", "S4"),
+            ("dim", "<u4"),
+            ("state_width", "<u4"),
+            ("version", "<i8"),
+            ("weights", "<f4", (dim,)),
+            ("state", "<f4", (state_width,)),
+        ]
+    )
+
+
+def encode_rows(rows: RowBatch) -> list[bytes]:
+    """One value per row of ``rows``."""
+    dim, width = rows.weights.shape[1], rows.state.shape[1]
+    records = np.empty(len(rows.weights), dtype=value_dtype(dim, width))
+    records["magic"] = MAGIC
+    records["dim"] = dim
+    records["state_width"] = width
+    records["version"] = rows.versions.numpy()
+    records["weights"] = rows.weights.numpy()
+    records["state"] = rows.state.numpy()
+    size = records.dtype.itemsize
+    blob = records.tobytes()
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
+
+
+def decode_rows(values: list[bytes], dim: int, state_width: int, where: str) -> RowBatch:
+    """Rows from values written by :func:`encode_rows` for the same widths.
+
+    Raises:
+        StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
+    """
+    dtype = value_dtype(dim, state_width)
+    bad = next((i for i, value in enumerate(values) if len(value) != dtype.itemsize), None)
+    if bad is not None:
+        raise StoreCorruptError(
+            f"{where}: a row value has {len(values[bad])} bytes, expected {dtype.itemsize} "
+            f"(dim {dim}, state width {state_width}); the data was written for another table layout"
+        )
+    records = np.frombuffer(b"".join(values), dtype=dtype)
+    if len(records) and not (
+        (records["magic"] == MAGIC).all()
+        and (records["dim"] == dim).all()
+        and (records["state_width"] == state_width).all()
+    ):
+        raise StoreCorruptError(f"{where}: a row value has an unknown header (expected {MAGIC!r})")
+    return RowBatch(
+        weights=torch.from_numpy(records["weights"].copy()),
+        state=torch.from_numpy(records["state"].copy()),
+        versions=torch.from_numpy(records["version"].copy()),
+    )

@@ -1,0 +1,148 @@
+"""One contract for every row store: the memory store and the Redis store (a real redis-server)."""
+
+import numpy as np
+import pytest
+import torch
+from ember.kernels.optim import apply_rows, state_width
+from ember.ps_server.errors import StoreUnavailableError
+from ember.ps_server.stores import RowBatch, open_store
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+
+from tests.support.redis_server import RedisServer
+
+DIM = 8
+ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
+WIDTH = state_width(ADAM.kind, DIM)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request, table_name):
+    url = "memory" if request.param == "memory" else request.getfixturevalue("redis_server").url
+    return open_store(url, table_name, shard=0, dim=DIM, state_width=WIDTH)
+
+
+def random_rows(count: int, seed: int) -> RowBatch:
+    generator = torch.Generator().manual_seed(seed)
+    return RowBatch(
+        weights=torch.randn(count, DIM, generator=generator),
+        state=torch.rand(count, WIDTH, generator=generator),
+        versions=torch.randint(0, 100, (count,), generator=generator),
+    )
+
+
+def ids_of(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
+
+
+def test_absent_rows_are_reported_and_zero(store):
+    found, rows = store.fetch(ids_of([1, 2**63 - 1]))
+    assert not found.any()
+    assert not rows.weights.any() and not rows.state.any() and not rows.versions.any()
+    assert store.absent(ids_of([1, 5])).all() and store.size() == 0
+
+
+def test_inserted_rows_come_back_with_state_and_versions(store):
+    ids = ids_of([7, 0, 2**63 - 1, 123456789])
+    rows = random_rows(len(ids), seed=1)
+    store.insert(ids, rows)
+    probe = ids_of([2**63 - 1, 9, 7, 7])  # duplicates and an absent id
+    found, got = store.fetch(probe)
+    assert found.tolist() == [True, False, True, True]
+    for position, source in ((0, 2), (2, 0), (3, 0)):
+        assert torch.equal(got.weights[position], rows.weights[source])
+        assert torch.equal(got.state[position], rows.state[source])
+        assert got.versions[position] == rows.versions[source]
+    found, versions = store.fetch_versions(probe)
+    assert versions.tolist() == [
+        int(rows.versions[2]),
+        0,
+        int(rows.versions[0]),
+        int(rows.versions[0]),
+    ]
+    assert store.size() == 4
+    _, without_state = store.fetch(ids, with_state=False)
+    assert without_state.state.shape == (4, 0) and torch.equal(without_state.weights, rows.weights)
+
+
+def test_insert_overwrites(store):
+    ids = ids_of([3, 4])
+    store.insert(ids, random_rows(2, seed=1))
+    replacement = random_rows(2, seed=2)
+    store.insert(ids, replacement)
+    assert torch.equal(store.fetch(ids)[1].weights, replacement.weights) and store.size() == 2
+
+
+def test_update_is_one_optimizer_step_with_state_and_version(store):
+    ids = ids_of(range(0, 3000, 3))
+    rows = random_rows(len(ids), seed=3)
+    store.insert(ids, rows)
+    grads = torch.randn(len(ids), DIM)
+    expected_w, expected_s, steps = rows.weights.clone(), rows.state.clone(), rows.versions + 1
+    apply_rows(ADAM, expected_w, expected_s, grads, steps)
+    store.update(ids, grads, ADAM)
+    _, got = store.fetch(ids)
+    torch.testing.assert_close(got.weights, expected_w, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got.state, expected_s, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got.versions, steps)
+
+
+def test_update_of_an_absent_id_changes_nothing(store):
+    store.insert(ids_of([1]), random_rows(1, seed=4))
+    before = store.fetch(ids_of([1]))[1]
+    with pytest.raises(KeyError):
+        store.update(ids_of([1, 2]), torch.ones(2, DIM), ADAM)
+    after = store.fetch(ids_of([1]))[1]
+    assert torch.equal(after.weights, before.weights) and torch.equal(
+        after.versions, before.versions
+    )
+    assert store.absent(ids_of([2])).all()
+
+
+def test_batches_larger_than_one_command(store):
+    ids = np.random.default_rng(5).permutation(40_000).astype(np.int64) * 7
+    rows = random_rows(len(ids), seed=5)
+    store.insert(ids, rows)
+    found, got = store.fetch(ids[::-1].copy())
+    assert found.all() and torch.equal(got.weights, rows.weights.flip(0))
+    assert store.size() == len(ids)
+
+
+def test_empty_batches(store):
+    empty = ids_of([])
+    store.insert(empty, random_rows(0, seed=6))
+    found, rows = store.fetch(empty)
+    assert len(found) == 0 and rows.weights.shape == (0, DIM)
+
+
+def test_tables_and_shards_do_not_share_keys(redis_server, table_name):
+    first = open_store(redis_server.url, table_name, 0, DIM, WIDTH)
+    other_shard = open_store(redis_server.url, table_name, 1, DIM, WIDTH)
+    other_table = open_store(redis_server.url, table_name + "x", 0, DIM, WIDTH)
+    first.insert(ids_of([1]), random_rows(1, seed=7))
+    assert other_shard.absent(ids_of([1])).all() and other_table.absent(ids_of([1])).all()
+
+
+def test_wrong_password_is_refused_with_the_url_redacted(tmp_path):
+    with RedisServer(tmp_path, password="s3cret") as server:
+        url = f"redis://:wrong@127.0.0.1:{server.port}/0"
+        with pytest.raises(StoreUnavailableError, match="refused the credentials") as caught:
+            open_store(url, "t", 0, DIM, WIDTH)
+        assert "wrong" not in str(caught.value) and ":***@" in str(caught.value)
+        assert open_store(server.url, "t", 0, DIM, WIDTH).size() == 0  # the right one works
+
+
+def test_lost_redis_raises_unavailable_and_recovers(tmp_path, table_name):
+    server = RedisServer(tmp_path)
+    store = open_store(server.url, table_name, 0, DIM, WIDTH)
+    store.insert(ids_of([1]), random_rows(1, seed=8))
+    server.stop()
+    with pytest.raises(StoreUnavailableError, match=f"127.0.0.1:{server.port}.*unreachable"):
+        store.fetch(ids_of([1]))
+    with pytest.raises(StoreUnavailableError):
+        store.insert(ids_of([2]), random_rows(1, seed=9))
+
+
+def test_unknown_store_urls_are_refused():
+    with pytest.raises(ValueError, match=r"'memory', redis://\.\.\. or rediss://") as caught:
+        open_store("postgres://user:pw@host/db", "t", 0, DIM, WIDTH)
+    assert "pw" not in str(caught.value)
