@@ -29,6 +29,10 @@ class CachedRowSource:
         self.traffic = self.client.traffic
         self.caches = caches
         self._slots: dict[str, torch.Tensor] = {}
+        # Pending gradients of evicted rows, pushed with the step's own pushes (one fan-out,
+        # not a round trip per table and eviction); an evicted row is never in the batch
+        # that evicted it, so nothing reads it before that push.
+        self._write_back: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def warm(self) -> None:
         """Load the static hot sets into their caches."""
@@ -74,7 +78,7 @@ class CachedRowSource:
             out[table][where] = rows
             if cache is not None:
                 pinned = table_slots[table_slots >= 0]
-                table_slots[where] = self._admit(cache, query[1], rows, versions, pinned)
+                table_slots[where] = self._admit(table, cache, query[1], rows, versions, pinned)
         self._slots.update(slots)
         return out
 
@@ -94,11 +98,22 @@ class CachedRowSource:
                 push_ids.append(due_ids)
                 push_grads.append(due_grads)
             pushes[table] = (torch.cat(push_ids), torch.cat(push_grads))
-        self.client.push_many(pushes)
+        self.client.push_many(self._with_write_backs(pushes))
 
     def flush(self) -> None:
         """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
-        self.client.push_many({table: cache.drain() for table, cache in self.caches.items()})
+        drained = {table: cache.drain() for table, cache in self.caches.items()}
+        self.client.push_many(self._with_write_backs(drained))
+
+    def _with_write_backs(
+        self, pushes: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``pushes`` plus the evicted rows' pending gradients (then forgotten here)."""
+        for table, evicted in self._write_back.items():
+            parts = ([pushes[table]] if table in pushes else []) + evicted
+            pushes[table] = (torch.cat([i for i, _ in parts]), torch.cat([g for _, g in parts]))
+        self._write_back = {}
+        return pushes
 
     def hit_rate(self) -> float:
         """Hits over lookups, across all caches."""
@@ -108,6 +123,7 @@ class CachedRowSource:
 
     def _admit(
         self,
+        table: str,
         cache: HotEmbeddingCache,
         ids: torch.Tensor,
         rows: torch.Tensor,
@@ -121,7 +137,7 @@ class CachedRowSource:
         if shortfall > 0 and cache.policy != "static":
             evicted_ids, evicted_grads = cache.evict(cache.victims(shortfall, pinned))
             if len(evicted_ids):
-                self.client.push_many({_table_of(self.caches, cache): (evicted_ids, evicted_grads)})
+                self._write_back.setdefault(table, []).append((evicted_ids, evicted_grads))
         admitted = admissible[: cache.free_slots()]
         slots[admitted] = cache.insert(ids[admitted], rows[admitted], versions[admitted])
         return slots
@@ -129,7 +145,3 @@ class CachedRowSource:
 
 def _misses(ids: torch.Tensor) -> torch.Tensor:
     return torch.full((len(ids),), -1, dtype=torch.int64)
-
-
-def _table_of(caches: dict[str, HotEmbeddingCache], cache: HotEmbeddingCache) -> str:
-    return next(table for table, candidate in caches.items() if candidate is cache)
