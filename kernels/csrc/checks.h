@@ -48,11 +48,14 @@ inline void check_hash_map(const at::Tensor& keys, const at::Tensor& slots) {
   TORCH_CHECK(capacity > 0 && (capacity & (capacity - 1)) == 0, "capacity must be a power of two, got ", capacity);
 }
 
-// splitmix64 finaliser: the home bucket of an id is mix64(id ^ kIndexSalt) & (capacity - 1).
 #if defined(__CUDACC__)
-__host__ __device__
+#define EMBER_HOST_DEVICE __host__ __device__
+#else
+#define EMBER_HOST_DEVICE
 #endif
-inline uint64_t mix64(uint64_t z) {
+
+// splitmix64 finaliser: the home bucket of an id is mix64(id ^ kIndexSalt) & (capacity - 1).
+EMBER_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ULL;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
@@ -62,6 +65,23 @@ inline uint64_t mix64(uint64_t z) {
 constexpr uint64_t kIndexSalt = 0x5851F42D4C957F2DULL;
 constexpr int64_t kEmpty = -1;
 constexpr int64_t kTombstone = -2;
+
+EMBER_HOST_DEVICE inline uint64_t home_bucket(int64_t id, uint64_t mask) {
+  return mix64(static_cast<uint64_t>(id) ^ kIndexSalt) & mask;
+}
+
+// The bucket holding ``id`` in a map of mask + 1 buckets, or -1 when absent:
+// linear probing from the home bucket, over tombstones, up to an empty bucket.
+EMBER_HOST_DEVICE inline int64_t locate_bucket(const int64_t* keys, uint64_t mask, int64_t id) {
+  uint64_t pos = home_bucket(id, mask);
+  for (uint64_t probes = 0; probes <= mask; ++probes) {
+    const int64_t k = keys[pos];
+    if (k == id) return static_cast<int64_t>(pos);
+    if (k == kEmpty) return -1;
+    pos = (pos + 1) & mask;
+  }
+  return -1;
+}
 
 // Optimizer codes shared with kernels/optim.py.
 enum OptimizerCode : int64_t { kSgd = 1, kAdagrad = 2, kRowwiseAdagrad = 3, kAdam = 4 };

@@ -21,18 +21,8 @@ constexpr int64_t kAhead = 16;  // home buckets are random: prefetch a few ids a
 struct Probe {
   const int64_t* key;
   uint64_t mask;
-  uint64_t home(int64_t id) const { return mix64(static_cast<uint64_t>(id) ^ kIndexSalt) & mask; }
-  // Bucket of ``id``, or -1 when absent.
-  int64_t locate(int64_t id) const {
-    uint64_t pos = home(id);
-    for (uint64_t probes = 0; probes <= mask; ++probes) {
-      const int64_t k = key[pos];
-      if (k == id) return static_cast<int64_t>(pos);
-      if (k == kEmpty) return -1;
-      pos = (pos + 1) & mask;
-    }
-    return -1;
-  }
+  uint64_t home(int64_t id) const { return home_bucket(id, mask); }
+  int64_t locate(int64_t id) const { return locate_bucket(key, mask, id); }
 };
 
 void check_cpu_map(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids) {
@@ -106,7 +96,7 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
     TORCH_CHECK(false, why);
   };
   for (; i < n; ++i) {
-    uint64_t pos = mix64(static_cast<uint64_t>(id[i]) ^ kIndexSalt) & mask;
+    uint64_t pos = home_bucket(id[i], mask);
     uint64_t probes = 0;
     while (key[pos] != kEmpty) {
       if (key[pos] == id[i]) fail("id " + std::to_string(id[i]) + " is already in the map or twice in ids");

@@ -41,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse(const at::Tensor& 
   int64_t* out_unique = unique.data_ptr<int64_t>();
   int64_t* out_inverse = inverse.data_ptr<int64_t>();
   int64_t* out_counts = counts.data_ptr<int64_t>();
-  auto home = [&](int64_t i) { return mix64(static_cast<uint64_t>(id[i]) ^ kIndexSalt) & mask; };
+  auto home = [&](int64_t i) { return home_bucket(id[i], mask); };
   constexpr int64_t kAhead = 16;
   int64_t distinct = 0;
   for (int64_t i = 0; i < n; ++i) {

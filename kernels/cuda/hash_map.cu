@@ -9,21 +9,10 @@
 namespace ember {
 namespace {
 
-__device__ int64_t locate(const int64_t* keys, uint64_t mask, int64_t id) {
-  uint64_t pos = mix64(static_cast<uint64_t>(id) ^ kIndexSalt) & mask;
-  for (uint64_t probes = 0; probes <= mask; ++probes) {
-    const int64_t k = keys[pos];
-    if (k == id) return static_cast<int64_t>(pos);
-    if (k == kEmpty) return -1;
-    pos = (pos + 1) & mask;
-  }
-  return -1;
-}
-
 __global__ void find_kernel(const int64_t* keys, const int64_t* slots, uint64_t mask, const int64_t* ids,
                             int64_t n, int64_t* out, int64_t* keys_to_erase) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t pos = locate(keys, mask, ids[i]);
+    const int64_t pos = locate_bucket(keys, mask, ids[i]);
     out[i] = pos < 0 ? -1 : slots[pos];
     if (keys_to_erase != nullptr && pos >= 0) keys_to_erase[pos] = kTombstone;
   }
@@ -33,7 +22,7 @@ __global__ void insert_kernel(int64_t* keys, int64_t* slots, uint64_t mask, cons
                               const int64_t* values, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t id = ids[i];
-    uint64_t pos = mix64(static_cast<uint64_t>(id) ^ kIndexSalt) & mask;
+    uint64_t pos = home_bucket(id, mask);
     while (true) {  // the host checked that empty buckets outnumber the ids
       auto* bucket = reinterpret_cast<unsigned long long*>(keys + pos);
       const auto empty = static_cast<unsigned long long>(kEmpty);

@@ -3,8 +3,8 @@
 One binary value per row (:mod:`row_codec`: header, weights, optimizer state,
 version) under the key ``ember:<table>:s<shard>:`` + the id's 8 little-endian
 bytes, so tables and shards never collide. Reads go out as pipelined MGETs of
-at most ``batch_keys`` keys; a write is one MULTI/EXEC transaction of MSETs,
-so Redis applies a batch entirely or not at all. A lost connection raises
+at most ``batch_keys`` keys; a write is one MSET, or a MULTI/EXEC transaction
+of MSETs when it needs several, so Redis applies a batch entirely or not at all. A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
 call reconnects.
 """
@@ -25,7 +25,7 @@ from ember.ps_server.stores.row_codec import HEADER_BYTES, decode_rows, encode_r
 
 T = TypeVar("T")
 
-DEFAULT_BATCH_KEYS = 10_000  # keys per MGET / MSET: far below Redis's limits, few round trips
+DEFAULT_BATCH_KEYS = 65_536  # keys per MGET / MSET: well under 2^18, one command for most requests
 
 
 def redact(url: str) -> str:
@@ -88,16 +88,20 @@ class RedisStore:
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed); absent rows are zeros."""
         values = self._get(ids)
-        found = np.array([v is not None for v in values], dtype=bool)
-        rows = empty_batch(len(ids), self.dim, self.state_width)
-        if found.any():
-            held = decode_rows(
-                [v for v in values if v is not None], self.dim, self.state_width, self.url
-            )
-            where = torch.from_numpy(np.flatnonzero(found))
-            rows.weights[where], rows.state[where], rows.versions[where] = (
-                held.weights, held.state, held.versions,
-            )  # fmt: skip
+        if None not in values:  # the common case: decode straight into the batch
+            found = np.ones(len(values), dtype=bool)
+            rows = decode_rows(values, self.dim, self.state_width, self.url)
+        else:
+            found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+            rows = empty_batch(len(ids), self.dim, self.state_width)
+            if found.any():
+                held = decode_rows(
+                    [v for v in values if v is not None], self.dim, self.state_width, self.url
+                )
+                where = torch.from_numpy(np.flatnonzero(found))
+                rows.weights[where], rows.state[where], rows.versions[where] = (
+                    held.weights, held.state, held.versions,
+                )  # fmt: skip
         if not with_state:
             rows.state = torch.empty(len(ids), 0)
         return found, rows
@@ -121,7 +125,8 @@ class RedisStore:
         keys = self._keys(ids)
 
         def write() -> None:
-            with self._redis.pipeline(transaction=True) as pipe:
+            # One MSET is atomic by itself; several need MULTI/EXEC to stay all-or-nothing.
+            with self._redis.pipeline(transaction=len(keys) > self._batch) as pipe:
                 for start in range(0, len(keys), self._batch):
                     chunk = range(start, min(len(keys), start + self._batch))
                     pipe.mset({keys[i]: values[i] for i in chunk})
@@ -146,9 +151,12 @@ class RedisStore:
         )
 
     def _keys(self, ids: np.ndarray) -> list[bytes]:
-        raw = np.ascontiguousarray(ids, dtype="<i8").tobytes()
-        prefix = self._prefix
-        return [prefix + raw[i : i + 8] for i in range(0, len(raw), 8)]
+        size = len(self._prefix) + 8
+        records = np.empty(len(ids), dtype=[("prefix", f"S{len(self._prefix)}"), ("id", "<i8")])
+        records["prefix"] = self._prefix
+        records["id"] = ids
+        blob = records.tobytes()
+        return [blob[i : i + size] for i in range(0, len(blob), size)]
 
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
         keys = self._keys(ids)

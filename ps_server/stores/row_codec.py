@@ -53,13 +53,14 @@ def decode_rows(values: list[bytes], dim: int, state_width: int, where: str) -> 
         StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
     """
     dtype = value_dtype(dim, state_width)
-    bad = next((i for i, value in enumerate(values) if len(value) != dtype.itemsize), None)
-    if bad is not None:
+    blob = b"".join(values)
+    if len(blob) != len(values) * dtype.itemsize:  # then find the culprit, for the message
+        bad = next(i for i, value in enumerate(values) if len(value) != dtype.itemsize)
         raise StoreCorruptError(
             f"{where}: a row value has {len(values[bad])} bytes, expected {dtype.itemsize} "
             f"(dim {dim}, state width {state_width}); the data was written for another table layout"
         )
-    records = np.frombuffer(b"".join(values), dtype=dtype)
+    records = np.frombuffer(blob, dtype=dtype)
     if len(records) and not (
         (records["magic"] == MAGIC).all()
         and (records["dim"] == dim).all()

@@ -9,7 +9,7 @@ import pytest
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, require_redis_server
 
 
 @pytest.fixture(scope="session")
@@ -34,5 +34,6 @@ def table_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One redis-server for the session (tests use distinct table names)."""
+    require_redis_server()
     with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server

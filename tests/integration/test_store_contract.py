@@ -8,7 +8,7 @@ from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores import RowBatch, open_store
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
 
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, require_redis_server
 
 DIM = 8
 ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
@@ -123,6 +123,7 @@ def test_tables_and_shards_do_not_share_keys(redis_server, table_name):
 
 
 def test_wrong_password_is_refused_with_the_url_redacted(tmp_path):
+    require_redis_server()
     with RedisServer(tmp_path, password="s3cret") as server:
         url = f"redis://:wrong@127.0.0.1:{server.port}/0"
         with pytest.raises(StoreUnavailableError, match="refused the credentials") as caught:
@@ -132,6 +133,7 @@ def test_wrong_password_is_refused_with_the_url_redacted(tmp_path):
 
 
 def test_lost_redis_raises_unavailable_and_recovers(tmp_path, table_name):
+    require_redis_server()
     server = RedisServer(tmp_path)
     store = open_store(server.url, table_name, 0, DIM, WIDTH)
     store.insert(ids_of([1]), random_rows(1, seed=8))
@@ -140,6 +142,10 @@ def test_lost_redis_raises_unavailable_and_recovers(tmp_path, table_name):
         store.fetch(ids_of([1]))
     with pytest.raises(StoreUnavailableError):
         store.insert(ids_of([2]), random_rows(1, seed=9))
+    with RedisServer(tmp_path, port=server.port):  # back (empty: no persistence configured)
+        rows = random_rows(1, seed=10)
+        store.insert(ids_of([2]), rows)
+        assert torch.equal(store.fetch(ids_of([2]))[1].weights, rows.weights)
 
 
 def test_unknown_store_urls_are_refused():

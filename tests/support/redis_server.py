@@ -1,4 +1,4 @@
-"""A real redis-server on a free loopback port, for tests."""
+"""A real redis-server on a free loopback port, for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Self
 
 import pytest
+
+NO_SERVER = "no redis-server found (run scripts/setup-redis.sh, or set EMBER_REDIS_SERVER)"
+
+
+def require_redis_server() -> None:
+    """Skip the test, saying why, where no redis-server binary exists."""
+    if redis_server_binary() is None:
+        pytest.skip(NO_SERVER)
 
 
 def redis_server_binary() -> str | None:
@@ -37,17 +45,20 @@ class RedisServer:
     """redis-server without persistence, stopped on exit; ``url`` connects to it.
 
     Args:
-        password: set ``requirepass`` (the URL then carries it).
         directory: the server's working directory.
+        password: set ``requirepass`` (the URL then carries it).
+        port: the port (default: a free one), e.g. to restart a server where it was.
     """
 
-    def __init__(self, directory: Path, password: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, password: str | None = None, port: int | None = None
+    ) -> None:
         binary = redis_server_binary()
         if binary is None:
             pytest.skip(
                 "no redis-server found (run scripts/setup-redis.sh, or set EMBER_REDIS_SERVER)"
             )
-        self.port = free_port()
+        self.port = port or free_port()
         self.password = password
         args = [
             binary,
