@@ -16,12 +16,11 @@ Usage: python benchmarks/bench_kernels.py [--ids 1000000] [--dim 64] [--table-ro
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
+from bench_timing import median_seconds, paired_medians
 from ember.kernels import loader
 from ember.kernels.dedup import unique_inverse
 from ember.kernels.id_index import IdIndex
@@ -29,24 +28,6 @@ from ember.kernels.optim import apply_rows, fused_row_update
 from ember.kernels.pack import pack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
-
-
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``run`` after one warm-up call."""
-    return paired_medians([run], repeats)[0]
-
-
-def paired_medians(runs: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median wall time of each of ``runs``, timed in alternation so drift hits all alike."""
-    for run in runs:
-        run()
-    times: list[list[float]] = [[] for _ in runs]
-    for _ in range(repeats):
-        for run, samples in zip(runs, times):
-            start = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) for samples in times]
 
 
 def _with_reference(op: Callable[..., object], *args: object) -> object:

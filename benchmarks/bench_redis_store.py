@@ -14,33 +14,20 @@ Needs a redis-server binary (scripts/setup-redis.sh installs one).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import redis
 import torch
+from bench_timing import paired_medians
 from ember.ps_server.stores.base import RowBatch
 from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore
 from ember.ps_server.stores.row_codec import encode_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.redis_server import RedisServer
-
-
-def paired_medians(runs: list[Callable[[], object]], rounds: int) -> list[float]:
-    """Median seconds of each run, timed in alternation."""
-    times: list[list[float]] = [[] for _ in runs]
-    for _ in range(rounds):
-        for run, samples in zip(runs, times):
-            start = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) for samples in times]
 
 
 def main() -> int:

@@ -1,0 +1,26 @@
+"""Timing shared by the benchmarks: medians of runs timed in alternation."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def paired_medians(runs: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median wall time of each of ``runs`` after one warm-up call each, timed in
+    alternation so that drift on a shared machine hits every run alike."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for run, samples in zip(runs, times):
+            start = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """Median wall time of one ``run``."""
+    return paired_medians([run], repeats)[0]
