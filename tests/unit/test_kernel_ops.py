@@ -158,3 +158,25 @@ def test_pack_refuses_other_dtypes(backend):
         pack_rows(torch.zeros(2, 2, dtype=torch.float64), torch.float16)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         unpack_rows(torch.zeros(2, 2))
+
+
+def test_every_op_accepts_empty_input(backend):
+    from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_insert
+    from ember.kernels.optim import fused_row_update
+    from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+
+    none = torch.empty(0, dtype=torch.int64)
+    keys, slots = torch.full((16,), EMPTY), torch.zeros(16, dtype=torch.int64)
+    hash_insert(keys, slots, none, none)
+    assert len(hash_find(keys, slots, none)) == 0 and len(hash_erase(keys, slots, none)) == 0
+    assert (keys == EMPTY).all()
+    weights, state = torch.randn(4, 3), torch.rand(4, 6)
+    versions = torch.zeros(4, dtype=torch.int64)
+    before = weights.clone()
+    fused_row_update(
+        OptimizerSpec(OptimizerKind.ADAM), weights, state, versions, none, torch.empty(0, 3)
+    )
+    assert torch.equal(weights, before) and not versions.any()
+    for dtype in (torch.float16, torch.bfloat16):
+        assert unpack_rows(pack_rows(torch.empty(0, 3), dtype)).shape == (0, 3)
+    assert scatter_rows(weights, none, torch.empty(0, 3)) is weights
