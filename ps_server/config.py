@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ember.ps_server.stores import check_store_url
+
 from ember.env import dataclass_from_env
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -25,7 +27,8 @@ class ShardConfig:
             is memory-bound and requests already run on ``workers`` threads;
             more intra-op threads mostly spin, stealing cores from the
             handlers (and, on one machine, from trainers).
-        store: where table rows live: ``memory`` or a ``redis://`` / ``rediss://`` URL.
+        store: where table rows live: ``memory``, a ``redis://`` / ``rediss://``
+            URL, or ``tiered+redis://...?capacity=ROWS`` (see ``open_store``).
     """
 
     shard: int = 0
@@ -59,10 +62,7 @@ class ShardConfig:
             raise ValueError(f"dedup_window must be >= 1, got {self.dedup_window}")
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
-        if self.store != "memory" and not self.store.startswith(("redis://", "rediss://")):
-            raise ValueError(
-                f"store must be 'memory' or a redis:// or rediss:// URL, got {self.store.split('@')[-1]!r}"
-            )
+        check_store_url(self.store)
 
 
 @dataclasses.dataclass(frozen=True)

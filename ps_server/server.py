@@ -263,6 +263,13 @@ class ParameterServer:
             for t in tables
         ]
 
+    def flush(self) -> None:
+        """Write rows held in front of each table's backing store through to it (at shutdown)."""
+        with self._tables_lock:
+            tables = list(self._tables.values())
+        for table in tables:
+            table.flush()
+
     def _check_reply_size(self, table: str, rows: int, words_per_row: int) -> None:
         reply_bytes = rows * words_per_row * ROW_BYTES_PER_ELEMENT + _REPLY_OVERHEAD_BYTES
         if reply_bytes > self.max_message_bytes:

@@ -197,11 +197,13 @@ class ShardServer:
     def __init__(
         self,
         config: ShardConfig,
+        logic: ParameterServer,
         grpc_server: grpc.Server,
         port: int,
         health_servicer: health.HealthServicer,
     ) -> None:
         self.config = config
+        self.logic = logic
         self.port = port
         self._grpc_server = grpc_server
         self._health = health_servicer
@@ -242,7 +244,7 @@ class ShardServer:
         for service in ("", SERVICE_NAME):
             health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
-        return cls(config, grpc_server, port, health_servicer)
+        return cls(config, logic, grpc_server, port, health_servicer)
 
     def write_ready_file(self, path: Path) -> None:
         """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
@@ -257,9 +259,10 @@ class ShardServer:
         os.replace(tmp, path)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Report NOT_SERVING, finish in-flight requests within ``grace_s``, stop."""
+        """Report NOT_SERVING, finish in-flight requests within ``grace_s``, flush, stop."""
         self._health.enter_graceful_shutdown()
         self._grpc_server.stop(grace_s).wait()
+        self.logic.flush()
 
     def wait(self) -> None:
         """Block until the server stops."""

@@ -95,6 +95,11 @@ class Table:
             self._remember(request_id)
             return False
 
+    def flush(self) -> None:
+        """Write rows held in front of the backing store through to it (see ``RowStore.flush``)."""
+        with self._lock:
+            self.store.flush()
+
     def _read(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Weights and versions of ``ids``, creating missing rows; caller holds the lock."""
         if len(ids) == 0:
@@ -115,22 +120,22 @@ class Table:
             if request_id in self._applied:
                 self.counters.duplicate_pushes += 1
                 return True, 0
-            absent = self.store.absent(unique_ids)
-            if absent.any():
-                self._create(unique_ids[absent])
-            self.store.update(unique_ids, summed, self.spec.optimizer)
+            self.store.update(unique_ids, summed, self.spec.optimizer, create=self._initial_rows)
             self._remember(request_id)
             self.counters.rows_pushed += len(ids)
             return False, len(unique_ids)
 
-    def _create(self, new_ids: np.ndarray) -> None:
-        """Initialise and store the rows of distinct ``new_ids``."""
-        fresh = RowBatch(
+    def _initial_rows(self, new_ids: np.ndarray) -> RowBatch:
+        """The rows of distinct ``new_ids`` as first touched: initialised weights, zero state."""
+        return RowBatch(
             weights=initial_rows(self.spec, new_ids),
             state=torch.zeros(len(new_ids), self.store.state_width, dtype=torch.float32),
             versions=torch.zeros(len(new_ids), dtype=torch.int64),
         )
-        self.store.insert(new_ids, fresh)
+
+    def _create(self, new_ids: np.ndarray) -> None:
+        """Initialise and store the rows of distinct ``new_ids``."""
+        self.store.insert(new_ids, self._initial_rows(new_ids))
 
     def _fetch_creating(self, ids: np.ndarray, with_state: bool) -> RowBatch:
         """The rows of ``ids`` (duplicates allowed), initialising absent ones first."""

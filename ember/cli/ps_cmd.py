@@ -50,7 +50,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--store",
         default=defaults.store,
-        help="where rows live: memory, or redis://[user:password@]host:port/db or rediss:// "
+        help="where rows live: memory, redis://[user:password@]host:port/db, rediss://..., or "
+        "tiered+redis://...?capacity=ROWS for a memory tier of ROWS rows in front of Redis "
         "(env EMBER_STORE)",
     )
     parser.add_argument(

@@ -2,14 +2,17 @@
 
 A store keeps the rows of one table on one shard, each row with its optimizer
 state and version, and answers in batches: ``fetch``, ``fetch_versions``,
-``absent``, ``insert`` (upsert), ``update`` (one optimizer step), ``size``.
-Backends: ``memory`` (:class:`InMemoryStore`) and ``redis``
-(:class:`RedisStore`), chosen by URL in :func:`ember.ps_server.stores.open_store`.
+``absent``, ``insert`` (upsert), ``update`` (one optimizer step, creating
+absent rows on request), ``evict``, ``dump`` (every row, in chunks), ``clear``,
+``flush`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
+(:class:`RedisStore`) and ``tiered`` (:class:`TieredStore`), chosen by URL in
+:func:`ember.ps_server.stores.open_store`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +38,12 @@ def empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
     )
 
 
+RowFactory = Callable[[np.ndarray], RowBatch]
+"""Makes the initial rows of distinct ids that a store does not hold yet."""
+
+DUMP_CHUNK_ROWS = 65_536
+
+
 class RowStore(Protocol):
     """The verbs every backend implements (ids are int64 numpy arrays).
 
@@ -58,8 +67,30 @@ class RowStore(Protocol):
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write the rows of distinct ids (upsert)."""
 
-    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
-        """One optimizer step on the held rows of distinct ids; versions go up by one."""
+    def update(
+        self,
+        ids: np.ndarray,
+        grads: torch.Tensor,
+        optimizer: RowOptimizer,
+        create: RowFactory | None = None,
+    ) -> None:
+        """One optimizer step on the rows of distinct ids; versions go up by one.
+
+        Absent rows are first made by ``create``; without it an absent id
+        raises KeyError and nothing changes.
+        """
+
+    def evict(self, ids: np.ndarray) -> None:
+        """Drop the rows of distinct ids (absent ids are ignored)."""
+
+    def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
+        """Every row held, as ``(ids, rows)`` chunks of at most ``chunk_rows`` rows."""
+
+    def clear(self) -> None:
+        """Drop every row."""
+
+    def flush(self) -> None:
+        """Write rows held in front of the backing store (tiered: dirty hot rows) through to it."""
 
     def size(self) -> int:
         """Number of rows held."""

@@ -3,9 +3,12 @@
 Three growable tensors (weights, state, versions) indexed by slot and an
 :class:`IdIndex` from id to slot, so a table costs close to the raw bytes of
 its rows and optimizer state; optimizer steps run in place with the fused op.
+Evicted rows leave their slots on a free stack that later inserts reuse.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -13,7 +16,7 @@ from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
 from ember.ps_server.id_arrays import id_tensor
-from ember.ps_server.stores.base import RowBatch, empty_batch
+from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
 
 
 class InMemoryStore:
@@ -29,7 +32,9 @@ class InMemoryStore:
         self.dim = dim
         self.state_width = state_width
         self._index = IdIndex(capacity)
-        self._rows = 0
+        self._rows = 0  # live rows
+        self._slots_used = 0  # slots ever handed out: live rows plus free ones
+        self._free = torch.empty(0, dtype=torch.int64)  # slots of evicted rows, reused first
         self._weights = torch.empty(capacity, dim, dtype=torch.float32)
         self._state = torch.empty(capacity, state_width, dtype=torch.float32)
         self._versions = torch.empty(capacity, dtype=torch.int64)
@@ -39,10 +44,26 @@ class InMemoryStore:
         return self._rows
 
     @property
+    def slot_count(self) -> int:
+        """Slots handed out so far (every slot :meth:`locate` returns is below it)."""
+        return self._slots_used
+
+    def locate(self, ids: np.ndarray) -> torch.Tensor:
+        """The slot of each id, -1 where absent; a row keeps its slot until evicted."""
+        return self._index.find(id_tensor(ids))
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the rows held, their state, versions and index buckets."""
         per_row = 4 * (self.dim + self.state_width) + 8
         return self._rows * per_row + self._index.nbytes
+
+    def items(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ids held and their slots."""
+        return self._index.items()
+
+    def flush(self) -> None:
+        """Nothing to do: the rows live here."""
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """Look up rows by id (duplicates allowed).
@@ -52,7 +73,7 @@ class InMemoryStore:
             rows whose entries where ``found`` is false are unspecified. The
             state is empty (width 0) unless ``with_state``.
         """
-        slots = self._index.find(id_tensor(ids))
+        slots = self.locate(ids)
         found = (slots >= 0).numpy()
         if not self._rows:
             return found, empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
@@ -66,7 +87,7 @@ class InMemoryStore:
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""
-        slots = self._index.find(id_tensor(ids))
+        slots = self.locate(ids)
         found = slots >= 0
         versions = (
             _take(self._versions, slots.clamp(min=0)) if self._rows else torch.zeros_like(slots)
@@ -75,45 +96,97 @@ class InMemoryStore:
 
     def absent(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask over ``ids``: true where the store holds no row."""
-        return (self._index.find(id_tensor(ids)) < 0).numpy()
+        return (self.locate(ids) < 0).numpy()
 
-    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
-        """Step the rows of distinct, present ``ids`` with their summed ``grads``, in place.
+    def update(
+        self,
+        ids: np.ndarray,
+        grads: torch.Tensor,
+        optimizer: RowOptimizer,
+        create: RowFactory | None = None,
+    ) -> None:
+        """Step the rows of distinct ``ids`` with their summed ``grads``, in place.
 
-        Each row's version goes up by one (Adam's t). Raises KeyError, changing
-        nothing, if an id is absent.
+        Each row's version goes up by one (Adam's t). Absent rows are first
+        made by ``create``; without it an absent id raises KeyError, changing
+        nothing.
         """
-        slots = self._index.find(id_tensor(ids))
-        if bool((slots < 0).any()):
-            raise KeyError(f"update of {int((slots < 0).sum())} ids the store does not hold")
+        slots = self.locate(ids)
+        missing = slots < 0
+        if bool(missing.any()):
+            if create is None:
+                raise KeyError(f"update of {int(missing.sum())} ids the store does not hold")
+            new_ids = ids[missing.numpy()]
+            slots[missing] = self._write(id_tensor(new_ids), create(new_ids))
         fused_row_update(optimizer, self._weights, self._state, self._versions, slots, grads)
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows for distinct ids, adding those that are absent (upsert)."""
-        id_batch = id_tensor(ids)
+        self._write(id_tensor(ids), rows)
+
+    def evict(self, ids: np.ndarray) -> None:
+        """Drop the rows of distinct ``ids``; their slots go to the free stack."""
+        erased = self._index.erase(id_tensor(ids))
+        freed = erased[erased >= 0]
+        self._rows -= len(freed)
+        self._free = torch.cat([self._free, freed])
+
+    def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
+        """Every row as ``(ids, rows)`` chunks (a snapshot of the ids; rows read per chunk)."""
+        ids, slots = self.items()
+        for start in range(0, len(ids), chunk_rows):
+            index = slots[start : start + chunk_rows]
+            yield (
+                ids[start : start + chunk_rows].numpy(),
+                RowBatch(
+                    weights=_take(self._weights, index),
+                    state=_take(self._state, index),
+                    versions=_take(self._versions, index),
+                ),
+            )
+
+    def clear(self) -> None:
+        """Drop every row (the buffers keep their capacity)."""
+        self._index = IdIndex(1024)
+        self._rows = self._slots_used = 0
+        self._free = torch.empty(0, dtype=torch.int64)
+
+    def _write(self, id_batch: torch.Tensor, rows: RowBatch) -> torch.Tensor:
+        """Upsert the rows of distinct ids; returns their slots."""
         index = self._index.find(id_batch)
         absent = index < 0
         if bool(absent.any()):
-            count = int(absent.sum())
-            new_slots = torch.arange(self._rows, self._rows + count, dtype=torch.int64)
-            self._grow(self._rows + count)
+            new_slots = self._allocate(int(absent.sum()))
             self._index.insert(id_batch[absent], new_slots)
-            self._rows += count
+            self._rows += len(new_slots)
             index[absent] = new_slots
         scatter_rows(self._weights, index, rows.weights.contiguous())
         if self.state_width:
             scatter_rows(self._state, index, rows.state.contiguous())
         scatter_rows(self._versions, index, rows.versions.contiguous())
+        return index
 
-    def _grow(self, rows: int) -> None:
+    def _allocate(self, count: int) -> torch.Tensor:
+        """``count`` free slots: reused ones first, then new ones (growing the buffers)."""
+        reused = self._free[len(self._free) - min(count, len(self._free)) :]
+        self._free = self._free[: len(self._free) - len(reused)]
+        fresh = count - len(reused)
+        if fresh:
+            self._grow(self._slots_used + fresh)
+            new = torch.arange(self._slots_used, self._slots_used + fresh, dtype=torch.int64)
+            self._slots_used += fresh
+            return torch.cat([reused, new])
+        return reused.clone()
+
+    def _grow(self, slots: int) -> None:
         capacity = len(self._weights)
-        if rows <= capacity:
+        if slots <= capacity:
             return
-        while capacity < rows:
+        while capacity < slots:
             capacity *= 2
-        self._weights = _resized(self._weights, capacity, self._rows)
-        self._state = _resized(self._state, capacity, self._rows)
-        self._versions = _resized(self._versions, capacity, self._rows)
+        self._weights = _resized(self._weights, capacity, self._slots_used)
+        self._state = _resized(self._state, capacity, self._slots_used)
+        self._versions = _resized(self._versions, capacity, self._slots_used)
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ One binary value per row (:mod:`row_codec`: header, weights, optimizer state,
 version) under the key ``ember:<table>:s<shard>:`` + the id's 8 little-endian
 bytes, so tables and shards never collide. Reads go out as pipelined MGETs of
 at most ``batch_keys`` keys; a write is one MSET, or a MULTI/EXEC transaction
-of MSETs when it needs several, so Redis applies a batch entirely or not at all. A lost connection raises
+of MSETs when it needs several, so Redis applies a batch entirely or not at
+all (deletes likewise). A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
 call reconnects.
 """
@@ -12,7 +13,7 @@ call reconnects.
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import numpy as np
@@ -20,7 +21,7 @@ import redis
 import torch
 from ember.kernels.optim import RowOptimizer, apply_rows
 from ember.ps_server.errors import StoreUnavailableError
-from ember.ps_server.stores.base import RowBatch, empty_batch
+from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
 from ember.ps_server.stores.row_codec import HEADER_BYTES, decode_rows, encode_rows
 
 T = TypeVar("T")
@@ -123,32 +124,92 @@ class RedisStore:
             RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
         )
         keys = self._keys(ids)
+        self._in_transaction(
+            len(keys),
+            lambda pipe, part: pipe.mset(dict(zip(keys[part], values[part], strict=True))),
+        )
 
-        def write() -> None:
-            # One MSET is atomic by itself; several need MULTI/EXEC to stay all-or-nothing.
-            with self._redis.pipeline(transaction=len(keys) > self._batch) as pipe:
-                for start in range(0, len(keys), self._batch):
-                    chunk = range(start, min(len(keys), start + self._batch))
-                    pipe.mset({keys[i]: values[i] for i in chunk})
-                pipe.execute()
+    def update(
+        self,
+        ids: np.ndarray,
+        grads: torch.Tensor,
+        optimizer: RowOptimizer,
+        create: RowFactory | None = None,
+    ) -> None:
+        """One optimizer step on the rows of distinct ``ids``: one read, one transaction.
 
-        self._call(write)
-
-    def update(self, ids: np.ndarray, grads: torch.Tensor, optimizer: RowOptimizer) -> None:
-        """One optimizer step on the held rows of distinct ``ids``; KeyError if one is absent."""
+        Absent rows are made by ``create`` first; without it KeyError, nothing changed.
+        """
         found, rows = self.fetch(ids, with_state=True)
         if not found.all():
-            raise KeyError(f"update of {int((~found).sum())} ids the store does not hold")
+            if create is None:
+                raise KeyError(f"update of {int((~found).sum())} ids the store does not hold")
+            missing = np.flatnonzero(~found)
+            fresh = create(ids[missing])
+            where = torch.from_numpy(missing)
+            rows.weights[where], rows.state[where], rows.versions[where] = (
+                fresh.weights, fresh.state, fresh.versions,
+            )  # fmt: skip
         rows.versions += 1
         apply_rows(optimizer, rows.weights, rows.state, grads, rows.versions)
         self.insert(ids, rows)
 
+    def evict(self, ids: np.ndarray) -> None:
+        """Delete the rows of ``ids`` in one transaction."""
+        keys = self._keys(ids)
+        self._in_transaction(len(keys), lambda pipe, part: pipe.delete(*keys[part]))
+
+    def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
+        """Every row of this table on this shard (SCAN, then MGET per chunk)."""
+        keys = self._scan_keys()
+        for start in range(0, len(keys), chunk_rows):
+            yield self._read_keys(keys[start : start + chunk_rows])
+
+    def clear(self) -> None:
+        """Delete every row of this table on this shard."""
+        keys = self._scan_keys()
+        self._in_transaction(len(keys), lambda pipe, part: pipe.delete(*keys[part]))
+
+    def flush(self) -> None:
+        """Nothing to do: every write is in Redis when the call returns."""
+
     def size(self) -> int:
         """Rows held (a SCAN over this table's keys on this shard: O(rows), for stats)."""
+        return len(self._scan_keys())
+
+    def _scan_keys(self) -> list[bytes]:
+        """Every key of this table on this shard."""
         pattern = self._prefix.replace(b"*", rb"\*") + b"*"
-        return self._call(
-            lambda: sum(1 for _ in self._redis.scan_iter(match=pattern, count=10_000))
+        return self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
+
+    def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
+        """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
+        ids = np.frombuffer(b"".join(key[len(self._prefix) :] for key in keys), dtype="<i8")
+        found, rows = self.fetch(ids.astype(np.int64))
+        if found.all():
+            return ids.astype(np.int64), rows
+        keep = torch.from_numpy(np.flatnonzero(found))
+        return ids[found].astype(np.int64), RowBatch(
+            rows.weights[keep], rows.state[keep], rows.versions[keep]
         )
+
+    def _in_transaction(
+        self, count: int, command: Callable[[redis.client.Pipeline, slice], object]
+    ) -> None:
+        """Queue ``command`` per chunk of ``count`` keys and run them all or none.
+
+        One command is atomic by itself; several go out as one MULTI/EXEC.
+        """
+        if count == 0:
+            return
+
+        def run() -> None:
+            with self._redis.pipeline(transaction=count > self._batch) as pipe:
+                for start in range(0, count, self._batch):
+                    command(pipe, slice(start, start + self._batch))
+                pipe.execute()
+
+        self._call(run)
 
     def _keys(self, ids: np.ndarray) -> list[bytes]:
         size = len(self._prefix) + 8

@@ -1,4 +1,8 @@
-"""One contract for every row store: the memory store and the Redis store (a real redis-server)."""
+"""One contract for every row store: memory, Redis and tiered (real redis-servers).
+
+The tiered store runs with a memory tier of 16 rows, so most tests push it
+through eviction and write-back.
+"""
 
 import numpy as np
 import pytest
@@ -15,9 +19,16 @@ ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
 WIDTH = state_width(ADAM.kind, DIM)
 
 
-@pytest.fixture(params=["memory", "redis"])
+TIER_ROWS = 16
+
+
+@pytest.fixture(params=["memory", "redis", "tiered"])
 def store(request, table_name):
-    url = "memory" if request.param == "memory" else request.getfixturevalue("redis_server").url
+    url = "memory"
+    if request.param != "memory":
+        url = request.getfixturevalue("redis_server").url
+    if request.param == "tiered":
+        url = f"tiered+{url}?capacity={TIER_ROWS}"
     return open_store(url, table_name, shard=0, dim=DIM, state_width=WIDTH)
 
 
@@ -148,7 +159,71 @@ def test_lost_redis_raises_unavailable_and_recovers(tmp_path, table_name):
         assert torch.equal(store.fetch(ids_of([2]))[1].weights, rows.weights)
 
 
+def test_update_creates_absent_rows_with_the_factory_in_one_call(store):
+    held = ids_of([1])
+    store.insert(held, random_rows(1, seed=11))
+    fresh = random_rows(2, seed=12)
+    made = []
+
+    def create(new_ids):
+        made.append(new_ids.tolist())
+        return fresh
+
+    ids = ids_of([5, 1, 9])
+    grads = torch.randn(3, DIM)
+    expected = RowBatch(
+        weights=torch.cat([fresh.weights[:1], store.fetch(held)[1].weights, fresh.weights[1:]]),
+        state=torch.cat([fresh.state[:1], store.fetch(held)[1].state, fresh.state[1:]]),
+        versions=torch.cat([fresh.versions[:1], store.fetch(held)[1].versions, fresh.versions[1:]])
+        + 1,
+    )
+    apply_rows(ADAM, expected.weights, expected.state, grads, expected.versions)
+    store.update(ids, grads, ADAM, create=create)
+    assert made == [[5, 9]]
+    _, got = store.fetch(ids)
+    torch.testing.assert_close(got.weights, expected.weights, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got.state, expected.state, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got.versions, expected.versions) and store.size() == 3
+
+
+def test_evict_drops_rows_and_frees_room(store):
+    ids = ids_of(range(100))
+    rows = random_rows(100, seed=13)
+    store.insert(ids, rows)
+    store.evict(ids_of([*range(0, 100, 2), 1000]))  # an absent id is ignored
+    assert store.size() == 50
+    assert store.absent(ids).tolist() == [i % 2 == 0 for i in range(100)]
+    replacement = random_rows(50, seed=14)
+    store.insert(ids_of(range(200, 250)), replacement)  # reuses the freed room
+    found, got = store.fetch(ids_of(range(1, 100, 2)))
+    assert found.all() and torch.equal(got.weights, rows.weights[1::2])
+    assert torch.equal(store.fetch(ids_of(range(200, 250)))[1].weights, replacement.weights)
+    assert store.size() == 100
+
+
+def test_dump_yields_every_row_once_and_clear_empties(store):
+    ids = np.random.default_rng(15).permutation(3000).astype(np.int64) * 11
+    rows = random_rows(len(ids), seed=15)
+    store.insert(ids, rows)
+    store.update(ids[:10], torch.ones(10, DIM), ADAM)  # some rows hot and changed
+    expected = store.fetch(ids)[1]
+    chunks = list(store.dump(chunk_rows=700))
+    assert all(len(chunk_ids) <= 700 for chunk_ids, _ in chunks)
+    dumped_ids = np.concatenate([chunk_ids for chunk_ids, _ in chunks])
+    assert sorted(dumped_ids.tolist()) == sorted(ids.tolist())
+    order = torch.from_numpy(np.argsort(dumped_ids))
+    by_id = torch.from_numpy(np.argsort(ids))
+    for field in ("weights", "state", "versions"):
+        dumped = torch.cat([getattr(chunk, field) for _, chunk in chunks])
+        assert torch.equal(dumped[order], getattr(expected, field)[by_id])
+    store.clear()
+    assert store.size() == 0 and store.absent(ids).all() and not list(store.dump())
+
+
 def test_unknown_store_urls_are_refused():
-    with pytest.raises(ValueError, match=r"'memory', redis://\.\.\. or rediss://") as caught:
+    with pytest.raises(ValueError, match=r"'memory', redis://\.\.\., rediss://") as caught:
         open_store("postgres://user:pw@host/db", "t", 0, DIM, WIDTH)
+    assert "pw" not in str(caught.value)
+    with pytest.raises(ValueError, match=r"capacity=ROWS") as caught:
+        open_store("tiered+redis://:pw@127.0.0.1:1/0?capacity=0", "t", 0, DIM, WIDTH)
     assert "pw" not in str(caught.value)
