@@ -11,12 +11,14 @@ import dataclasses
 import itertools
 import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Self
 
 import grpc
 import numpy as np
 import torch
 from ember.kernels.rows import scatter_rows
+from ember.ps_server.checkpoint_coordinator import DEFAULT_LEASE_S, take_checkpoint
 from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
@@ -316,6 +318,18 @@ class PSClient:
             [ShardCall(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)]
         )
         return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
+
+    def checkpoint(
+        self, root: str | Path, incremental: bool = False, lease_s: float = DEFAULT_LEASE_S
+    ) -> Path:
+        """Write a consistent checkpoint of every shard under ``root``; returns its directory.
+
+        See :func:`ember.ps_server.checkpoint_coordinator.take_checkpoint`
+        (``root`` must be a path every shard can write; this client's
+        ``timeout_s`` must cover the slowest shard's write).
+        """
+        self._ensure_topology()
+        return take_checkpoint(self._rpc, Path(root), incremental, lease_s)[0]
 
     def _ensure_topology(self) -> None:
         """Check once that endpoint k reports shard k of len(endpoints)."""

@@ -29,6 +29,8 @@ class ShardConfig:
             handlers (and, on one machine, from trainers).
         store: where table rows live: ``memory``, a ``redis://`` / ``rediss://``
             URL, or ``tiered+redis://...?capacity=ROWS`` (see ``open_store``).
+        restore: a checkpoint directory, or a root whose newest checkpoint is
+            restored before serving ('' for none); any shard count.
     """
 
     shard: int = 0
@@ -40,6 +42,7 @@ class ShardConfig:
     dedup_window: int = 65536
     torch_threads: int = 1
     store: str = "memory"
+    restore: str = ""
 
     @classmethod
     def from_env(cls) -> ShardConfig:

@@ -45,6 +45,14 @@ class StoreCorruptError(EmberError):
     """The store holds a value Ember cannot read (another format or table layout)."""
 
 
+class DurableFileCorruptError(StoreCorruptError):
+    """A checkpoint or write-log file fails its checksum or is cut short."""
+
+
+class CheckpointStateError(EmberError):
+    """A checkpoint step out of order: no pause, an expired lease, a wrong base, a spec clash."""
+
+
 _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     TableNotFoundError: grpc.StatusCode.NOT_FOUND,
@@ -53,6 +61,7 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     MessageTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
     StoreCorruptError: grpc.StatusCode.DATA_LOSS,
+    CheckpointStateError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

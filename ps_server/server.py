@@ -22,10 +22,12 @@ from ember.ps_server.errors import (
     TableNotFoundError,
 )
 from ember.ps_server.routing import shard_of
+from ember.ps_server.shard_checkpoint import ShardCheckpoints
 from ember.ps_server.stores import open_store
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows, decode_versions
+from ember.ps_server.write_gate import WriteGate
 
 # Room for the reply's field tags and lengths next to its packed payload.
 _REPLY_OVERHEAD_BYTES = 1024
@@ -94,6 +96,8 @@ class ParameterServer:
         self._store_url = store
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
+        self.gate = WriteGate()
+        self.checkpoints = ShardCheckpoints(self)
 
     def create_table(self, spec: TableSpec) -> bool:
         """Create a table; returns False if an identical one exists.
@@ -103,6 +107,11 @@ class ParameterServer:
             TableExistsError: a table of that name has a different spec.
         """
         spec.validate()
+        with self.gate.writing():
+            return self.ensure_table(spec)
+
+    def ensure_table(self, spec: TableSpec) -> bool:
+        """:meth:`create_table` for a validated spec, for callers already admitted by the gate."""
         with self._tables_lock:
             existing = self._tables.get(spec.name)
             if existing is None:
@@ -121,6 +130,11 @@ class ParameterServer:
                 f"requested {spec}"
             )
         return False
+
+    def tables(self) -> dict[str, Table]:
+        """The tables, by name (a snapshot of the registry)."""
+        with self._tables_lock:
+            return dict(sorted(self._tables.items()))
 
     def list_tables(self) -> list[TableSpec]:
         """Specs of all tables, by name."""
@@ -195,10 +209,13 @@ class ParameterServer:
     ) -> list[tuple[bool, int]]:
         """Apply several pushes ``(table, ids, grads, request_id)``, all validated before any is applied."""
         validated = [self._validate_push(*request) for request in requests]
-        return [
-            target.push(ids, torch.from_numpy(grads.copy()), request_id) if len(ids) else (False, 0)
-            for target, ids, grads, request_id in validated
-        ]
+        with self.gate.writing():
+            return [
+                target.push(ids, torch.from_numpy(grads.copy()), request_id)
+                if len(ids)
+                else (False, 0)
+                for target, ids, grads, request_id in validated
+            ]
 
     def _validate_push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
@@ -246,7 +263,10 @@ class ParameterServer:
         if len(id_array) == 0:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
-        return target.assign(id_array, torch.from_numpy(weights.copy()), state_tensor, request_id)
+        with self.gate.writing():
+            return target.assign(
+                id_array, torch.from_numpy(weights.copy()), state_tensor, request_id
+            )
 
     def stats(self) -> list[TableStats]:
         """Per-table rows, bytes and traffic counters."""

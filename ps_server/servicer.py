@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -45,6 +46,16 @@ def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandle
         "PullStale": (pb.PullStaleRequest.FromString, pb.PullStaleResponse.SerializeToString),
         "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
         "ListTables": (pb.ListTablesRequest.FromString, pb.ListTablesResponse.SerializeToString),
+        "PauseWrites": (pb.PauseWritesRequest.FromString, pb.PauseWritesResponse.SerializeToString),
+        "ResumeWrites": (
+            pb.ResumeWritesRequest.FromString,
+            pb.ResumeWritesResponse.SerializeToString,
+        ),
+        "Checkpoint": (pb.CheckpointRequest.FromString, pb.CheckpointResponse.SerializeToString),
+        "CommitCheckpoint": (
+            pb.CommitCheckpointRequest.FromString,
+            pb.CommitCheckpointResponse.SerializeToString,
+        ),
     }
     return grpc.method_handlers_generic_handler(
         SERVICE_NAME,
@@ -175,6 +186,41 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     ) -> pb.ListTablesResponse:
         return pb.ListTablesResponse(tables=[spec.to_proto() for spec in self.server.list_tables()])
 
+    @_rpc
+    def PauseWrites(
+        self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
+    ) -> pb.PauseWritesResponse:
+        self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
+        return pb.PauseWritesResponse()
+
+    @_rpc
+    def ResumeWrites(
+        self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
+    ) -> pb.ResumeWritesResponse:
+        self.server.checkpoints.resume(request.checkpoint_id)
+        return pb.ResumeWritesResponse()
+
+    @_rpc
+    def Checkpoint(
+        self, request: pb.CheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CheckpointResponse:
+        files, specs = self.server.checkpoints.write(
+            request.checkpoint_id, request.directory, request.base_id
+        )
+        return pb.CheckpointResponse(
+            shard=self.server.shard,
+            num_shards=self.server.num_shards,
+            files=[pb.CheckpointFile(**dataclasses.asdict(entry)) for entry in files],
+            tables=[spec.to_proto() for spec in specs],
+        )
+
+    @_rpc
+    def CommitCheckpoint(
+        self, request: pb.CommitCheckpointRequest, context: grpc.ServicerContext
+    ) -> pb.CommitCheckpointResponse:
+        self.server.checkpoints.commit(request.checkpoint_id)
+        return pb.CommitCheckpointResponse()
+
 
 def _pull_stale_response(reply: PullStaleReply) -> pb.PullStaleResponse:
     return pb.PullStaleResponse(
@@ -227,6 +273,8 @@ class ShardServer:
             config.dedup_window,
             config.store,
         )
+        if config.restore:
+            logic.checkpoints.restore(Path(config.restore))
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),

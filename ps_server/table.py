@@ -10,13 +10,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 from ember.kernels.optim import state_width
+from ember.ps_server.changed_ids import ChangedIds
+from ember.ps_server.checkpoint_format import FileEntry, write_row_file
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
+from ember.ps_server.stores.base import DUMP_CHUNK_ROWS
 from ember.ps_server.table_spec import TableSpec
 
 
@@ -47,6 +52,7 @@ class Table:
         width = state_width(spec.optimizer.kind, spec.dim)
         self.store = InMemoryStore(spec.dim, width) if store is None else store
         self.counters = TableCounters()
+        self.changes = ChangedIds()
         self._lock = threading.Lock()
         self._applied: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._dedup_window = dedup_window
@@ -92,8 +98,45 @@ class Table:
                 rows.state = state
             rows.versions += 1
             self.store.insert(ids, rows)
+            self.changes.add(ids)
             self._remember(request_id)
             return False
+
+    def write_snapshot(self, path: Path, incremental: bool) -> FileEntry:
+        """Write every row, or only those changed since the last committed checkpoint, to ``path``.
+
+        Holds the table's lock throughout, so rows cannot move between a
+        store's tiers while they are read.
+        """
+        with self._lock:
+            had_base = self.changes.tracking  # a table created since the base is written whole
+            changed = self.changes.cut()
+            chunks = self._rows_of(changed) if incremental and had_base else self.store.dump()
+            return write_row_file(
+                path, self.spec.name, self.spec.dim, self.store.state_width, chunks
+            )
+
+    def load(self, ids: np.ndarray, rows: RowBatch) -> None:
+        """Write restored rows of distinct ``ids`` (their versions and state as given)."""
+        with self._lock:
+            self.store.insert(ids, rows)
+
+    def reset(self, applied_request_ids: list[str]) -> None:
+        """Drop every row; start over with this push deduplication window (before a restore)."""
+        with self._lock:
+            self.store.clear()
+            self.changes.reset()
+            self._applied = collections.OrderedDict.fromkeys(applied_request_ids)
+
+    def applied_request_ids(self) -> list[str]:
+        """The request ids in the deduplication window, oldest first."""
+        with self._lock:
+            return list(self._applied)
+
+    def _rows_of(self, ids: np.ndarray) -> Iterator[tuple[np.ndarray, RowBatch]]:
+        for start in range(0, len(ids), DUMP_CHUNK_ROWS):
+            part = ids[start : start + DUMP_CHUNK_ROWS]
+            yield part, self.store.fetch(part)[1]
 
     def flush(self) -> None:
         """Write rows held in front of the backing store through to it (see ``RowStore.flush``)."""
@@ -121,6 +164,7 @@ class Table:
                 self.counters.duplicate_pushes += 1
                 return True, 0
             self.store.update(unique_ids, summed, self.spec.optimizer, create=self._initial_rows)
+            self.changes.add(unique_ids)
             self._remember(request_id)
             self.counters.rows_pushed += len(ids)
             return False, len(unique_ids)
@@ -136,6 +180,7 @@ class Table:
     def _create(self, new_ids: np.ndarray) -> None:
         """Initialise and store the rows of distinct ``new_ids``."""
         self.store.insert(new_ids, self._initial_rows(new_ids))
+        self.changes.add(new_ids)
 
     def _fetch_creating(self, ids: np.ndarray, with_state: bool) -> RowBatch:
         """The rows of ``ids`` (duplicates allowed), initialising absent ones first."""

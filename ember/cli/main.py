@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ember.cli import cluster_cmd, demo_cmd, doctor_cmd, ps_cmd, train_cmd
+from ember.cli import checkpoint_cmd, cluster_cmd, demo_cmd, doctor_cmd, ps_cmd, train_cmd
 from ember.env import env_value
 
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     ps_cmd.register(commands)
     cluster_cmd.register(commands)
     train_cmd.register(commands)
+    checkpoint_cmd.register(commands)
     demo_cmd.register(commands)
     doctor_cmd.register(commands)
     return parser

@@ -55,6 +55,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(env EMBER_STORE)",
     )
     parser.add_argument(
+        "--restore",
+        default=defaults.restore,
+        help="restore this checkpoint (or the newest under this root) before serving; the "
+        "checkpoint may come from another shard count (env EMBER_RESTORE)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -65,7 +71,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
-    from ember.ps_server.errors import StoreUnavailableError
+    from ember.ps_server.errors import EmberError
     from ember.ps_server.servicer import serve_until_signalled
     from ember.ps_server.stores import probe_store
 
@@ -79,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
         dedup_window=args.dedup_window,
         torch_threads=args.torch_threads,
         store=args.store,
+        restore=args.restore,
     )
     try:
         config.validate()
         probe_store(config.store)
-    except (ValueError, StoreUnavailableError) as error:
+        serve_until_signalled(config, args.ready_file)
+    except (ValueError, OSError, EmberError) as error:
         raise SystemExit(f"ember ps: {error}") from None
-    serve_until_signalled(config, args.ready_file)
     return 0

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
 from ember.env import env_value
 
 
@@ -17,17 +18,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="train DLRM with embeddings on the parameter servers (one rank; use torchrun for more)",
     )
     add_training_flags(parser)
-    parser.add_argument(
-        "--endpoints",
-        default=env_value("ENDPOINTS", ""),
-        help="comma-separated shard endpoints in shard order (env EMBER_ENDPOINTS)",
-    )
-    parser.add_argument(
-        "--endpoints-file",
-        type=Path,
-        default=env_value("ENDPOINTS_FILE", None, Path),
-        help="JSON file written by `ember cluster up` (env EMBER_ENDPOINTS_FILE)",
-    )
+    add_endpoint_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -126,12 +117,7 @@ def run(args: argparse.Namespace) -> int:
     """Train this rank; rank 0 prints the summary and writes the report."""
     from ember.trainer.train import train
 
-    endpoints = [e for e in args.endpoints.split(",") if e]
-    if args.endpoints_file is not None:
-        endpoints = json.loads(args.endpoints_file.read_text())["endpoints"]
-    if not endpoints:
-        raise SystemExit("ember train: give --endpoints or --endpoints-file")
-    report = train(config_from_args(args, endpoints))
+    report = train(config_from_args(args, endpoints_from_args(args, "train")))
     if report["rank"] == 0:
         print_summary(report)
         if args.report is not None:

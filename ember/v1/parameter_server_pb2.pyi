@@ -242,3 +242,73 @@ class ListTablesResponse(_message.Message):
     TABLES_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableSpec]
     def __init__(self, tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ...) -> None: ...
+
+class PauseWritesRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "lease_s")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    lease_s: float
+    def __init__(self, checkpoint_id: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class PauseWritesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResumeWritesRequest(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class ResumeWritesResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "directory", "base_id")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    directory: str
+    base_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., directory: _Optional[str] = ..., base_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointFile(_message.Message):
+    __slots__ = ("path", "table", "rows", "bytes", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    table: str
+    rows: int
+    bytes: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., table: _Optional[str] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class CheckpointResponse(_message.Message):
+    __slots__ = ("shard", "num_shards", "files", "tables")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    shard: int
+    num_shards: int
+    files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    tables: _containers.RepeatedCompositeFieldContainer[TableSpec]
+    def __init__(self, shard: _Optional[int] = ..., num_shards: _Optional[int] = ..., files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ...) -> None: ...
+
+class CommitCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "directory")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    directory: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., directory: _Optional[str] = ...) -> None: ...
+
+class CommitCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -84,6 +84,26 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.ListTablesRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.ListTablesResponse.FromString,
                 _registered_method=True)
+        self.PauseWrites = channel.unary_unary(
+                '/ember.v1.ParameterServer/PauseWrites',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.PauseWritesRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.PauseWritesResponse.FromString,
+                _registered_method=True)
+        self.ResumeWrites = channel.unary_unary(
+                '/ember.v1.ParameterServer/ResumeWrites',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.ResumeWritesRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.ResumeWritesResponse.FromString,
+                _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/ember.v1.ParameterServer/Checkpoint',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
+        self.CommitCheckpoint = channel.unary_unary(
+                '/ember.v1.ParameterServer/CommitCheckpoint',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -149,6 +169,30 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseWrites(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeWrites(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Checkpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +245,26 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.ListTables,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.ListTablesRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.ListTablesResponse.SerializeToString,
+            ),
+            'PauseWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseWrites,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.PauseWritesRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.PauseWritesResponse.SerializeToString,
+            ),
+            'ResumeWrites': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeWrites,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.ResumeWritesRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.ResumeWritesResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.CheckpointRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.CheckpointResponse.SerializeToString,
+            ),
+            'CommitCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitCheckpoint,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -473,6 +537,114 @@ class ParameterServer:
             '/ember.v1.ParameterServer/ListTables',
             ember_dot_v1_dot_parameter__server__pb2.ListTablesRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.ListTablesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/PauseWrites',
+            ember_dot_v1_dot_parameter__server__pb2.PauseWritesRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.PauseWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeWrites(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/ResumeWrites',
+            ember_dot_v1_dot_parameter__server__pb2.ResumeWritesRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.ResumeWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/Checkpoint',
+            ember_dot_v1_dot_parameter__server__pb2.CheckpointRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.CheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/CommitCheckpoint',
+            ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,139 @@
+"""Taking a checkpoint of a whole cluster: pause every shard, write, manifest last, commit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+from ember.ps_server.checkpoint_format import (
+    FileEntry,
+    Manifest,
+    latest_checkpoint,
+    next_checkpoint_id,
+)
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.shard_rpc import ShardCall, ShardRPC
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEASE_S = 60.0
+
+
+def take_checkpoint(
+    rpc: ShardRPC, root: Path, incremental: bool = False, lease_s: float = DEFAULT_LEASE_S
+) -> tuple[Path, Manifest]:
+    """Checkpoint every shard reachable through ``rpc`` into a new directory under ``root``.
+
+    Every shard pauses writes first, so all files hold one moment of the
+    cluster; each shard resumes as soon as its files are written. The
+    manifest is written only when every shard succeeded.
+
+    Args:
+        rpc: channels to all shards, in shard order; its timeout must cover
+            the slowest shard's write.
+        root: checkpoint root, shared by all shards (same path on each).
+        incremental: write only rows changed since the newest checkpoint under ``root``.
+        lease_s: how long a shard holds writes waiting for the write call.
+
+    Returns:
+        The new checkpoint's directory and manifest.
+
+    Raises:
+        ValueError: ``incremental`` without an earlier checkpoint under ``root``.
+        PSClientError: a shard refused or failed (writes resumed everywhere;
+            the directory is left without a manifest and never read).
+    """
+    root = root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    base = latest_checkpoint(root) if incremental else None
+    if incremental and base is None:
+        raise ValueError(f"no checkpoint under {root} to be incremental to; take a full one first")
+    checkpoint_id = next_checkpoint_id(root)
+    directory = root / checkpoint_id
+    shards = range(len(rpc.endpoints))
+    try:
+        rpc.run(
+            [
+                ShardCall(
+                    k,
+                    "PauseWrites",
+                    pb.PauseWritesRequest(checkpoint_id=checkpoint_id, lease_s=lease_s),
+                )
+                for k in shards
+            ]
+        )
+        request = pb.CheckpointRequest(
+            checkpoint_id=checkpoint_id,
+            directory=str(directory),
+            base_id=base.name if base is not None else "",
+        )
+        replies = rpc.run([ShardCall(k, "Checkpoint", request) for k in shards])
+    except PSClientError:
+        _resume_all(rpc, checkpoint_id)
+        raise
+    manifest = Manifest(
+        id=checkpoint_id,
+        base=base.name if base is not None else None,
+        num_shards=len(rpc.endpoints),
+        tables=_agreed_tables(replies, rpc.endpoints),
+        files={
+            reply.shard: [
+                FileEntry(f.path, f.table, f.rows, f.bytes, f.sha256) for f in reply.files
+            ]
+            for reply in replies
+        },
+    )
+    manifest.write(directory)
+    try:
+        rpc.run(
+            [
+                ShardCall(
+                    k,
+                    "CommitCheckpoint",
+                    pb.CommitCheckpointRequest(
+                        checkpoint_id=checkpoint_id, directory=str(directory)
+                    ),
+                )
+                for k in shards
+            ]
+        )
+    except PSClientError as error:  # the checkpoint is valid; that shard just cannot base on it
+        log.warning(
+            "checkpoint %s is complete, but a shard did not take the commit: %s",
+            checkpoint_id,
+            error,
+        )
+    return directory, manifest
+
+
+def _resume_all(rpc: ShardRPC, checkpoint_id: str) -> None:
+    try:
+        rpc.run(
+            [
+                ShardCall(k, "ResumeWrites", pb.ResumeWritesRequest(checkpoint_id=checkpoint_id))
+                for k in range(len(rpc.endpoints))
+            ]
+        )
+    except PSClientError as error:  # the shard's lease resumes it anyway
+        log.warning("could not resume writes after a failed checkpoint: %s", error)
+
+
+def _agreed_tables(replies: list[pb.CheckpointResponse], endpoints: list[str]) -> list[TableSpec]:
+    """The tables every shard reported; shards that disagree mean a broken cluster."""
+    specs = [
+        sorted((TableSpec.from_proto(t) for t in reply.tables), key=lambda s: s.name)
+        for reply in replies
+    ]
+    for k, reply in enumerate(replies):
+        if (reply.shard, reply.num_shards) != (k, len(endpoints)) or specs[k] != specs[0]:
+            raise PSClientError(
+                endpoints[k],
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"shard {reply.shard} of {reply.num_shards} reports tables "
+                f"{[s.name for s in specs[k]]}, shard 0 {[s.name for s in specs[0]]}; "
+                "the cluster disagrees with itself, checkpoint abandoned",
+            )
+    return specs[0]

@@ -1,0 +1,245 @@
+"""On-disk format of checkpoints: row files, shard metadata and the manifest.
+
+A checkpoint is a directory ``<root>/<id>/`` holding, per shard, one row file
+per table and one metadata file, and ``manifest.json``, written last
+(temp file, fsync, rename): a directory without a manifest is an unfinished
+checkpoint and never read. The manifest lists every file with its size and
+sha256 and carries its own sha256, so any damage is found before anything
+is loaded. An incremental checkpoint names its ``base``, a sibling directory.
+
+Row file (little-endian): magic ``EMBERCK1``, a uint32 length and a JSON
+header ``{"table", "dim", "state_width"}``, then chunks of a uint64 row
+count followed by that many ids (int64), weights (float32 x dim), optimizer
+state (float32 x state_width) and versions (int64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import struct
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ember.ps_server.durable_files import DurableWriter, verify_file, write_durably
+from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.stores import RowBatch
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import pb
+from google.protobuf import json_format
+
+FORMAT = "ember-checkpoint/1"
+MANIFEST = "manifest.json"
+ROW_MAGIC = b"EMBERCK1"
+CHECKPOINT_ID = re.compile(r"^ckpt-(\d{6,})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint: path relative to its directory, table ('' for metadata)."""
+
+    path: str
+    table: str
+    rows: int
+    bytes: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """What a checkpoint holds; see the module docstring."""
+
+    id: str
+    base: str | None
+    num_shards: int
+    tables: list[TableSpec]
+    files: dict[int, list[FileEntry]]  # by shard
+    created_unix: float = dataclasses.field(default_factory=time.time)
+
+    def write(self, directory: Path) -> None:
+        """Write ``manifest.json`` into ``directory`` atomically and durably."""
+        body = {
+            "format": FORMAT,
+            "id": self.id,
+            "base": self.base,
+            "num_shards": self.num_shards,
+            "created_unix": self.created_unix,
+            "tables": [json_format.MessageToDict(spec.to_proto()) for spec in self.tables],
+            "files": {
+                str(shard): [dataclasses.asdict(entry) for entry in entries]
+                for shard, entries in sorted(self.files.items())
+            },
+        }
+        text = json.dumps(body, sort_keys=True)
+        document = {"body": body, "sha256": _sha256_text(text)}
+        write_durably(directory / MANIFEST, json.dumps(document, indent=1).encode())
+
+    @classmethod
+    def load(cls, directory: Path) -> Manifest:
+        """The manifest in ``directory``.
+
+        Raises:
+            FileNotFoundError: no manifest (not a finished checkpoint).
+            DurableFileCorruptError: unreadable, or its checksum does not match.
+        """
+        path = directory / MANIFEST
+        try:
+            document = json.loads(path.read_bytes())
+            body = document["body"]
+            expected = document["sha256"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise DurableFileCorruptError(f"{path}: not a readable manifest ({error})") from error
+        actual = _sha256_text(json.dumps(body, sort_keys=True))
+        if actual != expected:
+            raise DurableFileCorruptError(
+                f"{path}: sha256 {actual} does not match the recorded {expected}; "
+                "the manifest is corrupt"
+            )
+        if body.get("format") != FORMAT:
+            raise DurableFileCorruptError(
+                f"{path}: format {body.get('format')!r}, expected {FORMAT}"
+            )
+        return cls(
+            id=body["id"],
+            base=body["base"],
+            num_shards=body["num_shards"],
+            created_unix=body["created_unix"],
+            tables=[
+                TableSpec.from_proto(json_format.ParseDict(spec, pb.TableSpec()))
+                for spec in body["tables"]
+            ],
+            files={
+                int(shard): [FileEntry(**entry) for entry in entries]
+                for shard, entries in body["files"].items()
+            },
+        )
+
+    def verify(self, directory: Path) -> None:
+        """Check every listed file's size and sha256 (DurableFileCorruptError on the first bad one)."""
+        for entries in self.files.values():
+            for entry in entries:
+                verify_file(directory / entry.path, entry.sha256, entry.bytes)
+
+
+def checkpoint_chain(path: Path) -> list[tuple[Path, Manifest]]:
+    """The checkpoint at ``path`` and its bases, oldest (the full one) first.
+
+    ``path`` is a checkpoint directory, or a root whose newest finished
+    checkpoint is taken. Every file of the chain is verified.
+
+    Raises:
+        FileNotFoundError: no finished checkpoint there, or a base is missing.
+        DurableFileCorruptError: a manifest or file fails its checks.
+    """
+    directory = path if (path / MANIFEST).exists() else latest_checkpoint(path)
+    if directory is None:
+        raise FileNotFoundError(f"{path}: no finished checkpoint (no {MANIFEST})")
+    chain: list[tuple[Path, Manifest]] = []
+    while True:
+        manifest = Manifest.load(directory)
+        manifest.verify(directory)
+        chain.append((directory, manifest))
+        if manifest.base is None:
+            return chain[::-1]
+        directory = directory.parent / manifest.base
+        if not (directory / MANIFEST).exists():
+            raise FileNotFoundError(
+                f"{chain[-1][0]}: its base checkpoint {manifest.base!r} is missing at {directory}"
+            )
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The finished checkpoint with the highest number under ``root``, if any."""
+    finished = [
+        entry
+        for entry in root.iterdir()
+        if CHECKPOINT_ID.match(entry.name) and (entry / MANIFEST).exists()
+    ] if root.is_dir() else []  # fmt: skip
+    return max(finished, key=lambda entry: int(entry.name[5:]), default=None)
+
+
+def next_checkpoint_id(root: Path) -> str:
+    """An id above every checkpoint directory under ``root``, finished or not."""
+    numbers = [
+        int(match.group(1))
+        for entry in (root.iterdir() if root.is_dir() else [])
+        if (match := CHECKPOINT_ID.match(entry.name))
+    ]
+    return f"ckpt-{max(numbers, default=0) + 1:06d}"
+
+
+def row_file_name(shard: int, num_shards: int, table: str) -> str:
+    """Name of the row file of ``table`` on ``shard``."""
+    return f"shard-{shard}-of-{num_shards}.{table}.rows"
+
+
+def write_row_file(
+    path: Path,
+    table: str,
+    dim: int,
+    state_width: int,
+    chunks: Iterable[tuple[np.ndarray, RowBatch]],
+) -> FileEntry:
+    """Write the rows of ``chunks`` durably to ``path``."""
+    header = json.dumps({"table": table, "dim": dim, "state_width": state_width}).encode()
+    rows = 0
+    with DurableWriter(path) as writer:
+        writer.write(ROW_MAGIC + struct.pack("<I", len(header)) + header)
+        for ids, batch in chunks:
+            writer.write(struct.pack("<Q", len(ids)))
+            writer.write(np.ascontiguousarray(ids, dtype="<i8").data)
+            for part in (batch.weights, batch.state, batch.versions):
+                writer.write(part.contiguous().numpy().data)
+            rows += len(ids)
+        writer.commit()
+        return FileEntry(path.name, table, rows, writer.bytes, writer.sha256)
+
+
+def read_row_file(path: Path, dim: int, state_width: int) -> Iterator[tuple[np.ndarray, RowBatch]]:
+    """The ``(ids, rows)`` chunks of a row file (verify it first: see :meth:`Manifest.verify`).
+
+    Raises:
+        DurableFileCorruptError: a header or chunk that does not fit the table's layout.
+    """
+    view = memoryview(np.memmap(path, dtype=np.uint8, mode="r"))
+    offset = len(ROW_MAGIC) + 4
+    if len(view) < offset or bytes(view[: len(ROW_MAGIC)]) != ROW_MAGIC:
+        raise DurableFileCorruptError(f"{path}: not a checkpoint row file (magic {ROW_MAGIC!r})")
+    (header_bytes,) = struct.unpack_from("<I", view, len(ROW_MAGIC))
+    header = json.loads(bytes(view[offset : offset + header_bytes]))
+    if (header["dim"], header["state_width"]) != (dim, state_width):
+        raise DurableFileCorruptError(
+            f"{path}: rows of width {header['dim']} with state {header['state_width']}, "
+            f"but the table has {dim} and {state_width}"
+        )
+    offset += header_bytes
+    row_bytes = 8 + 4 * dim + 4 * state_width + 8
+    while offset < len(view):
+        (count,) = struct.unpack_from("<Q", view, offset)
+        offset += 8
+        if offset + count * row_bytes > len(view):
+            raise DurableFileCorruptError(f"{path}: a chunk of {count} rows runs past the end")
+        parts: list[Any] = []
+        for dtype, width in (("<i8", 1), ("<f4", dim), ("<f4", state_width), ("<i8", 1)):
+            size = count * width * np.dtype(dtype).itemsize
+            parts.append(np.frombuffer(view[offset : offset + size], dtype=dtype).copy())
+            offset += size
+        ids, weights, state, versions = parts
+        yield (
+            ids.astype(np.int64),
+            RowBatch(
+                weights=torch.from_numpy(weights.reshape(count, dim)),
+                state=torch.from_numpy(state.reshape(count, state_width)),
+                versions=torch.from_numpy(versions.astype(np.int64)),
+            ),
+        )
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,221 @@
+"""One shard's side of checkpoints: writing its files, and restoring a checkpoint chain.
+
+Restoring reads every shard's files of the chain and keeps the rows this
+shard owns under the current shard count, so a checkpoint of N shards
+restores onto M. The push deduplication windows come back only when N == M
+(request ids are per shard).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from ember.ps_server.checkpoint_format import (
+    FileEntry,
+    Manifest,
+    checkpoint_chain,
+    read_row_file,
+    row_file_name,
+)
+from ember.ps_server.durable_files import write_durably
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    DurableFileCorruptError,
+    InvalidArgumentError,
+)
+from ember.ps_server.routing import shard_of
+from ember.ps_server.stores import RowBatch
+from ember.ps_server.table import Table
+from ember.ps_server.table_spec import TableSpec
+
+if TYPE_CHECKING:
+    from ember.ps_server.server import ParameterServer
+
+log = logging.getLogger(__name__)
+
+
+class ShardCheckpoints:
+    """The checkpoint verbs of one shard (driven by a coordinator over RPC), and restore.
+
+    Args:
+        server: the shard (its tables, its shard numbers and its write gate).
+    """
+
+    def __init__(self, server: ParameterServer) -> None:
+        self._server = server
+        self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
+        self._committed_checkpoint: str | None = None  # base of the next incremental one
+
+    def pause(self, checkpoint_id: str, lease_s: float) -> None:
+        """Finish writes in flight and hold new ones for ``checkpoint_id`` (see WriteGate)."""
+        _check_checkpoint_id(checkpoint_id)
+        self._server.gate.pause(checkpoint_id, lease_s)
+
+    def resume(self, checkpoint_id: str) -> None:
+        """Let writes in again (a coordinator abandoning ``checkpoint_id``)."""
+        self._server.gate.resume(checkpoint_id)
+
+    def write(
+        self, checkpoint_id: str, directory: str, base_id: str
+    ) -> tuple[list[FileEntry], list[TableSpec]]:
+        """Write this shard's files of ``checkpoint_id`` under ``directory``, then resume writes.
+
+        Raises:
+            CheckpointStateError: writes are not paused for it, or ``base_id``
+                is not this shard's last committed checkpoint.
+            InvalidArgumentError: ``directory`` is not an absolute path.
+        """
+        _check_checkpoint_id(checkpoint_id)
+        if not Path(directory).is_absolute():
+            raise InvalidArgumentError(f"checkpoint directory must be absolute, got {directory!r}")
+        self._server.gate.claim(checkpoint_id)
+        try:
+            if base_id and base_id != self._committed_checkpoint:
+                raise CheckpointStateError(
+                    f"incremental checkpoint on base {base_id!r} refused: this shard's last "
+                    f"committed checkpoint is {self._committed_checkpoint!r}; take a full one"
+                )
+            tables = list(self._server.tables().values())
+            files = write_shard_files(
+                tables, self._server.shard, self._server.num_shards, Path(directory), bool(base_id)
+            )
+            self._written_checkpoint = checkpoint_id
+            return files, [table.spec for table in tables]
+        finally:
+            self._server.gate.resume(checkpoint_id)
+
+    def commit(self, checkpoint_id: str) -> None:
+        """The manifest of ``checkpoint_id`` is durable: it becomes the incremental base."""
+        if checkpoint_id != self._written_checkpoint:
+            raise CheckpointStateError(
+                f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
+                f"{self._written_checkpoint!r}"
+            )
+        for table in self._server.tables().values():
+            table.changes.commit()
+        self._committed_checkpoint = checkpoint_id
+
+    def restore(self, path: Path) -> int:
+        """Replace this shard's tables by the checkpoint at ``path`` (a checkpoint or a root).
+
+        Tables of the checkpoint are created (or reset, when they exist with
+        the same spec); this shard keeps the rows it owns. Returns the rows loaded.
+
+        Raises:
+            FileNotFoundError: no finished checkpoint at ``path``.
+            DurableFileCorruptError: a file fails its checksum (nothing changed).
+            CheckpointStateError: a table exists with another spec (nothing changed).
+        """
+        chain = checkpoint_chain(path)
+        latest = chain[-1][1]
+        with self._server.gate.writing():
+            check_specs(latest, self._server.tables())
+            for spec in latest.tables:
+                self._server.ensure_table(spec)
+            rows = restore_chain(
+                chain, self._server.shard, self._server.num_shards, self._server.tables()
+            )
+        self._committed_checkpoint = self._written_checkpoint = latest.id
+        return rows
+
+
+def _check_checkpoint_id(checkpoint_id: str) -> None:
+    if not checkpoint_id:
+        raise InvalidArgumentError("checkpoint_id must not be empty")
+
+
+def write_shard_files(
+    tables: list[Table], shard: int, num_shards: int, directory: Path, incremental: bool
+) -> list[FileEntry]:
+    """Write a row file per table and the shard's metadata file into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [
+        table.write_snapshot(
+            directory / row_file_name(shard, num_shards, table.spec.name), incremental
+        )
+        for table in tables
+    ]
+    meta = {
+        "shard": shard,
+        "num_shards": num_shards,
+        "applied_request_ids": {t.spec.name: t.applied_request_ids() for t in tables},
+    }
+    meta_path = directory / f"shard-{shard}-of-{num_shards}.meta.json"
+    data = json.dumps(meta).encode()
+    files.append(FileEntry(meta_path.name, "", 0, len(data), write_durably(meta_path, data)))
+    return files
+
+
+def restore_chain(
+    chain: list[tuple[Path, Manifest]], shard: int, num_shards: int, tables: dict[str, Table]
+) -> int:
+    """Load a verified checkpoint chain (see ``checkpoint_chain``) into ``tables``; returns rows.
+
+    ``tables`` must already hold a table for every spec of the checkpoint
+    (see :func:`check_specs`); they are reset first, so afterwards they
+    equal the checkpoint's rows that this shard owns.
+    """
+    directory, latest = chain[-1]
+    windows = _deduplication_windows(directory, latest, shard, num_shards)
+    for spec in latest.tables:
+        tables[spec.name].reset(windows.get(spec.name, []))
+    restored = 0
+    for checkpoint_dir, manifest in chain:
+        for entries in manifest.files.values():
+            for entry in entries:
+                if entry.table:
+                    restored += _load_row_file(
+                        checkpoint_dir / entry.path, tables[entry.table], shard, num_shards
+                    )
+    log.info(
+        "restored %d rows of %d tables from %s (%d checkpoint(s), %d shard(s) -> %d)",
+        restored, len(latest.tables), directory, len(chain), latest.num_shards, num_shards,
+    )  # fmt: skip
+    return restored
+
+
+def check_specs(latest: Manifest, existing: dict[str, Table]) -> None:
+    """Refuse a checkpoint whose table specs clash with ``existing`` tables.
+
+    Raises:
+        CheckpointStateError: a table exists here with another spec.
+    """
+    for spec in latest.tables:
+        held = existing.get(spec.name)
+        if held is not None and held.spec != spec:
+            raise CheckpointStateError(
+                f"checkpoint {latest.id} has table {spec.name!r} as {spec}, but this shard "
+                f"serves it as {held.spec}; restore refused, nothing was changed"
+            )
+
+
+def _load_row_file(path: Path, table: Table, shard: int, num_shards: int) -> int:
+    loaded = 0
+    for ids, rows in read_row_file(path, table.spec.dim, table.store.state_width):
+        if num_shards > 1:
+            mine = shard_of(table.spec.name, ids, num_shards) == shard
+            if not mine.all():
+                keep = torch.from_numpy(np.flatnonzero(mine))
+                ids = ids[mine]
+                rows = RowBatch(rows.weights[keep], rows.state[keep], rows.versions[keep])
+        if len(ids):
+            table.load(ids, rows)
+            loaded += len(ids)
+    return loaded
+
+
+def _deduplication_windows(
+    directory: Path, manifest: Manifest, shard: int, num_shards: int
+) -> dict[str, list[str]]:
+    if manifest.num_shards != num_shards:
+        return {}
+    meta = next(entry for entry in manifest.files.get(shard, []) if not entry.table)
+    try:
+        return json.loads((directory / meta.path).read_bytes())["applied_request_ids"]
+    except (ValueError, KeyError) as error:
+        raise DurableFileCorruptError(f"{directory / meta.path}: unreadable ({error})") from error

@@ -1,0 +1,102 @@
+"""WriteGate: lets a checkpoint hold a shard's writes at one moment, under a lease.
+
+Writers enter :meth:`WriteGate.writing`; :meth:`WriteGate.pause` waits for the
+writers inside to leave and holds new ones until :meth:`WriteGate.resume` with
+the same checkpoint id, or until the lease runs out (a coordinator that died
+mid-checkpoint cannot stall the shard for longer than that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from ember.ps_server.errors import CheckpointStateError
+
+log = logging.getLogger(__name__)
+
+
+class WriteGate:
+    """Admission of write requests, pausable by one checkpoint at a time."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._writers = 0
+        self._holder: str | None = None  # checkpoint id holding the pause
+        self._deadline = 0.0
+        self._expired: set[str] = set()
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Run one write request: waits while a checkpoint holds the gate."""
+        with self._cond:
+            while self._holder is not None:
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    log.warning(
+                        "checkpoint %s held writes past its lease; resuming writes", self._holder
+                    )
+                    self._expired.add(self._holder)
+                    self._release()
+                    break
+                self._cond.wait(remaining)
+            self._writers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writers -= 1
+                self._cond.notify_all()
+
+    def pause(self, checkpoint_id: str, lease_s: float) -> None:
+        """Hold new writes for ``checkpoint_id`` and wait for those in flight to finish.
+
+        Raises:
+            CheckpointStateError: another checkpoint holds the gate, or the lease is not positive.
+        """
+        if not lease_s > 0:
+            raise CheckpointStateError(f"pause lease must be > 0 seconds, got {lease_s}")
+        with self._cond:
+            if self._holder is not None and self._holder != checkpoint_id:
+                if time.monotonic() < self._deadline:
+                    raise CheckpointStateError(
+                        f"checkpoint {self._holder!r} is in progress; retry {checkpoint_id!r} later"
+                    )
+                self._expired.add(self._holder)
+            self._holder = checkpoint_id
+            self._deadline = time.monotonic() + lease_s
+            self._expired.discard(checkpoint_id)
+            while self._writers:
+                self._cond.wait()
+
+    def claim(self, checkpoint_id: str) -> None:
+        """Keep holding the gate for ``checkpoint_id`` past its lease, until :meth:`resume`.
+
+        A shard writing its checkpoint files is busy, not gone: the lease only
+        guards the wait for the coordinator between pause and write.
+
+        Raises:
+            CheckpointStateError: ``checkpoint_id`` does not hold the gate within its lease.
+        """
+        with self._cond:
+            if self._holder == checkpoint_id and time.monotonic() < self._deadline:
+                self._deadline = float("inf")
+                return
+            if checkpoint_id in self._expired or self._holder == checkpoint_id:
+                reason = "its pause lease ran out and writes resumed"
+            else:
+                reason = "writes were not paused for it (call PauseWrites first)"
+            raise CheckpointStateError(f"checkpoint {checkpoint_id!r} refused: {reason}")
+
+    def resume(self, checkpoint_id: str) -> None:
+        """Let writes in again, if ``checkpoint_id`` holds the gate (otherwise nothing to do)."""
+        with self._cond:
+            if self._holder == checkpoint_id:
+                self._release()
+
+    def _release(self) -> None:
+        self._holder = None
+        self._cond.notify_all()
