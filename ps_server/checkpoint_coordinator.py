@@ -93,9 +93,7 @@ def take_checkpoint(
                 ShardCall(
                     k,
                     "CommitCheckpoint",
-                    pb.CommitCheckpointRequest(
-                        checkpoint_id=checkpoint_id, directory=str(directory)
-                    ),
+                    pb.CommitCheckpointRequest(checkpoint_id=checkpoint_id),
                 )
                 for k in shards
             ]

@@ -137,9 +137,7 @@ def checkpoint_chain(path: Path) -> list[tuple[Path, Manifest]]:
         FileNotFoundError: no finished checkpoint there, or a base is missing.
         DurableFileCorruptError: a manifest or file fails its checks.
     """
-    directory = path if (path / MANIFEST).exists() else latest_checkpoint(path)
-    if directory is None:
-        raise FileNotFoundError(f"{path}: no finished checkpoint (no {MANIFEST})")
+    directory = resolve_checkpoint(path)
     chain: list[tuple[Path, Manifest]] = []
     while True:
         manifest = Manifest.load(directory)
@@ -152,6 +150,18 @@ def checkpoint_chain(path: Path) -> list[tuple[Path, Manifest]]:
             raise FileNotFoundError(
                 f"{chain[-1][0]}: its base checkpoint {manifest.base!r} is missing at {directory}"
             )
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """``path`` if it is a finished checkpoint, else the newest finished one under it.
+
+    Raises:
+        FileNotFoundError: neither.
+    """
+    directory = path if (path / MANIFEST).exists() else latest_checkpoint(path)
+    if directory is None:
+        raise FileNotFoundError(f"{path}: no finished checkpoint (no {MANIFEST})")
+    return directory.resolve()
 
 
 def latest_checkpoint(root: Path) -> Path | None:

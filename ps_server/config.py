@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ember.ps_server.stores import check_store_url
+from ember.ps_server.write_log import FSYNC_POLICIES
 
 from ember.env import dataclass_from_env
 
@@ -31,6 +32,12 @@ class ShardConfig:
             URL, or ``tiered+redis://...?capacity=ROWS`` (see ``open_store``).
         restore: a checkpoint directory, or a root whose newest checkpoint is
             restored before serving ('' for none); any shard count.
+        wal: write-ahead log directory ('' for none): every write request is
+            logged before it is applied and acknowledged; at start the shard
+            restores the log's base checkpoint and replays the log.
+        wal_fsync: ``always`` (fsync before acknowledging, group commit) or
+            ``interval`` (fsync every ``wal_fsync_interval_s``).
+        wal_fsync_interval_s: fsync period under ``interval``.
     """
 
     shard: int = 0
@@ -43,6 +50,9 @@ class ShardConfig:
     torch_threads: int = 1
     store: str = "memory"
     restore: str = ""
+    wal: str = ""
+    wal_fsync: str = "interval"
+    wal_fsync_interval_s: float = 0.05
 
     @classmethod
     def from_env(cls) -> ShardConfig:
@@ -66,6 +76,10 @@ class ShardConfig:
         if self.torch_threads < 1:
             raise ValueError(f"torch_threads must be >= 1, got {self.torch_threads}")
         check_store_url(self.store)
+        if self.wal_fsync not in FSYNC_POLICIES:
+            raise ValueError(f"wal_fsync must be one of {FSYNC_POLICIES}, got {self.wal_fsync!r}")
+        if not self.wal_fsync_interval_s > 0:
+            raise ValueError(f"wal_fsync_interval_s must be > 0, got {self.wal_fsync_interval_s}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ thin facade over it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -21,12 +22,19 @@ from ember.ps_server.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from ember.ps_server.journal import WriteJournal
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard_checkpoint import ShardCheckpoints
 from ember.ps_server.stores import open_store
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import ROW_BYTES_PER_ELEMENT, decode_ids, decode_rows, decode_versions
+from ember.ps_server.wire import (
+    ROW_BYTES_PER_ELEMENT,
+    decode_ids,
+    decode_rows,
+    decode_versions,
+    pb,
+)
 from ember.ps_server.write_gate import WriteGate
 
 # Room for the reply's field tags and lengths next to its packed payload.
@@ -97,6 +105,7 @@ class ParameterServer:
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
         self.gate = WriteGate()
+        self.journal = WriteJournal()
         self.checkpoints = ShardCheckpoints(self)
 
     def create_table(self, spec: TableSpec) -> bool:
@@ -107,7 +116,10 @@ class ParameterServer:
             TableExistsError: a table of that name has a different spec.
         """
         spec.validate()
-        with self.gate.writing():
+        record = functools.partial(
+            pb.LogRecord, create_table=pb.CreateTableRequest(spec=spec.to_proto())
+        )
+        with self.gate.writing(), self.journal.record(record):
             return self.ensure_table(spec)
 
     def ensure_table(self, spec: TableSpec) -> bool:
@@ -209,7 +221,18 @@ class ParameterServer:
     ) -> list[tuple[bool, int]]:
         """Apply several pushes ``(table, ids, grads, request_id)``, all validated before any is applied."""
         validated = [self._validate_push(*request) for request in requests]
-        with self.gate.writing():
+
+        def record() -> pb.LogRecord:
+            return pb.LogRecord(
+                push=pb.PushBatchRequest(
+                    requests=[
+                        pb.PushRequest(table=t, ids=bytes(i), grads=bytes(g), request_id=r)
+                        for t, i, g, r in requests
+                    ]
+                )
+            )
+
+        with self.gate.writing(), self.journal.record(record):
             return [
                 target.push(ids, torch.from_numpy(grads.copy()), request_id)
                 if len(ids)
@@ -263,7 +286,19 @@ class ParameterServer:
         if len(id_array) == 0:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
-        with self.gate.writing():
+
+        def record() -> pb.LogRecord:
+            return pb.LogRecord(
+                assign=pb.AssignRequest(
+                    table=table,
+                    ids=bytes(ids),
+                    values=bytes(values),
+                    state=bytes(state),
+                    request_id=request_id,
+                )
+            )
+
+        with self.gate.writing(), self.journal.record(record):
             return target.assign(
                 id_array, torch.from_numpy(weights.copy()), state_tensor, request_id
             )

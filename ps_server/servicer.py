@@ -20,6 +20,7 @@ from ember.kernels.loader import native_ops_available
 from ember.ps_server.config import ShardConfig, message_size_options
 from ember.ps_server.errors import EmberError, status_code_for
 from ember.ps_server.malloc_tuning import retain_freed_buffers
+from ember.ps_server.recovery import recover
 from ember.ps_server.server import ParameterServer, PullStaleReply
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
@@ -273,8 +274,7 @@ class ShardServer:
             config.dedup_window,
             config.store,
         )
-        if config.restore:
-            logic.checkpoints.restore(Path(config.restore))
+        recover(logic, config)
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),
@@ -311,6 +311,7 @@ class ShardServer:
         self._health.enter_graceful_shutdown()
         self._grpc_server.stop(grace_s).wait()
         self.logic.flush()
+        self.logic.journal.close()
 
     def wait(self) -> None:
         """Block until the server stops."""

@@ -49,6 +49,8 @@ class ShardCheckpoints:
     def __init__(self, server: ParameterServer) -> None:
         self._server = server
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
+        self._written_directory = Path()
+        self._written_log_segment = 0  # first write-log segment after the written checkpoint
         self._committed_checkpoint: str | None = None  # base of the next incremental one
 
     def pause(self, checkpoint_id: str, lease_s: float) -> None:
@@ -81,16 +83,22 @@ class ShardCheckpoints:
                     f"committed checkpoint is {self._committed_checkpoint!r}; take a full one"
                 )
             tables = list(self._server.tables().values())
+            write_log = self._server.journal.log
+            self._written_log_segment = write_log.rotate() if write_log is not None else 0
             files = write_shard_files(
                 tables, self._server.shard, self._server.num_shards, Path(directory), bool(base_id)
             )
-            self._written_checkpoint = checkpoint_id
+            self._written_checkpoint, self._written_directory = checkpoint_id, Path(directory)
             return files, [table.spec for table in tables]
         finally:
             self._server.gate.resume(checkpoint_id)
 
     def commit(self, checkpoint_id: str) -> None:
-        """The manifest of ``checkpoint_id`` is durable: it becomes the incremental base."""
+        """The manifest of ``checkpoint_id`` is durable: it becomes the incremental base.
+
+        The write log drops the segments the checkpoint covers, and records
+        the checkpoint as the one to restore before replaying the rest.
+        """
         if checkpoint_id != self._written_checkpoint:
             raise CheckpointStateError(
                 f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
@@ -99,6 +107,9 @@ class ShardCheckpoints:
         for table in self._server.tables().values():
             table.changes.commit()
         self._committed_checkpoint = checkpoint_id
+        write_log = self._server.journal.log
+        if write_log is not None:
+            write_log.commit_base(self._written_directory, self._written_log_segment)
 
     def restore(self, path: Path) -> int:
         """Replace this shard's tables by the checkpoint at ``path`` (a checkpoint or a root).

@@ -61,6 +61,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         "checkpoint may come from another shard count (env EMBER_RESTORE)",
     )
     parser.add_argument(
+        "--wal",
+        default=defaults.wal,
+        help="write-ahead log directory: log every write before acknowledging it, and at start "
+        "restore the log's checkpoint and replay it (env EMBER_WAL)",
+    )
+    parser.add_argument(
+        "--wal-fsync",
+        choices=["always", "interval"],
+        default=defaults.wal_fsync,
+        help="always: fsync before each acknowledgement (group commit); interval: fsync every "
+        "--wal-fsync-interval-s (env EMBER_WAL_FSYNC)",
+    )
+    parser.add_argument(
+        "--wal-fsync-interval-s",
+        type=float,
+        default=defaults.wal_fsync_interval_s,
+        help="fsync period under --wal-fsync interval (env EMBER_WAL_FSYNC_INTERVAL_S)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -86,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         store=args.store,
         restore=args.restore,
+        wal=args.wal,
+        wal_fsync=args.wal_fsync,
+        wal_fsync_interval_s=args.wal_fsync_interval_s,
     )
     try:
         config.validate()

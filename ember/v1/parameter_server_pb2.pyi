@@ -302,13 +302,21 @@ class CheckpointResponse(_message.Message):
     def __init__(self, shard: _Optional[int] = ..., num_shards: _Optional[int] = ..., files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ...) -> None: ...
 
 class CommitCheckpointRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "directory")
+    __slots__ = ("checkpoint_id",)
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
-    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
-    directory: str
-    def __init__(self, checkpoint_id: _Optional[str] = ..., directory: _Optional[str] = ...) -> None: ...
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class CommitCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class LogRecord(_message.Message):
+    __slots__ = ("create_table", "push", "assign")
+    CREATE_TABLE_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    create_table: CreateTableRequest
+    push: PushBatchRequest
+    assign: AssignRequest
+    def __init__(self, create_table: _Optional[_Union[CreateTableRequest, _Mapping]] = ..., push: _Optional[_Union[PushBatchRequest, _Mapping]] = ..., assign: _Optional[_Union[AssignRequest, _Mapping]] = ...) -> None: ...

@@ -7,7 +7,15 @@ import urllib.parse
 from ember.ps_server.stores.base import RowBatch, RowStore
 from ember.ps_server.stores.memory import InMemoryStore
 
-__all__ = ["InMemoryStore", "RowBatch", "RowStore", "check_store_url", "open_store", "probe_store"]
+__all__ = [
+    "InMemoryStore",
+    "RowBatch",
+    "RowStore",
+    "check_store_url",
+    "clear_shard",
+    "open_store",
+    "probe_store",
+]
 
 _TIERED = "tiered+"
 
@@ -49,6 +57,18 @@ def open_store(url: str, table: str, shard: int, dim: int, state_width: int) -> 
 
     redis_url, capacity = _split_capacity(url.removeprefix(_TIERED))
     return TieredStore(RedisStore(redis_url, table, shard, dim, state_width), capacity)
+
+
+def clear_shard(url: str, shard: int) -> int:
+    """Delete every row of ``shard`` that the store at ``url`` keeps outside this process."""
+    if url in ("", "memory"):
+        return 0
+    from ember.ps_server.stores.redis_store import clear_shard_rows
+
+    redis_url = url.removeprefix(_TIERED)
+    if url.startswith(_TIERED):
+        redis_url = _split_capacity(redis_url)[0]
+    return clear_shard_rows(redis_url, shard)
 
 
 def probe_store(url: str) -> None:

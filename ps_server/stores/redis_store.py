@@ -167,8 +167,13 @@ class RedisStore:
 
     def clear(self) -> None:
         """Delete every row of this table on this shard."""
-        keys = self._scan_keys()
+        self.delete_matching(self._prefix.replace(b"*", rb"\*") + b"*")
+
+    def delete_matching(self, pattern: bytes) -> int:
+        """Delete every key matching the glob ``pattern`` in one transaction; returns how many."""
+        keys = self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
         self._in_transaction(len(keys), lambda pipe, part: pipe.delete(*keys[part]))
+        return len(keys)
 
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
@@ -181,6 +186,11 @@ class RedisStore:
         """Every key of this table on this shard."""
         pattern = self._prefix.replace(b"*", rb"\*") + b"*"
         return self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
+
+
+def clear_shard_rows(url: str, shard: int) -> int:
+    """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many."""
+    return RedisStore(url, "_", shard, 1, 0).delete_matching(f"ember:*:s{shard}:*".encode())
 
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""

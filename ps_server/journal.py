@@ -1,0 +1,78 @@
+"""WriteJournal: puts a shard's writes in one order and logs each before it is applied.
+
+Without a :class:`WriteLog` attached it does nothing. With one, every write
+request is appended to the log (one record per request: group commit of all
+its sub-requests) and applied under one lock, so the log's order is the
+order of application, and the request is acknowledged only after
+:meth:`WriteLog.sync`. A logged request whose application then fails (its
+store is unreachable) is applied at replay: an unacknowledged request may be
+applied, never twice (replay keeps the request-id deduplication).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from ember.ps_server.errors import TableExistsError
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.wire import pb
+from ember.ps_server.write_log import WriteLog
+
+if TYPE_CHECKING:
+    from ember.ps_server.server import ParameterServer
+
+log = logging.getLogger(__name__)
+
+
+class WriteJournal:
+    """Orders and logs the write requests of one shard (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.log: WriteLog | None = None
+        self._order = threading.Lock()
+
+    @contextlib.contextmanager
+    def record(self, build: Callable[[], pb.LogRecord]) -> Iterator[None]:
+        """Log the record ``build`` makes, run the block (the write), then wait until durable."""
+        if self.log is None:
+            yield
+            return
+        with self._order:
+            ticket = self.log.append(build().SerializeToString())
+            yield
+        self.log.sync(ticket)
+
+    def close(self) -> None:
+        """Make the log durable and close it."""
+        if self.log is not None:
+            self.log.close()
+
+
+def replay(server: ParameterServer, write_log: WriteLog) -> int:
+    """Apply every logged request after the log's base checkpoint to ``server``; returns the count.
+
+    Call before a log is attached to ``server`` (replay is not logged again).
+    """
+    count = 0
+    for payload in write_log.replay():
+        record = pb.LogRecord.FromString(payload)
+        entry = record.WhichOneof("entry")
+        if entry == "create_table":
+            try:
+                server.create_table(TableSpec.from_proto(record.create_table.spec))
+            except TableExistsError:  # refused when it was first applied, too
+                pass
+        elif entry == "push":
+            server.push_batch(
+                [(r.table, r.ids, r.grads, r.request_id) for r in record.push.requests]
+            )
+        elif entry == "assign":
+            a = record.assign
+            server.assign(a.table, a.ids, a.values, a.state, a.request_id)
+        count += 1
+    log.info("replayed %d logged requests from %s", count, write_log.directory)
+    return count
