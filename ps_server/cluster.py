@@ -79,12 +79,22 @@ class LocalCluster:
             raise
         return self.endpoints
 
-    def restart_shard(self, shard: int) -> str:
-        """Kill shard ``shard`` (SIGKILL) and start it again; returns its new endpoint."""
+    def kill_shard(self, shard: int) -> None:
+        """SIGKILL shard ``shard`` (a crash: nothing is flushed) and reap it."""
         process = self.processes[shard]
         process.kill()
         process.wait()
-        ready = self._launch(shard, replace=True)
+
+    def restart_shard(self, shard: int) -> str:
+        """Start a killed or exited shard again on its old port, so clients reconnect.
+
+        Returns:
+            Its endpoint (unchanged).
+        """
+        if self.processes[shard].poll() is None:
+            self.kill_shard(shard)
+        port = int(self.endpoints[shard].rsplit(":", 1)[1])
+        ready = self._launch(shard, replace=True, port=port)
         self.endpoints[shard] = self._await_ready(shard, ready)
         return self.endpoints[shard]
 
@@ -111,13 +121,13 @@ class LocalCluster:
             self._tempdir.cleanup()
             self._tempdir = None
 
-    def _launch(self, shard: int, replace: bool = False) -> Path:
+    def _launch(self, shard: int, replace: bool = False, port: int = 0) -> Path:
         ready = self.workdir / f"shard-{shard}.ready"
         ready.unlink(missing_ok=True)
         command = [
             *self._server_command,
             "--shard", str(shard), "--num-shards", str(self.num_shards),
-            "--host", self.host, "--port", "0", "--ready-file", str(ready),
+            "--host", self.host, "--port", str(port), "--ready-file", str(ready),
             *self._extra_args,
         ]  # fmt: skip
         with open(self.workdir / f"shard-{shard}.log", "ab") as log:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ class WriteGate:
                     self._expired.add(self._holder)
                     self._release()
                     break
-                self._cond.wait(remaining)
+                self._cond.wait(None if math.isinf(remaining) else remaining)
             self._writers += 1
         try:
             yield

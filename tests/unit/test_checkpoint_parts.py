@@ -1,0 +1,121 @@
+"""Checkpoint building blocks: the write gate's lease, change tracking, manifests and row files."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.changed_ids import ChangedIds
+from ember.ps_server.checkpoint_format import (
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    checkpoint_chain,
+    latest_checkpoint,
+    next_checkpoint_id,
+    read_row_file,
+    write_row_file,
+)
+from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
+from ember.ps_server.stores import RowBatch
+from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.write_gate import WriteGate
+
+
+def test_a_paused_gate_holds_writers_until_resumed():
+    gate = WriteGate()
+    gate.pause("c1", lease_s=60)
+    entered = threading.Event()
+
+    def writer() -> None:
+        with gate.writing():
+            entered.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert not entered.wait(0.2)  # held (a bounded look, not a synchronisation)
+    with pytest.raises(CheckpointStateError, match="'c1' is in progress"):
+        gate.pause("c2", lease_s=60)
+    gate.resume("c1")
+    thread.join(10)
+    assert entered.is_set()
+
+
+def test_an_expired_lease_resumes_writes_and_refuses_that_checkpoint():
+    gate = WriteGate()
+    gate.pause("c1", lease_s=0.05)
+    with gate.writing():  # waits out the lease, then enters
+        pass
+    with pytest.raises(CheckpointStateError, match="lease ran out"):
+        gate.claim("c1")
+    with pytest.raises(CheckpointStateError, match="not paused"):
+        gate.claim("never")
+
+
+def test_changed_ids_cover_everything_since_the_last_commit():
+    changes = ChangedIds()
+    changes.add(np.array([1, 2]))
+    assert changes.cut().tolist() == []  # tracking starts at the first checkpoint
+    changes.add(np.array([5, 3, 5]))
+    assert changes.cut().tolist() == [3, 5]
+    changes.add(np.array([7]))  # that checkpoint was never committed: carried over
+    assert changes.cut().tolist() == [3, 5, 7]
+    changes.commit()
+    changes.add(np.array([9]))
+    assert changes.cut().tolist() == [9]
+
+
+def rows(count: int, dim: int = 3, width: int = 2) -> RowBatch:
+    generator = torch.Generator().manual_seed(count)
+    return RowBatch(
+        torch.randn(count, dim, generator=generator),
+        torch.rand(count, width, generator=generator),
+        torch.arange(count, dtype=torch.int64),
+    )
+
+
+def test_row_files_round_trip_and_refuse_another_layout(tmp_path):
+    chunks = [(np.arange(5, dtype=np.int64), rows(5)), (np.arange(10, 12, dtype=np.int64), rows(2))]
+    entry = write_row_file(tmp_path / "t.rows", "t", 3, 2, chunks)
+    assert entry.rows == 7 and entry.bytes == (tmp_path / "t.rows").stat().st_size
+    back = list(read_row_file(tmp_path / "t.rows", 3, 2))
+    for (ids, batch), (got_ids, got) in zip(chunks, back, strict=True):
+        assert np.array_equal(ids, got_ids)
+        assert torch.equal(batch.weights, got.weights) and torch.equal(batch.state, got.state)
+        assert torch.equal(batch.versions, got.versions)
+    with pytest.raises(DurableFileCorruptError, match="width 3 with state 2"):
+        list(read_row_file(tmp_path / "t.rows", 4, 2))
+
+
+def test_unfinished_checkpoints_are_ignored_and_ids_keep_counting(tmp_path):
+    spec = TableSpec("t", dim=3)
+    first = tmp_path / "ckpt-000001"
+    first.mkdir()
+    entry = write_row_file(first / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
+    Manifest("ckpt-000001", None, 1, [spec], {0: [entry]}).write(first)
+    (tmp_path / "ckpt-000002").mkdir()  # a checkpoint that died before its manifest
+    assert latest_checkpoint(tmp_path) == first
+    assert next_checkpoint_id(tmp_path) == "ckpt-000003"
+    ((directory, manifest),) = checkpoint_chain(tmp_path)
+    assert directory == first and manifest.tables == [spec] and manifest.files[0] == [entry]
+
+
+def test_a_missing_base_or_a_damaged_file_is_named(tmp_path):
+    spec = TableSpec("t", dim=3)
+    directory = tmp_path / "ckpt-000002"
+    directory.mkdir()
+    entry = write_row_file(directory / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
+    Manifest("ckpt-000002", "ckpt-000001", 1, [spec], {0: [entry]}).write(directory)
+    with pytest.raises(FileNotFoundError, match="base checkpoint 'ckpt-000001' is missing"):
+        checkpoint_chain(directory)
+    Manifest("ckpt-000002", None, 1, [spec], {0: [entry]}).write(directory)
+    (directory / "t.rows").write_bytes((directory / "t.rows").read_bytes()[:-1])
+    with pytest.raises(DurableFileCorruptError, match=f"t.rows: .*expected sha256 {entry.sha256}"):
+        checkpoint_chain(directory)
+    bogus = FileEntry("gone.rows", "t", 1, 10, "0" * 64)
+    Manifest("ckpt-000002", None, 1, [spec], {0: [bogus]}).write(directory)
+    with pytest.raises(DurableFileCorruptError, match="gone.rows: missing"):
+        checkpoint_chain(directory)
+    (directory / MANIFEST).write_text("{not json")
+    with pytest.raises(DurableFileCorruptError, match="not a readable manifest"):
+        checkpoint_chain(directory)
