@@ -187,11 +187,6 @@ class RedisStore:
         pattern = self._prefix.replace(b"*", rb"\*") + b"*"
         return self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
 
-
-def clear_shard_rows(url: str, shard: int) -> int:
-    """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many."""
-    return RedisStore(url, "_", shard, 1, 0).delete_matching(f"ember:*:s{shard}:*".encode())
-
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
         ids = np.frombuffer(b"".join(key[len(self._prefix) :] for key in keys), dtype="<i8")
@@ -251,3 +246,8 @@ def clear_shard_rows(url: str, shard: int) -> int:
             ) from error
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailableError(f"redis at {self.url} is unreachable: {error}") from error
+
+
+def clear_shard_rows(url: str, shard: int) -> int:
+    """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many."""
+    return RedisStore(url, "_", shard, 1, 0).delete_matching(f"ember:*:s{shard}:*".encode())

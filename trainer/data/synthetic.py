@@ -89,7 +89,7 @@ class SyntheticCriteo:
         sparse = []
         per_sample = config.ids_per_feature
         for feature, cardinality in enumerate(config.cardinalities):
-            ids = _zipf_ranks(rng, cardinality, config.zipf_exponent, batch_size * per_sample)
+            ids = zipf_ranks(rng, cardinality, config.zipf_exponent, batch_size * per_sample)
             weights = hashed_normal(config.seed, feature, ids) * config.signal / np.sqrt(per_sample)
             logit = logit + weights.reshape(batch_size, per_sample).sum(axis=1) / np.sqrt(
                 self.num_features
@@ -100,7 +100,7 @@ class SyntheticCriteo:
         return Batch(torch.from_numpy(dense_features), sparse, torch.from_numpy(labels))
 
 
-def _zipf_ranks(rng: np.random.Generator, n: int, exponent: float, size: int) -> np.ndarray:
+def zipf_ranks(rng: np.random.Generator, n: int, exponent: float, size: int) -> np.ndarray:
     """Bounded Zipf ranks in [0, n) by inverting the continuous power-law CDF (O(1) memory)."""
     u = rng.random(size)
     one_minus_s = 1.0 - exponent

@@ -1,0 +1,199 @@
+"""Cold tier and durability costs, one run, each against a baseline measured beside it.
+
+1. Redis store vs raw redis-py on the same bytes (target >= 0.8):
+     pull: RedisStore.fetch of n ids (keys built, pipelined MGET, values decoded
+           into weight / state / version tensors)  vs  pipelined MGET of the
+           same keys through redis-py, values left as bytes;
+     push: RedisStore.insert of n rows (encoded, one MSET or MULTI/EXEC)  vs
+           pipelined MSET of the same keys and values.
+2. Tiered store with a memory tier of 10% of the rows, Zipf-distributed pushes
+   (an optimizer step per distinct id, rows created on first touch): hit rate
+   and rows/s, against the same pushes on the plain Redis store and on the
+   memory store.
+3. Push throughput of a shard (in process, no RPC, memory store) with the
+   write-ahead log at fsync ``interval`` and ``always``, against no log; one
+   pushing thread, and four (where group commit shares fsyncs).
+
+Usage: python benchmarks/bench_cold_tier.py [--ids 16384] [--dim 64] [--rounds 7]
+Needs a redis-server binary (scripts/setup-redis.sh installs one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+import torch
+from bench_timing import paired_medians
+from ember.ps_server.journal import WriteJournal
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.stores import open_store
+from ember.ps_server.stores.base import RowBatch
+from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore
+from ember.ps_server.stores.row_codec import encode_rows
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.write_log import WriteLog
+from ember.trainer.data.synthetic import zipf_ranks
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.redis_server import RedisServer
+
+ADAGRAD = OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05)
+
+
+def redis_against_raw(url: str, n: int, dim: int, rounds: int) -> None:
+    """Section 1."""
+    store = RedisStore(url, "bench", 0, dim, state_width=dim)  # Adagrad-sized state
+    ids = np.random.default_rng(0).permutation(1 << 24)[:n].astype(np.int64)
+    rows = RowBatch(torch.randn(n, dim), torch.rand(n, dim), torch.zeros(n, dtype=torch.int64))
+    store.insert(ids, rows)
+    raw = redis.Redis.from_url(url)
+    keys = store._keys(ids)
+    values = encode_rows(rows)
+    batch = DEFAULT_BATCH_KEYS  # the same commands as the store sends
+
+    def raw_get() -> None:
+        with raw.pipeline(transaction=False) as pipe:
+            for start in range(0, n, batch):
+                pipe.mget(keys[start : start + batch])
+            pipe.execute()
+
+    def raw_set() -> None:
+        with raw.pipeline(transaction=False) as pipe:
+            for start in range(0, n, batch):
+                pipe.mset(dict(zip(keys[start : start + batch], values[start : start + batch])))
+            pipe.execute()
+
+    pull, raw_pull = paired_medians([lambda: store.fetch(ids), raw_get], rounds)
+    push, raw_push = paired_medians([lambda: store.insert(ids, rows), raw_set], rounds)
+    value_mb = n * len(values[0]) / 1e6
+    print(f"\n1. redis store vs raw redis-py: {n:,} ids, dim {dim}, {len(values[0])} B per value")
+    print(
+        f"{'op':<6} {'store ms':>9} {'raw ms':>8} {'store MB/s':>11} {'raw MB/s':>9} {'ratio':>6}"
+    )
+    for name, ours, theirs in (("pull", pull, raw_pull), ("push", push, raw_push)):
+        print(
+            f"{name:<6} {ours * 1e3:>9.1f} {theirs * 1e3:>8.1f} {value_mb / ours:>11.1f} "
+            f"{value_mb / theirs:>9.1f} {theirs / ours:>6.2f}"
+        )
+
+
+def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) -> None:
+    """Section 2: the same Zipf push stream through tiered, redis and memory stores."""
+    rng = np.random.default_rng(1)
+    scramble = rng.permutation(universe).astype(np.int64)  # hot ids spread over the id space
+    stream = [np.unique(scramble[zipf_ranks(rng, universe, 1.05, batch)]) for _ in range(batches)]
+    grads = [torch.randn(len(ids), dim) for ids in stream]
+    capacity = universe // 10
+    spec = TableSpec("zipf", dim=dim, optimizer=ADAGRAD)
+
+    def create(new_ids: np.ndarray) -> RowBatch:
+        return RowBatch(
+            torch.zeros(len(new_ids), dim),
+            torch.zeros(len(new_ids), dim),
+            torch.zeros(len(new_ids), dtype=torch.int64),
+        )
+
+    print(
+        f"\n2. tiered store: {universe:,} ids, memory tier {capacity:,} rows (10%), "
+        f"{batches} pushes of {batch:,} Zipf(1.05) ids ({sum(map(len, stream)):,} distinct per "
+        f"push summed)"
+    )
+    print(f"{'store':<28} {'rows/s':>10} {'vs redis':>9} {'vs memory':>10} {'hit rate':>9}")
+    results = {}
+    for name, store_url in (
+        ("memory", "memory"),
+        ("redis", url),
+        (f"tiered (capacity {capacity:,})", f"tiered+{url}?capacity={capacity}"),
+    ):
+        store = open_store(store_url, f"zipf{len(results)}", 0, dim, dim)
+        warm = len(stream) // 4  # the first quarter fills the tier; timed: the rest
+        for ids, g in zip(stream[:warm], grads[:warm]):
+            store.update(ids, g, spec.optimizer, create=create)
+        hits_before = getattr(store, "hits", 0), getattr(store, "misses", 0)
+        rows = sum(len(ids) for ids in stream[warm:])
+        start = time.perf_counter()
+        for ids, g in zip(stream[warm:], grads[warm:]):
+            store.update(ids, g, spec.optimizer, create=create)
+        results[name] = rows / (time.perf_counter() - start)
+        hit_rate = ""
+        if hasattr(store, "hits"):
+            hits, misses = store.hits - hits_before[0], store.misses - hits_before[1]
+            hit_rate = f"{hits / (hits + misses):.3f}"
+        store.clear()
+        rate = results[name]
+        print(
+            f"{name:<28} {rate:>10,.0f} {rate / results['redis'] if 'redis' in results else 1:>9.2f} "
+            f"{rate / results['memory']:>10.2f} {hit_rate:>9}"
+        )
+
+
+def write_log_cost(dim: int, batch: int, pushes: int) -> None:
+    """Section 3: shard pushes without a log, and with it at both fsync policies."""
+    rng = np.random.default_rng(2)
+    requests = [
+        (
+            rng.integers(0, 1 << 20, batch).astype(np.int64).tobytes(),
+            rng.standard_normal((batch, dim)).astype(np.float32).tobytes(),
+        )
+        for _ in range(pushes)
+    ]
+    print(
+        f"\n3. shard pushes with the write-ahead log: {pushes} pushes of {batch:,} ids x dim {dim} "
+        f"(Adagrad), {len(requests[0][1]) / 1e6:.1f} MB of gradients each, in process"
+    )
+    print(f"{'log':<16} {'threads':>7} {'pushes/s':>9} {'MB/s':>7} {'vs no log':>9}")
+    for threads in (1, 4):
+        baseline = None
+        for mode in ("none", "interval", "always"):
+            with tempfile.TemporaryDirectory() as directory:
+                server = ParameterServer(0, 1)
+                server.create_table(TableSpec("t", dim=dim, optimizer=ADAGRAD))
+                if mode != "none":
+                    server.journal = WriteJournal()
+                    server.journal.log = WriteLog(Path(directory), 0, 1, fsync=mode)
+                    server.journal.log.open()
+                rate = _pushes_per_second(server, requests, threads)
+                server.journal.close()
+            baseline = baseline or rate
+            mb = rate * len(requests[0][1]) / 1e6
+            print(f"{mode:<16} {threads:>7} {rate:>9.1f} {mb:>7.1f} {rate / baseline:>9.2f}")
+
+
+def _pushes_per_second(server: ParameterServer, requests: list, threads: int) -> float:
+    def push(index: int) -> None:
+        ids, grads = requests[index]
+        server.push("t", ids, grads, f"r{index}")
+
+    push(0)  # rows created, first-touch costs out of the timing
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(push, range(1, len(requests))))
+    return (len(requests) - 1) / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ids", type=int, default=16_384, help="ids per request in section 1")
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--universe", type=int, default=500_000, help="distinct ids, section 2")
+    parser.add_argument("--batches", type=int, default=80, help="pushes in section 2")
+    parser.add_argument("--wal-pushes", type=int, default=60, help="pushes per mode, section 3")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as directory, RedisServer(Path(directory)) as server:
+        redis_against_raw(server.url, args.ids, args.dim, args.rounds)
+        tiered_on_zipf(server.url, args.universe, 16_384, args.batches, args.dim)
+    write_log_cost(args.dim, 4096, args.wal_pushes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
