@@ -22,6 +22,8 @@ bench: setup
 	$(VENV)/bin/python benchmarks/bench_ps.py
 	$(VENV)/bin/python benchmarks/bench_kernels.py
 	$(VENV)/bin/python benchmarks/bench_trainer.py
+	@bash scripts/setup-redis.sh
+	$(VENV)/bin/python benchmarks/bench_cold_tier.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -14,6 +14,9 @@
    write-ahead log at fsync ``interval`` and ``always``, against no log; one
    pushing thread, and four (where group commit shares fsyncs).
 
+The process tunes malloc as a shard does (``retain_freed_buffers``), so large
+transient buffers are reused rather than faulted in afresh per request.
+
 Usage: python benchmarks/bench_cold_tier.py [--ids 16384] [--dim 64] [--rounds 7]
 Needs a redis-server binary (scripts/setup-redis.sh installs one).
 """
@@ -32,6 +35,7 @@ import redis
 import torch
 from bench_timing import paired_medians
 from ember.ps_server.journal import WriteJournal
+from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.stores import open_store
 from ember.ps_server.stores.base import RowBatch
@@ -187,7 +191,8 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=80, help="pushes in section 2")
     parser.add_argument("--wal-pushes", type=int, default=60, help="pushes per mode, section 3")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # as a shard runs
+    retain_freed_buffers()
     with tempfile.TemporaryDirectory() as directory, RedisServer(Path(directory)) as server:
         redis_against_raw(server.url, args.ids, args.dim, args.rounds)
         tiered_on_zipf(server.url, args.universe, 16_384, args.batches, args.dim)

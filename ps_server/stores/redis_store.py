@@ -91,20 +91,18 @@ class RedisStore:
         values = self._get(ids)
         if None not in values:  # the common case: decode straight into the batch
             found = np.ones(len(values), dtype=bool)
-            rows = decode_rows(values, self.dim, self.state_width, self.url)
-        else:
-            found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-            rows = empty_batch(len(ids), self.dim, self.state_width)
-            if found.any():
-                held = decode_rows(
-                    [v for v in values if v is not None], self.dim, self.state_width, self.url
-                )
-                where = torch.from_numpy(np.flatnonzero(found))
-                rows.weights[where], rows.state[where], rows.versions[where] = (
-                    held.weights, held.state, held.versions,
-                )  # fmt: skip
-        if not with_state:
-            rows.state = torch.empty(len(ids), 0)
+            return found, decode_rows(values, self.dim, self.state_width, self.url, with_state)
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        rows = empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
+        if found.any():
+            held = decode_rows(
+                [v for v in values if v is not None],
+                self.dim, self.state_width, self.url, with_state,
+            )  # fmt: skip
+            where = torch.from_numpy(np.flatnonzero(found))
+            rows.weights[where], rows.state[where], rows.versions[where] = (
+                held.weights, held.state, held.versions,
+            )  # fmt: skip
         return found, rows
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:

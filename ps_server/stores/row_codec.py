@@ -46,8 +46,12 @@ def encode_rows(rows: RowBatch) -> list[bytes]:
     return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
-def decode_rows(values: list[bytes], dim: int, state_width: int, where: str) -> RowBatch:
+def decode_rows(
+    values: list[bytes], dim: int, state_width: int, where: str, with_state: bool = True
+) -> RowBatch:
     """Rows from values written by :func:`encode_rows` for the same widths.
+
+    The state is left out (width 0) unless ``with_state``.
 
     Raises:
         StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
@@ -69,6 +73,8 @@ def decode_rows(values: list[bytes], dim: int, state_width: int, where: str) -> 
         raise StoreCorruptError(f"{where}: a row value has an unknown header (expected {MAGIC!r})")
     return RowBatch(
         weights=torch.from_numpy(records["weights"].copy()),
-        state=torch.from_numpy(records["state"].copy()),
+        state=torch.from_numpy(records["state"].copy())
+        if with_state
+        else torch.empty(len(records), 0),
         versions=torch.from_numpy(records["version"].copy()),
     )
