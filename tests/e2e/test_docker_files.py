@@ -35,3 +35,6 @@ def test_compose_config_is_valid_and_shards_are_numbered():
     shards = sorted(int(s) for s in re.findall(r"EMBER_SHARD: '(\d+)'", result.stdout))
     counts = set(re.findall(r"EMBER_NUM_SHARDS: '(\d+)'", result.stdout))
     assert counts == {str(len(shards))} and shards == list(range(len(shards)))
+    # Every shard logs its writes to the volume that also holds the checkpoints.
+    assert len(re.findall(r"EMBER_WAL: /var/lib/ember/wal", result.stdout)) == len(shards)
+    assert result.stdout.count("ember-durable:/var/lib/ember") == len(shards)
