@@ -13,8 +13,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from ember.ps_server.checkpoint_format import (
     FileEntry,
     Manifest,
@@ -29,7 +27,6 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
 )
 from ember.ps_server.routing import shard_of
-from ember.ps_server.stores import RowBatch
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import TableSpec
 
@@ -211,9 +208,7 @@ def _load_row_file(path: Path, table: Table, shard: int, num_shards: int) -> int
         if num_shards > 1:
             mine = shard_of(table.spec.name, ids, num_shards) == shard
             if not mine.all():
-                keep = torch.from_numpy(np.flatnonzero(mine))
-                ids = ids[mine]
-                rows = RowBatch(rows.weights[keep], rows.state[keep], rows.versions[keep])
+                ids, rows = ids[mine], rows.select(mine)
         if len(ids):
             table.load(ids, rows)
             loaded += len(ids)

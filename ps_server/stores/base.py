@@ -28,6 +28,18 @@ class RowBatch:
     state: torch.Tensor
     versions: torch.Tensor
 
+    def select(self, mask: np.ndarray) -> RowBatch:
+        """The rows where the bool ``mask`` is true (a copy)."""
+        index = torch.from_numpy(np.flatnonzero(mask))
+        return RowBatch(self.weights[index], self.state[index], self.versions[index])
+
+    def fill(self, mask: np.ndarray, rows: RowBatch) -> None:
+        """Overwrite, in place, the rows where the bool ``mask`` is true with ``rows`` in order."""
+        index = torch.from_numpy(np.flatnonzero(mask))
+        self.weights[index], self.state[index], self.versions[index] = (
+            rows.weights, rows.state, rows.versions,
+        )  # fmt: skip
+
 
 def empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
     """``rows`` zero rows (what a fetch reports for ids it does not hold)."""

@@ -95,14 +95,8 @@ class RedisStore:
         found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         rows = empty_batch(len(ids), self.dim, self.state_width if with_state else 0)
         if found.any():
-            held = decode_rows(
-                [v for v in values if v is not None],
-                self.dim, self.state_width, self.url, with_state,
-            )  # fmt: skip
-            where = torch.from_numpy(np.flatnonzero(found))
-            rows.weights[where], rows.state[where], rows.versions[where] = (
-                held.weights, held.state, held.versions,
-            )  # fmt: skip
+            held = [v for v in values if v is not None]
+            rows.fill(found, decode_rows(held, self.dim, self.state_width, self.url, with_state))
         return found, rows
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
@@ -142,12 +136,7 @@ class RedisStore:
         if not found.all():
             if create is None:
                 raise KeyError(f"update of {int((~found).sum())} ids the store does not hold")
-            missing = np.flatnonzero(~found)
-            fresh = create(ids[missing])
-            where = torch.from_numpy(missing)
-            rows.weights[where], rows.state[where], rows.versions[where] = (
-                fresh.weights, fresh.state, fresh.versions,
-            )  # fmt: skip
+            rows.fill(~found, create(ids[~found]))
         rows.versions += 1
         apply_rows(optimizer, rows.weights, rows.state, grads, rows.versions)
         self.insert(ids, rows)
@@ -188,13 +177,9 @@ class RedisStore:
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
         ids = np.frombuffer(b"".join(key[len(self._prefix) :] for key in keys), dtype="<i8")
-        found, rows = self.fetch(ids.astype(np.int64))
-        if found.all():
-            return ids.astype(np.int64), rows
-        keep = torch.from_numpy(np.flatnonzero(found))
-        return ids[found].astype(np.int64), RowBatch(
-            rows.weights[keep], rows.state[keep], rows.versions[keep]
-        )
+        ids = ids.astype(np.int64)
+        found, rows = self.fetch(ids)
+        return (ids, rows) if found.all() else (ids[found], rows.select(found))
 
     def _in_transaction(
         self, count: int, command: Callable[[redis.client.Pipeline, slice], object]

@@ -118,11 +118,7 @@ class TieredStore:
             if cold_only.all():
                 yield ids, rows
             elif cold_only.any():
-                keep = torch.from_numpy(np.flatnonzero(cold_only))
-                yield (
-                    ids[cold_only],
-                    RowBatch(rows.weights[keep], rows.state[keep], rows.versions[keep]),
-                )
+                yield ids[cold_only], rows.select(cold_only)
 
     def clear(self) -> None:
         """Drop every row from both tiers."""
@@ -153,23 +149,13 @@ class TieredStore:
             return slots
         miss_ids = ids[missing]
         found, rows = self._cold.fetch(miss_ids)  # may raise: nothing has changed yet
+        admitted = found
         if create is not None and not found.all():
-            fresh_at = np.flatnonzero(~found)
-            fresh = create(miss_ids[fresh_at])
-            where = torch.from_numpy(fresh_at)
-            rows.weights[where], rows.state[where], rows.versions[where] = (
-                fresh.weights, fresh.state, fresh.versions,
-            )  # fmt: skip
+            rows.fill(~found, create(miss_ids[~found]))
             admitted = np.ones(len(miss_ids), dtype=bool)
-        else:
-            admitted = found
         self._make_room(int(admitted.sum()), keep=slots[slots >= 0])
         if admitted.any():
-            keep = torch.from_numpy(np.flatnonzero(admitted))
-            self._hot.insert(
-                miss_ids[admitted],
-                RowBatch(rows.weights[keep], rows.state[keep], rows.versions[keep]),
-            )
+            self._hot.insert(miss_ids[admitted], rows.select(admitted))
             new_slots = self._hot.locate(miss_ids[admitted])
             self._mark(new_slots, dirty=False)
             self._dirty[new_slots] = torch.from_numpy(~found[admitted])
