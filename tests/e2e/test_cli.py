@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ember.ps_server.checkpoint_format import Manifest
 from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.table_spec import TableSpec
 
 from tests.support.native import require_native
@@ -84,6 +86,14 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
             "optimizer must be one of",
         ),
         (["train"], "give --endpoints or --endpoints-file"),
+        (["checkpoint", "--dir", "/tmp/x"], "give --endpoints or --endpoints-file"),
+        (["ps", "--restore", "/nonexistent/ckpt"], "no finished checkpoint"),
+        (["ps", "--wal-fsync", "sometimes"], "invalid choice: 'sometimes'"),
+        (
+            ["ps", "--wal", "/tmp/w", "--wal-fsync-interval-s", "0"],
+            "wal_fsync_interval_s must be > 0",
+        ),
+        (["ps", "--store", "tiered+redis://h:1/0"], "needs ?capacity=ROWS"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(argv, message):
@@ -92,6 +102,27 @@ def test_bad_flags_exit_with_a_clear_message(argv, message):
     )
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_checkpoint_command_writes_a_checkpoint_and_refuses_a_baseless_incremental(tmp_path):
+    with LocalCluster(1) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(TableSpec("t", dim=4))
+        client.pull("t", [1, 2, 3])
+        base = [*EMBER, "checkpoint", "--endpoints", cluster.endpoints[0]]
+        refused = subprocess.run(
+            [*base, "--dir", str(tmp_path / "none"), "--incremental"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0 and "take a full one first" in refused.stderr
+        done = subprocess.run(
+            [*base, "--dir", str(tmp_path / "ckpt")],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        directory = tmp_path / "ckpt" / "ckpt-000001"
+        assert f"checkpoint written: {directory}" in done.stdout
+        manifest = Manifest.load(directory)
+        assert [entry.rows for entry in manifest.files[0] if entry.table == "t"] == [3]
 
 
 def test_flags_can_come_from_the_environment(tmp_path):
