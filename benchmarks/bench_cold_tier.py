@@ -1,11 +1,15 @@
 """Cold tier and durability costs, one run, each against a baseline measured beside it.
 
-1. Redis store vs raw redis-py on the same bytes (target >= 0.8):
-     pull: RedisStore.fetch of n ids (keys built, pipelined MGET, values decoded
-           into weight / state / version tensors)  vs  pipelined MGET of the
-           same keys through redis-py, values left as bytes;
-     push: RedisStore.insert of n rows (encoded, one MSET or MULTI/EXEC)  vs
-           pipelined MSET of the same keys and values.
+1. Redis store vs raw redis-py on the same bytes (target >= 0.8), each Ember
+   line being what a shard does for that request:
+     pull:  RedisStore.fetch of n ids without optimizer state, as a shard pull
+            (keys built, pipelined MGET, weights and versions decoded into
+            tensors)  vs  pipelined MGET of the same keys, values left as bytes;
+     push:  RedisStore.update of n rows, as a shard push (one MGET, decode,
+            Adagrad step, encode, one MSET or MULTI/EXEC)  vs  pipelined MGET
+            then pipelined MSET of the same keys and values;
+     write: RedisStore.insert of n rows (as assign and restore)  vs  pipelined
+            MSET of the same keys and values.
 2. Tiered store with a memory tier of 10% of the rows, Zipf-distributed pushes
    (an optimizer step per distinct id, rows created on first touch): hit rate
    and rows/s, against the same pushes on the plain Redis store and on the
@@ -74,18 +78,25 @@ def redis_against_raw(url: str, n: int, dim: int, rounds: int) -> None:
                 pipe.mset(dict(zip(keys[start : start + batch], values[start : start + batch])))
             pipe.execute()
 
-    pull, raw_pull = paired_medians([lambda: store.fetch(ids), raw_get], rounds)
-    push, raw_push = paired_medians([lambda: store.insert(ids, rows), raw_set], rounds)
-    value_mb = n * len(values[0]) / 1e6
-    print(f"\n1. redis store vs raw redis-py: {n:,} ids, dim {dim}, {len(values[0])} B per value")
-    print(
-        f"{'op':<6} {'store ms':>9} {'raw ms':>8} {'store MB/s':>11} {'raw MB/s':>9} {'ratio':>6}"
+    grads = torch.randn(n, dim)
+
+    def raw_read_write() -> None:
+        raw_get()
+        raw_set()
+
+    pull, raw_pull = paired_medians([lambda: store.fetch(ids, with_state=False), raw_get], rounds)
+    push, raw_push = paired_medians(
+        [lambda: store.update(ids, grads, ADAGRAD), raw_read_write], rounds
     )
-    for name, ours, theirs in (("pull", pull, raw_pull), ("push", push, raw_push)):
-        print(
-            f"{name:<6} {ours * 1e3:>9.1f} {theirs * 1e3:>8.1f} {value_mb / ours:>11.1f} "
-            f"{value_mb / theirs:>9.1f} {theirs / ours:>6.2f}"
-        )
+    write, raw_write = paired_medians([lambda: store.insert(ids, rows), raw_set], rounds)
+    print(f"\n1. redis store vs raw redis-py: {n:,} ids, dim {dim}, {len(values[0])} B per value")
+    print(f"{'op':<6} {'store ms':>9} {'raw ms':>8} {'ratio':>6}")
+    for name, ours, theirs in (
+        ("pull", pull, raw_pull),
+        ("push", push, raw_push),
+        ("write", write, raw_write),
+    ):
+        print(f"{name:<6} {ours * 1e3:>9.1f} {theirs * 1e3:>8.1f} {theirs / ours:>6.2f}")
 
 
 def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) -> None:

@@ -22,7 +22,12 @@ import torch
 from ember.kernels.optim import RowOptimizer, apply_rows
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
-from ember.ps_server.stores.row_codec import HEADER_BYTES, decode_rows, encode_rows
+from ember.ps_server.stores.row_codec import (
+    HEADER_BYTES,
+    RowRecords,
+    decode_rows,
+    encode_rows,
+)
 
 T = TypeVar("T")
 
@@ -88,7 +93,7 @@ class RedisStore:
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed); absent rows are zeros."""
-        values = self._get(ids)
+        values = self._get(self._keys(ids))
         if None not in values:  # the common case: decode straight into the batch
             found = np.ones(len(values), dtype=bool)
             return found, decode_rows(values, self.dim, self.state_width, self.url, with_state)
@@ -115,11 +120,7 @@ class RedisStore:
         values = encode_rows(
             RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
         )
-        keys = self._keys(ids)
-        self._in_transaction(
-            len(keys),
-            lambda pipe, part: pipe.mset(dict(zip(keys[part], values[part], strict=True))),
-        )
+        self._set(self._keys(ids), values)
 
     def update(
         self,
@@ -132,14 +133,18 @@ class RedisStore:
 
         Absent rows are made by ``create`` first; without it KeyError, nothing changed.
         """
-        found, rows = self.fetch(ids, with_state=True)
-        if not found.all():
+        keys = self._keys(ids)
+        values = self._get(keys)
+        missing = [i for i, value in enumerate(values) if value is None]
+        if missing:
             if create is None:
-                raise KeyError(f"update of {int((~found).sum())} ids the store does not hold")
-            rows.fill(~found, create(ids[~found]))
-        rows.versions += 1
-        apply_rows(optimizer, rows.weights, rows.state, grads, rows.versions)
-        self.insert(ids, rows)
+                raise KeyError(f"update of {len(missing)} ids the store does not hold")
+            for i, value in zip(missing, encode_rows(create(ids[missing])), strict=True):
+                values[i] = value
+        records = RowRecords(values, self.dim, self.state_width, self.url)
+        records.versions += 1
+        apply_rows(optimizer, records.weights, records.state, grads, records.versions)
+        self._set(keys, records.values())
 
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids`` in one transaction."""
@@ -207,8 +212,13 @@ class RedisStore:
         blob = records.tobytes()
         return [blob[i : i + size] for i in range(0, len(blob), size)]
 
-    def _get(self, ids: np.ndarray) -> list[bytes | None]:
-        keys = self._keys(ids)
+    def _set(self, keys: list[bytes], values: list[bytes]) -> None:
+        self._in_transaction(
+            len(keys),
+            lambda pipe, part: pipe.mset(dict(zip(keys[part], values[part], strict=True))),
+        )
+
+    def _get(self, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
 

@@ -41,9 +41,55 @@ def encode_rows(rows: RowBatch) -> list[bytes]:
     records["version"] = rows.versions.numpy()
     records["weights"] = rows.weights.numpy()
     records["state"] = rows.state.numpy()
-    size = records.dtype.itemsize
-    blob = records.tobytes()
-    return [blob[i : i + size] for i in range(0, len(blob), size)]
+    return _split(records)
+
+
+class RowRecords:
+    """Row values read into one writable buffer, with tensor views to step them in place.
+
+    ``weights`` and ``state`` are strided views into the records (an update
+    writes straight into the values to send back); ``versions`` is a copy that
+    :meth:`values` writes back.
+
+    Raises:
+        StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
+    """
+
+    def __init__(self, values: list[bytes], dim: int, state_width: int, where: str) -> None:
+        dtype = value_dtype(dim, state_width)
+        buffer = bytearray().join(values)
+        if len(buffer) != len(values) * dtype.itemsize:  # then find the culprit, for the message
+            bad = next(i for i, value in enumerate(values) if len(value) != dtype.itemsize)
+            raise StoreCorruptError(
+                f"{where}: a row value has {len(values[bad])} bytes, expected {dtype.itemsize} "
+                f"(dim {dim}, state width {state_width}); the data was written for another table "
+                "layout"
+            )
+        self.records = np.frombuffer(buffer, dtype=dtype)
+        if len(self.records) and not (
+            (self.records["magic"] == MAGIC).all()
+            and (self.records["dim"] == dim).all()
+            and (self.records["state_width"] == state_width).all()
+        ):
+            raise StoreCorruptError(
+                f"{where}: a row value has an unknown header (expected {MAGIC!r})"
+            )
+        self.weights = torch.from_numpy(self.records["weights"])
+        self.state = torch.from_numpy(self.records["state"])
+        self.versions = torch.from_numpy(self.records["version"].copy())
+
+    def batch(self, with_state: bool = True) -> RowBatch:
+        """The rows as contiguous tensors of their own (state left out unless ``with_state``)."""
+        return RowBatch(
+            weights=self.weights.contiguous(),
+            state=self.state.contiguous() if with_state else torch.empty(len(self.records), 0),
+            versions=self.versions,
+        )
+
+    def values(self) -> list[bytes]:
+        """One value per row, with the current versions."""
+        self.records["version"] = self.versions.numpy()
+        return _split(self.records)
 
 
 def decode_rows(
@@ -56,25 +102,10 @@ def decode_rows(
     Raises:
         StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
     """
-    dtype = value_dtype(dim, state_width)
-    blob = b"".join(values)
-    if len(blob) != len(values) * dtype.itemsize:  # then find the culprit, for the message
-        bad = next(i for i, value in enumerate(values) if len(value) != dtype.itemsize)
-        raise StoreCorruptError(
-            f"{where}: a row value has {len(values[bad])} bytes, expected {dtype.itemsize} "
-            f"(dim {dim}, state width {state_width}); the data was written for another table layout"
-        )
-    records = np.frombuffer(blob, dtype=dtype)
-    if len(records) and not (
-        (records["magic"] == MAGIC).all()
-        and (records["dim"] == dim).all()
-        and (records["state_width"] == state_width).all()
-    ):
-        raise StoreCorruptError(f"{where}: a row value has an unknown header (expected {MAGIC!r})")
-    return RowBatch(
-        weights=torch.from_numpy(records["weights"].copy()),
-        state=torch.from_numpy(records["state"].copy())
-        if with_state
-        else torch.empty(len(records), 0),
-        versions=torch.from_numpy(records["version"].copy()),
-    )
+    return RowRecords(values, dim, state_width, where).batch(with_state)
+
+
+def _split(records: np.ndarray) -> list[bytes]:
+    size = records.dtype.itemsize
+    blob = records.tobytes()
+    return [blob[i : i + size] for i in range(0, len(blob), size)]

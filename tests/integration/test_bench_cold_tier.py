@@ -21,6 +21,7 @@ def test_bench_cold_tier_reports_ratios_hit_rate_and_log_cost():
     out = result.stdout
     assert re.search(r"^pull .* \d\.\d\d$", out, re.MULTILINE), out
     assert re.search(r"^push .* \d\.\d\d$", out, re.MULTILINE), out
+    assert re.search(r"^write .* \d\.\d\d$", out, re.MULTILINE), out
     (hit_rate,) = re.findall(r"^tiered .* (\d\.\d{3})$", out, re.MULTILINE)
     assert 0.0 < float(hit_rate) < 1.0  # a 10% tier on Zipf ids both hits and misses
     for mode in ("none", "interval", "always"):
