@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +39,6 @@ import numpy as np
 import redis
 import torch
 from bench_timing import paired_medians
-from ember.ps_server.journal import WriteJournal
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.stores import open_store
@@ -149,8 +149,11 @@ def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) 
         )
 
 
-def write_log_cost(dim: int, batch: int, pushes: int) -> None:
-    """Section 3: shard pushes without a log, and with it at both fsync policies."""
+def write_log_cost(dim: int, batch: int, pushes: int, rounds: int = 3) -> None:
+    """Section 3: shard pushes without a log, and with it at both fsync policies.
+
+    Modes alternate round by round; each figure is the median of ``rounds``.
+    """
     rng = np.random.default_rng(2)
     requests = [
         (
@@ -161,24 +164,34 @@ def write_log_cost(dim: int, batch: int, pushes: int) -> None:
     ]
     print(
         f"\n3. shard pushes with the write-ahead log: {pushes} pushes of {batch:,} ids x dim {dim} "
-        f"(Adagrad), {len(requests[0][1]) / 1e6:.1f} MB of gradients each, in process"
+        f"(Adagrad), {len(requests[0][1]) / 1e6:.1f} MB of gradients each, in process, "
+        f"median of {rounds} alternating rounds"
     )
     print(f"{'log':<16} {'threads':>7} {'pushes/s':>9} {'MB/s':>7} {'vs no log':>9}")
+    modes = ("none", "interval", "always")
     for threads in (1, 4):
-        baseline = None
-        for mode in ("none", "interval", "always"):
-            with tempfile.TemporaryDirectory() as directory:
-                server = ParameterServer(0, 1)
-                server.create_table(TableSpec("t", dim=dim, optimizer=ADAGRAD))
-                if mode != "none":
-                    server.journal = WriteJournal()
-                    server.journal.log = WriteLog(Path(directory), 0, 1, fsync=mode)
-                    server.journal.log.open()
-                rate = _pushes_per_second(server, requests, threads)
-                server.journal.close()
-            baseline = baseline or rate
+        rates: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(rounds):
+            for mode in modes:
+                rates[mode].append(_logged_push_rate(mode, requests, dim, threads))
+        baseline = statistics.median(rates["none"])
+        for mode in modes:
+            rate = statistics.median(rates[mode])
             mb = rate * len(requests[0][1]) / 1e6
             print(f"{mode:<16} {threads:>7} {rate:>9.1f} {mb:>7.1f} {rate / baseline:>9.2f}")
+
+
+def _logged_push_rate(mode: str, requests: list, dim: int, threads: int) -> float:
+    with tempfile.TemporaryDirectory() as directory:
+        server = ParameterServer(0, 1)
+        server.create_table(TableSpec("t", dim=dim, optimizer=ADAGRAD))
+        if mode != "none":
+            server.journal.log = WriteLog(Path(directory), 0, 1, fsync=mode)
+            server.journal.log.open()
+        try:
+            return _pushes_per_second(server, requests, threads)
+        finally:
+            server.journal.close()
 
 
 def _pushes_per_second(server: ParameterServer, requests: list, threads: int) -> float:
@@ -200,7 +213,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--universe", type=int, default=500_000, help="distinct ids, section 2")
     parser.add_argument("--batches", type=int, default=80, help="pushes in section 2")
-    parser.add_argument("--wal-pushes", type=int, default=60, help="pushes per mode, section 3")
+    parser.add_argument("--wal-pushes", type=int, default=60, help="pushes per run, section 3")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a shard runs
     retain_freed_buffers()
