@@ -19,10 +19,11 @@ from typing import TypeVar
 import numpy as np
 import redis
 import torch
-from ember.kernels.optim import RowOptimizer, apply_rows
+from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
 from ember.ps_server.stores.row_codec import (
+    DECODE_CHUNK_ROWS,
     HEADER_BYTES,
     RowRecords,
     decode_rows,
@@ -135,16 +136,26 @@ class RedisStore:
         """
         keys = self._keys(ids)
         values = self._get(keys)
-        missing = [i for i, value in enumerate(values) if value is None]
-        if missing:
+        if None in values:
+            missing = [i for i, value in enumerate(values) if value is None]
             if create is None:
                 raise KeyError(f"update of {len(missing)} ids the store does not hold")
             for i, value in zip(missing, encode_rows(create(ids[missing])), strict=True):
                 values[i] = value
-        records = RowRecords(values, self.dim, self.state_width, self.url)
-        records.versions += 1
-        apply_rows(optimizer, records.weights, records.state, grads, records.versions)
-        self._set(keys, records.values())
+        stepped: list[bytes] = []
+        for start in range(0, len(values), DECODE_CHUNK_ROWS):  # a small, reused scratch buffer
+            part = slice(start, start + DECODE_CHUNK_ROWS)
+            records = RowRecords(values[part], self.dim, self.state_width, self.url)
+            # The fused op wants contiguous rows: step copies, then write them into the values.
+            weights, state = records.weights.contiguous(), records.state.contiguous()
+            slots = torch.arange(len(weights), dtype=torch.int64)
+            fused_row_update(
+                optimizer, weights, state, records.versions, slots, grads[part].contiguous()
+            )
+            records.weights.copy_(weights)
+            records.state.copy_(state)
+            stepped += records.values()
+        self._set(keys, stepped)
 
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids`` in one transaction."""

@@ -15,6 +15,7 @@ from ember.ps_server.stores.base import RowBatch
 
 MAGIC = b"EMR1"
 HEADER_BYTES = 20
+DECODE_CHUNK_ROWS = 8192  # values decoded per scratch buffer (4-5 MB at dim 64)
 
 
 def value_dtype(dim: int, state_width: int) -> np.dtype:
@@ -78,14 +79,6 @@ class RowRecords:
         self.state = torch.from_numpy(self.records["state"])
         self.versions = torch.from_numpy(self.records["version"].copy())
 
-    def batch(self, with_state: bool = True) -> RowBatch:
-        """The rows as contiguous tensors of their own (state left out unless ``with_state``)."""
-        return RowBatch(
-            weights=self.weights.contiguous(),
-            state=self.state.contiguous() if with_state else torch.empty(len(self.records), 0),
-            versions=self.versions,
-        )
-
     def values(self) -> list[bytes]:
         """One value per row, with the current versions."""
         self.records["version"] = self.versions.numpy()
@@ -97,12 +90,27 @@ def decode_rows(
 ) -> RowBatch:
     """Rows from values written by :func:`encode_rows` for the same widths.
 
-    The state is left out (width 0) unless ``with_state``.
+    Decodes :data:`DECODE_CHUNK_ROWS` values at a time, so the scratch buffer
+    stays small and reused however many rows come back. The state is left
+    out (width 0) unless ``with_state``.
 
     Raises:
         StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
     """
-    return RowRecords(values, dim, state_width, where).batch(with_state)
+    rows = len(values)
+    batch = RowBatch(
+        weights=torch.empty(rows, dim),
+        state=torch.empty(rows, state_width if with_state else 0),
+        versions=torch.empty(rows, dtype=torch.int64),
+    )
+    for start in range(0, rows, DECODE_CHUNK_ROWS):
+        records = RowRecords(values[start : start + DECODE_CHUNK_ROWS], dim, state_width, where)
+        part = slice(start, start + len(records.versions))
+        batch.weights[part] = records.weights
+        if with_state:
+            batch.state[part] = records.state
+        batch.versions[part] = records.versions
+    return batch
 
 
 def _split(records: np.ndarray) -> list[bytes]:

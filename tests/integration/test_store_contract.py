@@ -6,9 +6,10 @@ through eviction and write-back.
 
 import numpy as np
 import pytest
+import redis
 import torch
 from ember.kernels.optim import apply_rows, state_width
-from ember.ps_server.errors import StoreUnavailableError
+from ember.ps_server.errors import StoreCorruptError, StoreUnavailableError
 from ember.ps_server.stores import RowBatch, open_store
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
 
@@ -227,3 +228,22 @@ def test_unknown_store_urls_are_refused():
     with pytest.raises(ValueError, match=r"capacity=ROWS") as caught:
         open_store("tiered+redis://:pw@127.0.0.1:1/0?capacity=0", "t", 0, DIM, WIDTH)
     assert "pw" not in str(caught.value)
+
+
+def test_unreadable_redis_values_are_refused_as_corrupt(redis_server, table_name):
+    store = open_store(redis_server.url, table_name, 0, DIM, WIDTH)
+    ids = ids_of(range(9000))  # past one decode chunk
+    store.insert(ids, random_rows(len(ids), seed=16))
+    raw = redis.Redis.from_url(redis_server.url)
+    key = f"ember:{table_name}:s0:".encode() + np.int64(8500).tobytes()
+    good = raw.get(key)
+    raw.set(key, b"XXXX" + good[4:])  # right size, unknown header
+    with pytest.raises(StoreCorruptError, match="unknown header"):
+        store.fetch(ids)
+    with pytest.raises(StoreCorruptError, match="unknown header"):
+        store.update(ids, torch.zeros(len(ids), DIM), ADAM)
+    raw.set(key, good[:-4])  # another table layout
+    with pytest.raises(StoreCorruptError, match=f"{redis_server.port}.*another table layout"):
+        store.fetch(ids_of([8500]))
+    raw.set(key, good)
+    assert torch.equal(store.fetch(ids)[1].weights, random_rows(len(ids), seed=16).weights)
