@@ -10,6 +10,9 @@
             then pipelined MSET of the same keys and values;
      write: RedisStore.insert of n rows (as assign and restore)  vs  pipelined
             MSET of the same keys and values.
+   The store packs MGET and MSET with numpy where redis-py packs argument by
+   argument, so ratios above 1 are possible; the Redis server's own time is
+   common to both.
 2. Tiered store with a memory tier of 10% of the rows, Zipf-distributed pushes
    (an optimizer step per distinct id, rows created on first touch): hit rate
    and rows/s, against the same pushes on the plain Redis store and on the

@@ -5,7 +5,8 @@ version) under the key ``ember:<table>:s<shard>:`` + the id's 8 little-endian
 bytes, so tables and shards never collide. Reads go out as pipelined MGETs of
 at most ``batch_keys`` keys; a write is one MSET, or a MULTI/EXEC transaction
 of MSETs when it needs several, so Redis applies a batch entirely or not at
-all (deletes likewise). A lost connection raises
+all (deletes likewise). MGET and MSET are packed by numpy (:mod:`resp`), not
+argument by argument. A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
 call reconnects.
 """
@@ -22,11 +23,13 @@ import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
+from ember.ps_server.stores.resp import pack, pack_mget, pack_mset, run_packed
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
     HEADER_BYTES,
     RowRecords,
     decode_rows,
+    encode_records,
     encode_rows,
 )
 
@@ -94,7 +97,7 @@ class RedisStore:
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed); absent rows are zeros."""
-        values = self._get(self._keys(ids))
+        values = self._get(ids)
         if None not in values:  # the common case: decode straight into the batch
             found = np.ones(len(values), dtype=bool)
             return found, decode_rows(values, self.dim, self.state_width, self.url, with_state)
@@ -118,10 +121,14 @@ class RedisStore:
         """Write the rows of distinct ``ids`` (upsert) in one transaction."""
         if len(ids) == 0:
             return
-        values = encode_rows(
-            RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
+        self._set(
+            ids,
+            encode_records(
+                RowBatch(
+                    rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous()
+                )
+            ),
         )
-        self._set(self._keys(ids), values)
 
     def update(
         self,
@@ -134,15 +141,14 @@ class RedisStore:
 
         Absent rows are made by ``create`` first; without it KeyError, nothing changed.
         """
-        keys = self._keys(ids)
-        values = self._get(keys)
+        values = self._get(ids)
         if None in values:
             missing = [i for i, value in enumerate(values) if value is None]
             if create is None:
                 raise KeyError(f"update of {len(missing)} ids the store does not hold")
             for i, value in zip(missing, encode_rows(create(ids[missing])), strict=True):
                 values[i] = value
-        stepped: list[bytes] = []
+        stepped = []
         for start in range(0, len(values), DECODE_CHUNK_ROWS):  # a small, reused scratch buffer
             part = slice(start, start + DECODE_CHUNK_ROWS)
             records = RowRecords(values[part], self.dim, self.state_width, self.url)
@@ -154,8 +160,8 @@ class RedisStore:
             )
             records.weights.copy_(weights)
             records.state.copy_(state)
-            stepped += records.values()
-        self._set(keys, stepped)
+            stepped.append(records.final())
+        self._set(ids, np.concatenate(stepped) if len(stepped) > 1 else stepped[0])
 
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids`` in one transaction."""
@@ -223,23 +229,30 @@ class RedisStore:
         blob = records.tobytes()
         return [blob[i : i + size] for i in range(0, len(blob), size)]
 
-    def _set(self, keys: list[bytes], values: list[bytes]) -> None:
-        self._in_transaction(
-            len(keys),
-            lambda pipe, part: pipe.mset(dict(zip(keys[part], values[part], strict=True))),
-        )
+    def _set(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Write the value records of ``ids``: one MSET, or MULTI/EXEC around several."""
+        if len(ids) == 0:
+            return
+        commands = [
+            pack_mset(
+                self._prefix, ids[start : start + self._batch], values[start : start + self._batch]
+            )
+            for start in range(0, len(ids), self._batch)
+        ]
+        if len(commands) > 1:
+            commands = [pack(b"MULTI"), *commands, pack(b"EXEC")]
+        self._call(lambda: run_packed(self._redis, commands))
 
-    def _get(self, keys: list[bytes]) -> list[bytes | None]:
-        if not keys:
+    def _get(self, ids: np.ndarray) -> list[bytes | None]:
+        """The value of each id (None where absent): pipelined MGETs."""
+        if len(ids) == 0:
             return []
-
-        def read() -> list[bytes | None]:
-            with self._redis.pipeline(transaction=False) as pipe:
-                for start in range(0, len(keys), self._batch):
-                    pipe.mget(keys[start : start + self._batch])
-                return [value for chunk in pipe.execute() for value in chunk]
-
-        return self._call(read)
+        commands = [
+            pack_mget(self._prefix, ids[start : start + self._batch])
+            for start in range(0, len(ids), self._batch)
+        ]
+        replies = self._call(lambda: run_packed(self._redis, commands))
+        return replies[0] if len(replies) == 1 else [v for reply in replies for v in reply]
 
     def _call(self, operation: Callable[[], T]) -> T:
         try:

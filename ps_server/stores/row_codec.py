@@ -32,8 +32,8 @@ def value_dtype(dim: int, state_width: int) -> np.dtype:
     )
 
 
-def encode_rows(rows: RowBatch) -> list[bytes]:
-    """One value per row of ``rows``."""
+def encode_records(rows: RowBatch) -> np.ndarray:
+    """The values of ``rows`` as one record array (see :func:`value_dtype`)."""
     dim, width = rows.weights.shape[1], rows.state.shape[1]
     records = np.empty(len(rows.weights), dtype=value_dtype(dim, width))
     records["magic"] = MAGIC
@@ -42,7 +42,15 @@ def encode_rows(rows: RowBatch) -> list[bytes]:
     records["version"] = rows.versions.numpy()
     records["weights"] = rows.weights.numpy()
     records["state"] = rows.state.numpy()
-    return _split(records)
+    return records
+
+
+def encode_rows(rows: RowBatch) -> list[bytes]:
+    """One value per row of ``rows``."""
+    records = encode_records(rows)
+    size = records.dtype.itemsize
+    blob = records.tobytes()
+    return [blob[i : i + size] for i in range(0, len(blob), size)]
 
 
 class RowRecords:
@@ -79,10 +87,10 @@ class RowRecords:
         self.state = torch.from_numpy(self.records["state"])
         self.versions = torch.from_numpy(self.records["version"].copy())
 
-    def values(self) -> list[bytes]:
-        """One value per row, with the current versions."""
+    def final(self) -> np.ndarray:
+        """The records, with the current versions written into them."""
         self.records["version"] = self.versions.numpy()
-        return _split(self.records)
+        return self.records
 
 
 def decode_rows(
@@ -111,9 +119,3 @@ def decode_rows(
             batch.state[part] = records.state
         batch.versions[part] = records.versions
     return batch
-
-
-def _split(records: np.ndarray) -> list[bytes]:
-    size = records.dtype.itemsize
-    blob = records.tobytes()
-    return [blob[i : i + size] for i in range(0, len(blob), size)]

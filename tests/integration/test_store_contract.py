@@ -247,3 +247,25 @@ def test_unreadable_redis_values_are_refused_as_corrupt(redis_server, table_name
         store.fetch(ids_of([8500]))
     raw.set(key, good)
     assert torch.equal(store.fetch(ids)[1].weights, random_rows(len(ids), seed=16).weights)
+
+
+def test_requests_of_several_commands_round_trip_in_one_transaction(redis_server, table_name):
+    from ember.ps_server.stores.redis_store import RedisStore
+
+    store = RedisStore(redis_server.url, table_name, 0, DIM, WIDTH, batch_keys=1000)
+    ids = np.random.default_rng(17).permutation(50_000)[:4500].astype(np.int64)
+    rows = random_rows(len(ids), seed=17)
+    store.insert(ids, rows)  # five MSETs inside MULTI/EXEC
+    found, got = store.fetch(ids)  # five pipelined MGETs
+    assert found.all() and torch.equal(got.weights, rows.weights)
+    grads = torch.randn(len(ids), DIM)
+    expected_w, expected_s, steps = rows.weights.clone(), rows.state.clone(), rows.versions + 1
+    apply_rows(ADAM, expected_w, expected_s, grads, steps)
+    store.update(ids, grads, ADAM)
+    _, got = store.fetch(ids)
+    torch.testing.assert_close(got.weights, expected_w, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got.versions, steps)
+    store.evict(ids[::2])
+    assert store.size() == len(ids) // 2 and store.absent(ids).tolist() == [
+        i % 2 == 0 for i in range(len(ids))
+    ]
