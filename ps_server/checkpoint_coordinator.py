@@ -51,8 +51,8 @@ def take_checkpoint(
     base = latest_checkpoint(root) if incremental else None
     if incremental and base is None:
         raise ValueError(f"no checkpoint under {root} to be incremental to; take a full one first")
-    checkpoint_id = next_checkpoint_id(root)
-    directory = root / checkpoint_id
+    directory = _claim_directory(root)
+    checkpoint_id = directory.name
     shards = range(len(rpc.endpoints))
     try:
         rpc.run(
@@ -105,6 +105,17 @@ def take_checkpoint(
             error,
         )
     return directory, manifest
+
+
+def _claim_directory(root: Path) -> Path:
+    """Create the next checkpoint directory; a concurrent coordinator gets the one after."""
+    while True:
+        directory = root / next_checkpoint_id(root)
+        try:
+            directory.mkdir()
+            return directory
+        except FileExistsError:
+            continue
 
 
 def _resume_all(rpc: ShardRPC, checkpoint_id: str) -> None:
