@@ -58,7 +58,7 @@ class RowRecords:
 
     ``weights`` and ``state`` are strided views into the records (an update
     writes straight into the values to send back); ``versions`` is a copy that
-    :meth:`values` writes back.
+    :meth:`final` writes back.
 
     Raises:
         StoreCorruptError: a value of the wrong size, magic or widths (``where`` names the store).
