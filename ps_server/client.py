@@ -312,11 +312,10 @@ class PSClient:
         ]
         self._rpc.run(calls)
 
-    def stats(self) -> list[ShardStats]:
-        """Stats of every shard, in shard order."""
-        replies = self._rpc.run(
-            [ShardCall(k, "Stats", pb.StatsRequest()) for k in range(self.num_shards)]
-        )
+    def stats(self, sizes: bool = True) -> list[ShardStats]:
+        """Stats of every shard, in shard order (rows and bytes 0 unless ``sizes``)."""
+        request = pb.StatsRequest(without_sizes=not sizes)
+        replies = self._rpc.run([ShardCall(k, "Stats", request) for k in range(self.num_shards)])
         return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
 
     def checkpoint(
@@ -335,7 +334,7 @@ class PSClient:
         """Check once that endpoint k reports shard k of len(endpoints)."""
         if self._topology_checked:
             return
-        for stats in self.stats():
+        for stats in self.stats(sizes=False):
             expected = self.endpoints.index(stats.endpoint)
             if (stats.shard, stats.num_shards) != (expected, self.num_shards):
                 raise PSClientError(

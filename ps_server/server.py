@@ -303,16 +303,19 @@ class ParameterServer:
                 id_array, torch.from_numpy(weights.copy()), state_tensor, request_id
             )
 
-    def stats(self) -> list[TableStats]:
-        """Per-table rows, bytes and traffic counters."""
+    def stats(self, sizes: bool = True) -> list[TableStats]:
+        """Per-table rows, bytes and traffic counters (rows and bytes 0 unless ``sizes``).
+
+        Sizes of Redis-backed tables cost a scan of their keys.
+        """
         with self._tables_lock:
             tables = [self._tables[name] for name in sorted(self._tables)]
         return [
             TableStats(
                 name=t.spec.name,
                 dim=t.spec.dim,
-                rows=t.store.size(),
-                bytes=t.store.nbytes,
+                rows=t.store.size() if sizes else 0,
+                bytes=t.store.nbytes if sizes else 0,
                 counters=dataclasses.replace(t.counters),
             )
             for t in tables

@@ -175,7 +175,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
                 rows_pushed=s.counters.rows_pushed,
                 duplicate_pushes=s.counters.duplicate_pushes,
             )
-            for s in self.server.stats()
+            for s in self.server.stats(sizes=not request.without_sizes)
         ]
         return pb.StatsResponse(
             shard=self.server.shard, num_shards=self.server.num_shards, tables=tables

@@ -198,8 +198,10 @@ class PullStaleBatchResponse(_message.Message):
     def __init__(self, responses: _Optional[_Iterable[_Union[PullStaleResponse, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("without_sizes",)
+    WITHOUT_SIZES_FIELD_NUMBER: _ClassVar[int]
+    without_sizes: bool
+    def __init__(self, without_sizes: _Optional[bool] = ...) -> None: ...
 
 class TableStats(_message.Message):
     __slots__ = ("name", "dim", "rows", "bytes", "pull_requests", "push_requests", "rows_pulled", "rows_pushed", "duplicate_pushes")

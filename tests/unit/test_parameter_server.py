@@ -33,6 +33,8 @@ def test_pull_creates_initial_rows_in_request_order_with_duplicates():
     np.testing.assert_array_equal(reply.values, initial_rows(SPEC, ids).numpy())
     assert reply.versions.tolist() == [0, 0, 0, 0]
     assert server.stats()[0].rows == 3
+    unsized = server.stats(sizes=False)[0]  # what a client's topology check asks for
+    assert (unsized.rows, unsized.bytes, unsized.counters.pull_requests) == (0, 0, 1)
 
 
 def test_push_sums_duplicates_and_bumps_versions_once():
