@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from ember.ps_server.errors import TableExistsError
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import pb
+from ember.ps_server.wire_codec import Buffer
 from ember.ps_server.write_log import WriteLog
 
 if TYPE_CHECKING:
@@ -36,13 +37,14 @@ class WriteJournal:
         self._order = threading.Lock()
 
     @contextlib.contextmanager
-    def record(self, build: Callable[[], pb.LogRecord]) -> Iterator[None]:
-        """Log the record ``build`` makes, run the block (the write), then wait until durable."""
+    def record(self, build: Callable[[], list[Buffer]]) -> Iterator[None]:
+        """Log the serialised ``LogRecord`` whose buffers ``build`` returns, run the block (the
+        write), then wait until the record is durable."""
         if self.log is None:
             yield
             return
         with self._order:
-            ticket = self.log.append(build().SerializeToString())
+            ticket = self.log.append(build())
             yield
         self.log.sync(ticket)
 

@@ -9,7 +9,6 @@ thin facade over it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 
 import numpy as np
@@ -35,6 +34,7 @@ from ember.ps_server.wire import (
     decode_versions,
     pb,
 )
+from ember.ps_server.wire_codec import push_log_record
 from ember.ps_server.write_gate import WriteGate
 
 # Room for the reply's field tags and lengths next to its packed payload.
@@ -116,10 +116,8 @@ class ParameterServer:
             TableExistsError: a table of that name has a different spec.
         """
         spec.validate()
-        record = functools.partial(
-            pb.LogRecord, create_table=pb.CreateTableRequest(spec=spec.to_proto())
-        )
-        with self.gate.writing(), self.journal.record(record):
+        record = pb.LogRecord(create_table=pb.CreateTableRequest(spec=spec.to_proto()))
+        with self.gate.writing(), self.journal.record(lambda: [record.SerializeToString()]):
             return self.ensure_table(spec)
 
     def ensure_table(self, spec: TableSpec) -> bool:
@@ -222,17 +220,7 @@ class ParameterServer:
         """Apply several pushes ``(table, ids, grads, request_id)``, all validated before any is applied."""
         validated = [self._validate_push(*request) for request in requests]
 
-        def record() -> pb.LogRecord:
-            return pb.LogRecord(
-                push=pb.PushBatchRequest(
-                    requests=[
-                        pb.PushRequest(table=t, ids=bytes(i), grads=bytes(g), request_id=r)
-                        for t, i, g, r in requests
-                    ]
-                )
-            )
-
-        with self.gate.writing(), self.journal.record(record):
+        with self.gate.writing(), self.journal.record(lambda: push_log_record(requests)):
             return [
                 target.push(ids, torch.from_numpy(grads.copy()), request_id)
                 if len(ids)
@@ -287,16 +275,12 @@ class ParameterServer:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
 
-        def record() -> pb.LogRecord:
-            return pb.LogRecord(
-                assign=pb.AssignRequest(
-                    table=table,
-                    ids=bytes(ids),
-                    values=bytes(values),
-                    state=bytes(state),
-                    request_id=request_id,
-                )
-            )
+        def record() -> list[bytes]:
+            assignment = pb.AssignRequest(
+                table=table, ids=bytes(ids), values=bytes(values), state=bytes(state),
+                request_id=request_id,
+            )  # fmt: skip
+            return [pb.LogRecord(assign=assignment).SerializeToString()]
 
         with self.gate.writing(), self.journal.record(record):
             return target.assign(

@@ -137,6 +137,26 @@ def encode_push_request(table: str, ids: Buffer, grads: Buffer, request_id: str)
     )  # fmt: skip
 
 
+def push_log_record(requests: list[tuple[str, Buffer, Buffer, str]]) -> list[memoryview | bytes]:
+    """A ``LogRecord{push: PushBatchRequest{requests}}`` as buffers whose concatenation is it.
+
+    The ids and gradients are referenced, not copied, so a write-ahead log
+    writes them straight from the request.
+    """
+    batch: list[memoryview | bytes] = []
+    for table, ids, grads, request_id in requests:
+        ids, grads = _bytes_view(ids), _bytes_view(grads)
+        name, rid = table.encode(), request_id.encode()
+        fields = [
+            _len_field(1, len(name)), name,
+            _len_field(2, len(ids)), ids,
+            _len_field(3, len(grads)), grads,
+            _len_field(4, len(rid)), rid,
+        ]  # fmt: skip
+        batch += [_len_field(1, sum(len(part) for part in fields)), *fields]
+    return [_len_field(2, sum(len(part) for part in batch)), *batch]
+
+
 def decode_push_request(data: bytes) -> PushRequestView:
     """Parse a serialised PushRequest without copying its payloads."""
     request = PushRequestView(table="", ids=_EMPTY, grads=_EMPTY, request_id="")

@@ -25,11 +25,12 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ember.ps_server.durable_files import fsync_directory, write_durably
 from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.wire_codec import Buffer
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +130,25 @@ class WriteLog:
             )
             self._syncer.start()
 
-    def append(self, payload: bytes) -> int:
-        """Write one record (to the OS); returns the ticket to :meth:`sync` on."""
-        record = _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
+    def append(self, payload: bytes | Sequence[Buffer]) -> int:
+        """Write one record (to the OS); returns the ticket to :meth:`sync` on.
+
+        ``payload`` may come in parts (written in order, never joined).
+        """
+        parts = [
+            memoryview(part).cast("B")
+            for part in ([payload] if isinstance(payload, bytes) else payload)
+        ]
+        crc, length = 0, 0
+        for part in parts:
+            crc = zlib.crc32(part, crc)
+            length += part.nbytes
         with self._append_lock:
-            self._file.write(record)
+            self._file.write(_HEADER.pack(MAGIC, length, crc))
+            for part in parts:
+                self._file.write(part)
             self._file.flush()
-            self._appended += len(record)
+            self._appended += _HEADER.size + length
             return self._appended
 
     def sync(self, ticket: int) -> None:

@@ -6,6 +6,7 @@ from ember.ps_server.wire_codec import (
     decode_push_request,
     encode_pull_reply,
     encode_push_request,
+    push_log_record,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -47,6 +48,20 @@ def test_push_request_matches_generated_code_both_ways(table, ids, grads, reques
         grads,
         request_id,
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(requests=st.lists(st.tuples(text, blobs, blobs, text), max_size=4))
+def test_push_log_record_parses_as_the_generated_log_record(requests):
+    joined = b"".join(bytes(part) for part in push_log_record(requests))
+    expected = pb.LogRecord(
+        push=pb.PushBatchRequest(
+            requests=[
+                pb.PushRequest(table=t, ids=i, grads=g, request_id=r) for t, i, g, r in requests
+            ]
+        )
+    )
+    assert pb.LogRecord.FromString(joined) == expected
 
 
 def test_unknown_fields_are_skipped():

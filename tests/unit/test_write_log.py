@@ -31,6 +31,14 @@ def test_records_replay_in_order_across_segments_and_restarts(tmp_path):
     assert list(WriteLog(tmp_path, 0, 3).replay()) == []  # another shard's log is separate
 
 
+def test_a_record_appended_in_parts_reads_back_whole(tmp_path):
+    log = open_log(tmp_path)
+    log.sync(log.append([b"head-", memoryview(b"middle-"), bytearray(b"tail")]))
+    log.sync(log.append(b""))
+    log.close()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"head-middle-tail", b""]
+
+
 def test_concurrent_appends_each_land_whole(tmp_path):
     log = open_log(tmp_path)
 
