@@ -42,6 +42,18 @@ def random_rows(count: int, seed: int) -> RowBatch:
     )
 
 
+def assert_one_adam_step(store, ids: np.ndarray, rows: RowBatch) -> None:
+    """``store.update`` of ``ids`` holding ``rows`` equals one reference Adam step, state included."""
+    grads = torch.randn(len(ids), DIM)
+    expected_w, expected_s, steps = rows.weights.clone(), rows.state.clone(), rows.versions + 1
+    apply_rows(ADAM, expected_w, expected_s, grads, steps)
+    store.update(ids, grads, ADAM)
+    _, got = store.fetch(ids)
+    torch.testing.assert_close(got.weights, expected_w, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got.state, expected_s, rtol=1e-6, atol=1e-7)
+    assert torch.equal(got.versions, steps)
+
+
 def ids_of(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
@@ -88,14 +100,7 @@ def test_update_is_one_optimizer_step_with_state_and_version(store):
     ids = ids_of(range(0, 3000, 3))
     rows = random_rows(len(ids), seed=3)
     store.insert(ids, rows)
-    grads = torch.randn(len(ids), DIM)
-    expected_w, expected_s, steps = rows.weights.clone(), rows.state.clone(), rows.versions + 1
-    apply_rows(ADAM, expected_w, expected_s, grads, steps)
-    store.update(ids, grads, ADAM)
-    _, got = store.fetch(ids)
-    torch.testing.assert_close(got.weights, expected_w, rtol=1e-6, atol=1e-7)
-    torch.testing.assert_close(got.state, expected_s, rtol=1e-6, atol=1e-7)
-    assert torch.equal(got.versions, steps)
+    assert_one_adam_step(store, ids, rows)
 
 
 def test_update_of_an_absent_id_changes_nothing(store):
@@ -258,13 +263,7 @@ def test_requests_of_several_commands_round_trip_in_one_transaction(redis_server
     store.insert(ids, rows)  # five MSETs inside MULTI/EXEC
     found, got = store.fetch(ids)  # five pipelined MGETs
     assert found.all() and torch.equal(got.weights, rows.weights)
-    grads = torch.randn(len(ids), DIM)
-    expected_w, expected_s, steps = rows.weights.clone(), rows.state.clone(), rows.versions + 1
-    apply_rows(ADAM, expected_w, expected_s, grads, steps)
-    store.update(ids, grads, ADAM)
-    _, got = store.fetch(ids)
-    torch.testing.assert_close(got.weights, expected_w, rtol=1e-6, atol=1e-7)
-    assert torch.equal(got.versions, steps)
+    assert_one_adam_step(store, ids, rows)  # five MGETs, five MSETs in MULTI/EXEC
     store.evict(ids[::2])
     assert store.size() == len(ids) // 2 and store.absent(ids).tolist() == [
         i % 2 == 0 for i in range(len(ids))
