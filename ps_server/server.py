@@ -296,10 +296,9 @@ class ParameterServer:
             tables = [self._tables[name] for name in sorted(self._tables)]
         return [
             TableStats(
-                name=t.spec.name,
-                dim=t.spec.dim,
-                rows=t.store.size() if sizes else 0,
-                bytes=t.store.nbytes if sizes else 0,
+                t.spec.name,
+                t.spec.dim,
+                *(t.store.footprint() if sizes else (0, 0)),
                 counters=dataclasses.replace(t.counters),
             )
             for t in tables

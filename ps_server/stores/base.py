@@ -104,5 +104,8 @@ class RowStore(Protocol):
     def flush(self) -> None:
         """Write rows held in front of the backing store (tiered: dirty hot rows) through to it."""
 
+    def footprint(self) -> tuple[int, int]:
+        """``(rows, bytes)`` held, in one pass (for stats: O(rows) for Redis, a key scan)."""
+
     def size(self) -> int:
         """Number of rows held."""

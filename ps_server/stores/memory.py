@@ -52,6 +52,10 @@ class InMemoryStore:
         """The slot of each id, -1 where absent; a row keeps its slot until evicted."""
         return self._index.find(id_tensor(ids))
 
+    def footprint(self) -> tuple[int, int]:
+        """``(rows, bytes)`` held (see :attr:`nbytes`)."""
+        return self._rows, self.nbytes
+
     @property
     def nbytes(self) -> int:
         """Bytes of the rows held, their state, versions and index buckets."""

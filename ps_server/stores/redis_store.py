@@ -90,10 +90,10 @@ class RedisStore:
             raise ValueError(f"bad redis URL {self.url}: {error}") from error
         self._call(self._redis.ping)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the row values held (Redis's own overhead not counted)."""
-        return self.size() * self._value_bytes
+    def footprint(self) -> tuple[int, int]:
+        """``(rows, bytes of their values)`` from one key scan (Redis's own overhead not counted)."""
+        rows = self.size()
+        return rows, rows * self._value_bytes
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed); absent rows are zeros."""

@@ -48,10 +48,10 @@ class TieredStore:
         self._dirty = torch.zeros(0, dtype=torch.bool)
         self._in_cold = torch.zeros(0, dtype=torch.bool)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of both tiers."""
-        return self._hot.nbytes + self._cold.nbytes
+    def footprint(self) -> tuple[int, int]:
+        """``(rows, bytes)``: rows as :meth:`size` counts them, bytes of both tiers; one cold scan."""
+        cold_rows, cold_bytes = self._cold.footprint()
+        return cold_rows + self._hot_only(), self._hot.nbytes + cold_bytes
 
     @property
     def resident(self) -> int:
@@ -60,8 +60,12 @@ class TieredStore:
 
     def size(self) -> int:
         """Rows held: all of the cold store's plus hot rows not yet written to it."""
+        return self._cold.size() + self._hot_only()
+
+    def _hot_only(self) -> int:
+        """Hot rows the cold store does not hold yet."""
         _, slots = self._hot_items()
-        return self._cold.size() + int((~self._in_cold[slots]).sum())
+        return int((~self._in_cold[slots]).sum())
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed), admitting cold rows."""

@@ -205,6 +205,8 @@ def test_evict_drops_rows_and_frees_room(store):
     assert found.all() and torch.equal(got.weights, rows.weights[1::2])
     assert torch.equal(store.fetch(ids_of(range(200, 250)))[1].weights, replacement.weights)
     assert store.size() == 100
+    rows, held_bytes = store.footprint()
+    assert rows == 100 and held_bytes >= 100 * 4 * (DIM + WIDTH)
 
 
 def test_dump_yields_every_row_once_and_clear_empties(store):
