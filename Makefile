@@ -12,6 +12,9 @@ demo: setup
 	$(VENV)/bin/ember doctor
 	$(VENV)/bin/ember demo
 
+# The native ops are required under test: a failed build fails the run instead of
+# falling back to the reference ops (which users still get by default).
+test: export EMBER_KERNELS = native
 test: setup
 	@bash scripts/setup-redis.sh
 	@# Build the native ops once, before any test or shard needs them.

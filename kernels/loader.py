@@ -3,9 +3,12 @@
 Sources under ``kernels/csrc`` (C++) and, where torch has CUDA and a GPU is
 present, ``kernels/cuda`` (.cu) are compiled with ``torch.utils.cpp_extension``
 on first use into one library, in a build directory keyed by a hash of the
-sources and the torch version, so an unchanged tree never rebuilds
-(concurrent processes wait on the build's lock). Nothing is built or loaded at
-import time. Op wrappers ask :func:`native_backend_for` per tensor device.
+sources' contents and the torch version. The sources are copied into that
+directory and compiled from there, so the same sources never rebuild, whether
+they come from another checkout or a reinstalled package with fresh file
+times (concurrent processes wait on the build's lock). Nothing is built or
+loaded at import time. Op wrappers ask :func:`native_backend_for` per tensor
+device.
 
 ``EMBER_KERNELS`` chooses the backend: ``auto`` (default: native when it
 builds, else the pure-Python reference, with one log line saying which),
@@ -33,7 +36,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 CUDA_SRC = Path(__file__).resolve().parent / "cuda"
 CPU_SOURCES = ("hash_map.cpp", "rows.cpp", "unique.cpp", "optim.cpp", "pack.cpp")
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
-HEADERS = ("checks.h",)
+HEADERS = (CSRC / "checks.h", CUDA_SRC / "cuda_checks.cuh")
 OPS = (
     "hash_find",
     "hash_insert",
@@ -74,12 +77,12 @@ def source_paths(with_cuda: bool) -> list[Path]:
 
 def build_directory(with_cuda: bool | None = None) -> Path:
     """Where the ops are built: EMBER_KERNELS_CACHE or ~/.cache/ember/kernels, keyed by a hash
-    of the torch version, the source folders (the build files name them) and the sources."""
+    of the torch version and the names and contents of the sources and headers."""
     with_cuda = cuda_build_wanted() if with_cuda is None else with_cuda
     digest = hashlib.sha256(torch.__version__.encode())
-    for path in source_paths(with_cuda) + [CSRC / name for name in HEADERS]:
-        digest.update(str(path).encode())
-        digest.update(path.read_bytes())
+    for path in [*source_paths(with_cuda), *HEADERS]:
+        digest.update(path.name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
     root = Path(env_value("KERNELS_CACHE", str(Path.home() / ".cache" / "ember" / "kernels")))
     return root / f"{'cuda' if with_cuda else 'cpu'}-{digest.hexdigest()[:16]}"
 
@@ -140,14 +143,31 @@ def _build_and_load() -> None:
     with open(directory / "ember.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (directory / "lock").unlink(missing_ok=True)
+        sources = _stage_sources(directory / "src", with_cuda)
         cpp_extension.load(
             name="ember_kernels_cuda" if with_cuda else "ember_kernels_cpu",
-            sources=[str(path) for path in source_paths(with_cuda)],
+            sources=[str(path) for path in sources],
             build_directory=str(directory),
             # Fuse multiply-adds only where asked; sqrt never sets errno, so it vectorises.
             extra_cflags=["-O3", "-ffp-contract=off", "-fno-math-errno"],
-            extra_cuda_cflags=["-O3", f"-I{CSRC}"],
-            extra_include_paths=[str(CSRC)],
+            extra_cuda_cflags=["-O3", f"-I{directory / 'src'}"],
+            extra_include_paths=[str(directory / "src")],
             is_python_module=False,
             verbose=os.environ.get("EMBER_KERNELS_VERBOSE") == "1",
         )
+
+
+def _stage_sources(staging: Path, with_cuda: bool) -> list[Path]:
+    """Copy the sources and headers into ``staging`` (a file already there with the same
+    bytes is kept, file time and all, so ninja sees nothing new); returns the sources."""
+    staging.mkdir(exist_ok=True)
+    staged = []
+    for path in [*source_paths(with_cuda), *HEADERS]:
+        target = staging / path.name
+        data = path.read_bytes()
+        if not target.is_file() or target.read_bytes() != data:
+            partial = target.with_name(target.name + ".partial")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        staged.append(target)
+    return staged[: len(source_paths(with_cuda))]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent setup of .venv: Python 3.10+, a CPU torch 2.13.0 unless a torch is
+# Idempotent setup of .venv: Python 3.11+ (pyproject's requires-python), a CPU torch 2.13.0 unless a torch is
 # already importable by the system Python (then the venv sees it), and Ember
 # in editable mode with its dev extras. Re-runs only when pyproject.toml changes.
 set -euo pipefail
@@ -9,6 +9,11 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.ember-installed"
 TORCH_CPU_VERSION=2.13.0
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: Ember needs Python 3.11 or newer; $PYTHON is $("$PYTHON" -V 2>&1). Set PYTHON=python3.11 (or newer)." >&2
+  exit 1
+fi
 
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && "$VENV/bin/python" -c "import ember.ps_server, torch" 2>/dev/null; then
   exit 0

@@ -6,6 +6,7 @@ import argparse
 import platform
 import shutil
 import subprocess
+import sys
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -17,21 +18,28 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the report; exit status 0 whatever the backend (the reference always works)."""
+    """Print the report. Exit status 1 when EMBER_KERNELS=native and the native ops are
+    missing (the build failed), else 0: under ``auto`` the reference serves instead."""
     import torch
 
     from ember.kernels.loader import (
         OPS,
+        KernelBuildError,
         build_directory,
         cuda_build_wanted,
         kernel_mode,
         native_ops_available,
     )
 
-    native = native_ops_available()
+    mode = kernel_mode()
+    failure = None
+    try:
+        native = native_ops_available()
+    except KernelBuildError as error:
+        native, failure = False, error
     cuda_ops = native and cuda_build_wanted()
     print(f"python {platform.python_version()}  torch {torch.__version__}")
-    print(f"EMBER_KERNELS={kernel_mode()}  build directory {build_directory()}")
+    print(f"EMBER_KERNELS={mode}  build directory {build_directory()}")
     print(f"c++ compiler: {_version('c++')}")
     print(f"nvcc: {_version('nvcc')}")
     cuda = torch.cuda.is_available()
@@ -42,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         cpu = "native" if loaded else "reference (torch)"
         gpu = "native" if loaded and cuda_ops else "reference (torch)"
         print(f"  {op:<18} CPU: {cpu:<18} CUDA: {gpu}")
+    if failure is not None:
+        print(f"ember doctor: the native ops are required (EMBER_KERNELS=native) but missing: "
+              f"{failure}", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -16,7 +16,8 @@ def test_dockerfile_copies_only_existing_paths_and_pins_cpu_torch():
     text = DOCKERFILE.read_text()
     for source in re.findall(r"^COPY (\S+)", text, flags=re.MULTILINE):
         assert (REPO / source).exists(), f"Dockerfile copies missing {source}"
-    assert "torch==2.13.0" in text
+    assert "download.pytorch.org/whl/cpu" in text
+    assert '"torch==2.13.0"' in (REPO / "docker" / "install.sh").read_text()
 
 
 def test_compose_config_is_valid_and_shards_are_numbered():

@@ -1,3 +1,6 @@
+import os
+import shutil
+
 import pytest
 from ember.kernels import loader
 
@@ -71,3 +74,45 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(monkeypatch,
     monkeypatch.setattr(cpp_extension, "load", fake_load)
     assert loader.native_ops_available() is True
     assert calls == [str(directory)]
+
+
+def _use_sources_in(monkeypatch, root):
+    monkeypatch.setattr(loader, "CSRC", root / "csrc")
+    monkeypatch.setattr(loader, "CUDA_SRC", root / "cuda")
+    monkeypatch.setattr(
+        loader, "HEADERS", tuple(root / path.parent.name / path.name for path in loader.HEADERS)
+    )
+
+
+def test_the_same_sources_anywhere_share_one_build_that_only_their_bytes_change(
+    monkeypatch, tmp_path
+):
+    """A reinstalled package or another checkout (new paths, new file times) reuses the build."""
+    monkeypatch.setenv("EMBER_KERNELS_CACHE", str(tmp_path / "cache"))
+    first = loader.build_directory(with_cuda=True)
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(loader.CSRC, copy / "csrc")
+    shutil.copytree(loader.CUDA_SRC, copy / "cuda")
+    _use_sources_in(monkeypatch, copy)
+    assert loader.build_directory(with_cuda=True) == first
+    (copy / "cuda" / "cuda_checks.cuh").write_text("// changed\n")  # a header counts too
+    assert loader.build_directory(with_cuda=True) != first
+
+
+def test_staging_keeps_unchanged_sources_untouched_and_replaces_changed_ones(monkeypatch, tmp_path):
+    copy = tmp_path / "sources"
+    shutil.copytree(loader.CSRC, copy / "csrc")
+    shutil.copytree(loader.CUDA_SRC, copy / "cuda")
+    _use_sources_in(monkeypatch, copy)
+    staging = tmp_path / "staging"
+    staged = loader._stage_sources(staging, with_cuda=False)
+    assert [path.name for path in staged] == list(loader.CPU_SOURCES)
+    assert (staging / "checks.h").read_bytes() == (copy / "csrc" / "checks.h").read_bytes()
+    before = {path.name: path.stat().st_mtime_ns for path in staging.iterdir()}
+    for path in (copy / "csrc").iterdir():  # a reinstall: same bytes, new file times
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    (copy / "csrc" / "rows.cpp").write_text("// new rows\n")
+    loader._stage_sources(staging, with_cuda=False)
+    after = {path.name: path.stat().st_mtime_ns for path in staging.iterdir()}
+    assert (staging / "rows.cpp").read_text() == "// new rows\n"
+    assert {name for name in before if after[name] != before[name]} == {"rows.cpp"}
