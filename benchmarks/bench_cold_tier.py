@@ -20,11 +20,14 @@
 3. Push throughput of a shard (in process, no RPC, memory store) with the
    write-ahead log at fsync ``interval`` and ``always``, against no log; one
    pushing thread, and four (where group commit shares fsyncs).
+4. The cost of a push while 5M ids changed since the last checkpoint (tracked
+   for the next incremental one), against a push while none did (target:
+   within 1.5x). Both push the same number of new rows.
 
 The process tunes malloc as a shard does (``retain_freed_buffers``), so large
 transient buffers are reused rather than faulted in afresh per request.
 
-Usage: python benchmarks/bench_cold_tier.py [--ids 16384] [--dim 64] [--rounds 7]
+Usage: python benchmarks/bench_cold_tier.py [--ids 16384] [--dim 64] [--rounds 7] [--tracked 5000000]
 Needs a redis-server binary (scripts/setup-redis.sh installs one).
 """
 
@@ -48,6 +51,7 @@ from ember.ps_server.stores import open_store
 from ember.ps_server.stores.base import RowBatch
 from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore
 from ember.ps_server.stores.row_codec import encode_rows
+from ember.ps_server.table import Table
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.ps_server.write_log import WriteLog
 from ember.trainer.data.synthetic import zipf_ranks
@@ -209,6 +213,33 @@ def _pushes_per_second(server: ParameterServer, requests: list, threads: int) ->
     return (len(requests) - 1) / (time.perf_counter() - start)
 
 
+def changed_ids_cost(dim: int, batch: int, tracked: int, repeats: int) -> None:
+    """Section 4: a push's median time with ``tracked`` changed ids held, against none held."""
+    spec = TableSpec("tracked", dim=dim, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.1))
+    tables = [Table(spec), Table(spec)]
+    for table in tables:
+        table.changes.cut()  # tracking starts, as at a first checkpoint
+    elsewhere = 1 << 40  # ids changed earlier, none of which the timed pushes touch
+    for start in range(0, tracked, 1 << 20):
+        stop = min(tracked, start + (1 << 20))
+        tables[1].changes.add(np.arange(elsewhere + start, elsewhere + stop, dtype=np.int64))
+    grads = torch.randn(batch, dim)
+    pushes = iter(range(1 << 30))
+
+    def push(table: Table) -> None:
+        n = next(pushes)  # new rows every push, in both runs
+        table.push(np.arange(n * batch, (n + 1) * batch, dtype=np.int64), grads, f"r{n}")
+
+    idle, busy = paired_medians([lambda: push(tables[0]), lambda: push(tables[1])], repeats)
+    print(
+        f"\n4. a push of {batch:,} new rows (dim {dim}, SGD) while ids changed since the last "
+        f"checkpoint are tracked, median of {repeats} alternating pushes"
+    )
+    print(f"{'changed ids':<16} {'ms/push':>8} {'vs none':>8}")
+    print(f"{'none':<16} {idle * 1e3:>8.2f} {1.0:>8.2f}")
+    print(f"{len(tables[1].changes):<16,} {busy * 1e3:>8.2f} {busy / idle:>8.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=16_384, help="ids per request in section 1")
@@ -217,6 +248,9 @@ def main() -> int:
     parser.add_argument("--universe", type=int, default=500_000, help="distinct ids, section 2")
     parser.add_argument("--batches", type=int, default=80, help="pushes in section 2")
     parser.add_argument("--wal-pushes", type=int, default=60, help="pushes per run, section 3")
+    parser.add_argument(
+        "--tracked", type=int, default=5_000_000, help="changed ids held, section 4"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a shard runs
     retain_freed_buffers()
@@ -224,6 +258,7 @@ def main() -> int:
         redis_against_raw(server.url, args.ids, args.dim, args.rounds)
         tiered_on_zipf(server.url, args.universe, 16_384, args.batches, args.dim)
     write_log_cost(args.dim, 4096, args.wal_pushes)
+    changed_ids_cost(16, 4096, args.tracked, 4 * args.rounds + 1)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Resident memory of the in-memory store against the raw bytes of its rows.
 
-Fills one table of a shard's store with N rows (created on first touch, as
-pulls do) in this fresh process and compares the growth of the resident set
+Fills one table of a shard's store with N rows (created by their first push)
+in this fresh process and compares the growth of the resident set
 with the raw bytes of rows plus optimizer state.
 
 Usage: python benchmarks/store_memory.py [--rows 10000000] [--dim 64] [--optimizer sgd]
@@ -26,19 +26,23 @@ def measure(
 ) -> dict[str, float]:
     """Fill a table with ``rows`` rows; returns raw bytes, RSS growth and the store's own count.
 
-    Rows arrive in pulls of ``chunk`` ids: 2^18 is about the most one request carries
+    Rows arrive in pushes of ``chunk`` ids: 2^18 is about the most one request carries
     under the default 64 MiB message limit at dim 64, so transient buffers are sized
     as a shard really sees them.
     """
+
+    def push(ids: np.ndarray) -> None:
+        table.push(ids, torch.zeros(len(ids), dim), request_id=f"fill-{ids[0]}")
+
     retain_freed_buffers()  # as a shard process does
     torch.set_num_threads(1)
     process = psutil.Process()
     spec = TableSpec("memory", dim, optimizer=OptimizerSpec(optimizer, lr=0.01))
     table = Table(spec)
-    table.pull(np.arange(16, dtype=np.int64))  # load the native ops before the baseline
+    push(np.arange(16, dtype=np.int64))  # load the native ops before the baseline
     before = process.memory_info().rss
     for start in range(16, rows, chunk):
-        table.pull(np.arange(start, min(rows, start + chunk), dtype=np.int64))
+        push(np.arange(start, min(rows, start + chunk), dtype=np.int64))
     after = process.memory_info().rss
     raw = rows * 4 * (dim + state_width(optimizer, dim))
     return {

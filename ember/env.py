@@ -26,11 +26,21 @@ def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) ->
     raw = os.environ.get(PREFIX + name.upper())
     if raw is None or raw == "":
         return default
-    parser = parse or type(default)
+    parser = parse or (parse_bool if isinstance(default, bool) else type(default))
     try:
         return parser(raw)
     except ValueError as error:
         raise ValueError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value: {error}") from None
+
+
+def parse_bool(raw: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case); ValueError otherwise."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected one of 1, true, yes, on, 0, false, no, off")
 
 
 def dataclass_from_env(cls: type[T]) -> T:

@@ -3,40 +3,47 @@
 from __future__ import annotations
 
 import numpy as np
-
-_COMPACT_AT = 1 << 22  # ids held before duplicates are folded away
+import torch
+from ember.kernels.dedup import unique_inverse
+from ember.kernels.id_index import IdIndex
+from ember.ps_server.id_arrays import id_tensor
 
 
 class ChangedIds:
     """Ids changed since the last committed checkpoint, for incremental checkpoints.
 
-    Off until the first checkpoint (nothing to be incremental to). :meth:`cut`
-    takes the ids changed so far as the pending set of a checkpoint being
-    written; :meth:`commit` drops them once that checkpoint is durable. A cut
-    that is never committed is folded into the next one, so an incremental
-    checkpoint always covers everything since the last committed one.
+    Off until the first checkpoint (nothing to be incremental to). The ids
+    changed since the last cut are a hash set (:class:`IdIndex`), so recording
+    a push costs O(its ids) however many ids have changed, and memory is
+    bounded by the distinct ids. :meth:`cut` takes the ids changed so far as
+    the pending set of a checkpoint being written; :meth:`commit` drops them
+    once that checkpoint is durable. A cut that is never committed is folded
+    into the next one, so an incremental checkpoint always covers everything
+    since the last committed one.
     """
 
     def __init__(self) -> None:
         self.tracking = False
-        self._current: list[np.ndarray] = []
-        self._held = 0
+        self._current = IdIndex()
         self._pending = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        """Distinct ids changed since the last cut (not counting a pending cut's)."""
+        return len(self._current)
 
     def add(self, ids: np.ndarray) -> None:
         """Record that the rows of ``ids`` changed."""
         if not self.tracking or len(ids) == 0:
             return
-        self._current.append(np.array(ids, dtype=np.int64))
-        self._held += len(ids)
-        if self._held > _COMPACT_AT:
-            self._current = [np.unique(np.concatenate(self._current))]
-            self._held = len(self._current[0])
+        keys = id_tensor(ids)
+        new = unique_inverse(keys[self._current.find(keys) < 0])[0]
+        self._current.insert(new, torch.zeros(len(new), dtype=torch.int64))
 
     def cut(self) -> np.ndarray:
-        """Distinct ids changed since the last committed checkpoint; starts tracking."""
-        self._pending = np.unique(np.concatenate([self._pending, *self._current]))
-        self._current, self._held = [], 0
+        """Distinct ids changed since the last committed checkpoint, ascending; starts tracking."""
+        changed = self._current.items()[0].numpy()
+        self._pending = np.union1d(self._pending, changed)
+        self._current = IdIndex()
         self.tracking = True
         return self._pending
 
@@ -46,6 +53,6 @@ class ChangedIds:
 
     def reset(self) -> None:
         """Start tracking from an empty set (after a restore or a full checkpoint's cut)."""
-        self._current, self._held = [], 0
+        self._current = IdIndex()
         self._pending = np.empty(0, dtype=np.int64)
         self.tracking = True

@@ -101,37 +101,67 @@ class Manifest:
                 f"{path}: sha256 {actual} does not match the recorded {expected}; "
                 "the manifest is corrupt"
             )
-        if body.get("format") != FORMAT:
-            raise DurableFileCorruptError(
-                f"{path}: format {body.get('format')!r}, expected {FORMAT}"
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            found = body.get("format") if isinstance(body, dict) else type(body).__name__
+            raise DurableFileCorruptError(f"{path}: format {found!r}, expected {FORMAT}")
+        try:
+            return cls(
+                id=body["id"],
+                base=body["base"],
+                num_shards=int(body["num_shards"]),
+                created_unix=body["created_unix"],
+                tables=[
+                    TableSpec.from_proto(json_format.ParseDict(spec, pb.TableSpec()))
+                    for spec in body["tables"]
+                ],
+                files={
+                    int(shard): [FileEntry(**entry) for entry in entries]
+                    for shard, entries in body["files"].items()
+                },
             )
-        return cls(
-            id=body["id"],
-            base=body["base"],
-            num_shards=body["num_shards"],
-            created_unix=body["created_unix"],
-            tables=[
-                TableSpec.from_proto(json_format.ParseDict(spec, pb.TableSpec()))
-                for spec in body["tables"]
-            ],
-            files={
-                int(shard): [FileEntry(**entry) for entry in entries]
-                for shard, entries in body["files"].items()
-            },
-        )
+        except (ValueError, KeyError, TypeError, AttributeError, json_format.ParseError) as error:
+            raise DurableFileCorruptError(
+                f"{path}: manifest fields unreadable ({error!r})"
+            ) from error
 
-    def verify(self, directory: Path) -> None:
-        """Check every listed file's size and sha256 (DurableFileCorruptError on the first bad one)."""
-        for entries in self.files.values():
-            for entry in entries:
-                verify_file(directory / entry.path, entry.sha256, entry.bytes)
+    def files_for(self, shard: int, num_shards: int) -> list[FileEntry]:
+        """The files a restore of ``shard`` of ``num_shards`` reads: its own when the shard
+        count is the same (it owns exactly the rows it wrote), else every shard's.
+
+        Raises:
+            DurableFileCorruptError: the same shard count, but the manifest lists no files
+                of ``shard``.
+        """
+        if self.num_shards != num_shards:
+            return [entry for entries in self.files.values() for entry in entries]
+        if shard not in self.files:
+            raise DurableFileCorruptError(
+                f"checkpoint {self.id}: its manifest lists no files of shard {shard} of "
+                f"{num_shards}"
+            )
+        return self.files[shard]
+
+    def verify(self, directory: Path, entries: list[FileEntry] | None = None) -> None:
+        """Check the size and sha256 of ``entries`` (default: every listed file).
+
+        Raises:
+            DurableFileCorruptError: on the first bad one.
+        """
+        if entries is None:
+            entries = [entry for listed in self.files.values() for entry in listed]
+        for entry in entries:
+            verify_file(directory / entry.path, entry.sha256, entry.bytes)
 
 
-def checkpoint_chain(path: Path) -> list[tuple[Path, Manifest]]:
+def checkpoint_chain(
+    path: Path, shard: int | None = None, num_shards: int | None = None
+) -> list[tuple[Path, Manifest]]:
     """The checkpoint at ``path`` and its bases, oldest (the full one) first.
 
     ``path`` is a checkpoint directory, or a root whose newest finished
-    checkpoint is taken. Every file of the chain is verified.
+    checkpoint is taken. Every file of the chain is verified, or, for
+    ``shard`` of ``num_shards``, every file its restore reads
+    (:meth:`Manifest.files_for`).
 
     Raises:
         FileNotFoundError: no finished checkpoint there, or a base is missing.
@@ -141,7 +171,8 @@ def checkpoint_chain(path: Path) -> list[tuple[Path, Manifest]]:
     chain: list[tuple[Path, Manifest]] = []
     while True:
         manifest = Manifest.load(directory)
-        manifest.verify(directory)
+        entries = None if shard is None else manifest.files_for(shard, num_shards)
+        manifest.verify(directory, entries)
         chain.append((directory, manifest))
         if manifest.base is None:
             return chain[::-1]
@@ -215,25 +246,34 @@ def read_row_file(path: Path, dim: int, state_width: int) -> Iterator[tuple[np.n
     """The ``(ids, rows)`` chunks of a row file (verify it first: see :meth:`Manifest.verify`).
 
     Raises:
-        DurableFileCorruptError: a header or chunk that does not fit the table's layout.
+        DurableFileCorruptError: a header or chunk that is cut short, unreadable,
+            or does not fit the table's layout.
     """
-    view = memoryview(np.memmap(path, dtype=np.uint8, mode="r"))
+    view = memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if path.stat().st_size else b""
     offset = len(ROW_MAGIC) + 4
     if len(view) < offset or bytes(view[: len(ROW_MAGIC)]) != ROW_MAGIC:
         raise DurableFileCorruptError(f"{path}: not a checkpoint row file (magic {ROW_MAGIC!r})")
     (header_bytes,) = struct.unpack_from("<I", view, len(ROW_MAGIC))
-    header = json.loads(bytes(view[offset : offset + header_bytes]))
-    if (header["dim"], header["state_width"]) != (dim, state_width):
+    if offset + header_bytes > len(view):
+        raise DurableFileCorruptError(f"{path}: its {header_bytes}-byte header runs past the end")
+    try:
+        header = json.loads(bytes(view[offset : offset + header_bytes]))
+        widths = (header["dim"], header["state_width"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise DurableFileCorruptError(f"{path}: unreadable header ({error})") from error
+    if widths != (dim, state_width):
         raise DurableFileCorruptError(
-            f"{path}: rows of width {header['dim']} with state {header['state_width']}, "
+            f"{path}: rows of width {widths[0]} with state {widths[1]}, "
             f"but the table has {dim} and {state_width}"
         )
     offset += header_bytes
     row_bytes = 8 + 4 * dim + 4 * state_width + 8
     while offset < len(view):
+        if offset + 8 > len(view):
+            raise DurableFileCorruptError(f"{path}: a chunk header at byte {offset} is cut short")
         (count,) = struct.unpack_from("<Q", view, offset)
         offset += 8
-        if offset + count * row_bytes > len(view):
+        if count > (len(view) - offset) // row_bytes:
             raise DurableFileCorruptError(f"{path}: a chunk of {count} rows runs past the end")
         parts: list[Any] = []
         for dtype, width in (("<i8", 1), ("<f4", dim), ("<f4", state_width), ("<i8", 1)):

@@ -38,6 +38,11 @@ class ShardConfig:
         wal_fsync: ``always`` (fsync before acknowledging, group commit) or
             ``interval`` (fsync every ``wal_fsync_interval_s``).
         wal_fsync_interval_s: fsync period under ``interval``.
+        checkpoint_root: the directory checkpoint requests may write under
+            ('' refuses them all); paths resolving outside it are refused.
+        accept_empty_store: when the Redis behind ``store`` loses this shard's
+            rows (restarted without persistence, flushed, replaced) go on from
+            initial rows; by default the shard stops serving and says why.
     """
 
     shard: int = 0
@@ -53,6 +58,8 @@ class ShardConfig:
     wal: str = ""
     wal_fsync: str = "interval"
     wal_fsync_interval_s: float = 0.05
+    checkpoint_root: str = ""
+    accept_empty_store: bool = False
 
     @classmethod
     def from_env(cls) -> ShardConfig:
@@ -80,6 +87,10 @@ class ShardConfig:
             raise ValueError(f"wal_fsync must be one of {FSYNC_POLICIES}, got {self.wal_fsync!r}")
         if not self.wal_fsync_interval_s > 0:
             raise ValueError(f"wal_fsync_interval_s must be > 0, got {self.wal_fsync_interval_s}")
+        if self.checkpoint_root and not self.checkpoint_root.startswith("/"):
+            raise ValueError(
+                f"checkpoint_root must be an absolute path, got {self.checkpoint_root!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

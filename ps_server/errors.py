@@ -53,6 +53,22 @@ class CheckpointStateError(EmberError):
     """A checkpoint step out of order: no pause, an expired lease, a wrong base, a spec clash."""
 
 
+class ShardFailedError(EmberError):
+    """The shard stopped serving to protect its data (see ``ShardFault``); restart it."""
+
+
+class TopologyMismatchError(EmberError):
+    """Durable state (a write-ahead log, a Redis database) belongs to another shard count."""
+
+
+class WriteLogLockedError(EmberError):
+    """Another live process holds this shard's write-ahead log."""
+
+
+class PermissionDeniedError(EmberError):
+    """A control request names something outside what this shard may touch."""
+
+
 _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     TableNotFoundError: grpc.StatusCode.NOT_FOUND,
@@ -62,6 +78,10 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
     StoreCorruptError: grpc.StatusCode.DATA_LOSS,
     CheckpointStateError: grpc.StatusCode.FAILED_PRECONDITION,
+    ShardFailedError: grpc.StatusCode.FAILED_PRECONDITION,
+    TopologyMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    WriteLogLockedError: grpc.StatusCode.FAILED_PRECONDITION,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -9,6 +9,7 @@ thin facade over it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import numpy as np
@@ -24,7 +25,8 @@ from ember.ps_server.errors import (
 from ember.ps_server.journal import WriteJournal
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard_checkpoint import ShardCheckpoints
-from ember.ps_server.stores import open_store
+from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import (
@@ -37,8 +39,12 @@ from ember.ps_server.wire import (
 from ember.ps_server.wire_codec import push_log_record
 from ember.ps_server.write_gate import WriteGate
 
+log = logging.getLogger(__name__)
+
 # Room for the reply's field tags and lengths next to its packed payload.
 _REPLY_OVERHEAD_BYTES = 1024
+# 4-byte words a conditional pull's reply row carries beside its floats: position and version.
+_STALE_WORDS_PER_ROW = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +86,14 @@ class ParameterServer:
         max_message_bytes: largest reply this shard will send.
         dedup_window: recent push request ids remembered per table.
         store: where rows live, ``memory`` or a Redis URL (see :func:`open_store`).
+        accept_empty_store: when the Redis behind ``store`` loses this shard's
+            rows while serving, go on from initial rows instead of stopping.
+        checkpoint_root: the only directory checkpoint files may be written
+            under ('' refuses every checkpoint request).
+
+    Attributes:
+        fault: trips when the shard can no longer vouch for its data; from then
+            on every data request fails (see :class:`ShardFault`).
 
     Example:
         >>> server = ParameterServer(shard=0, num_shards=1)
@@ -94,6 +108,8 @@ class ParameterServer:
         max_message_bytes: int = 64 << 20,
         dedup_window: int = 65536,
         store: str = "memory",
+        accept_empty_store: bool = False,
+        checkpoint_root: str = "",
     ) -> None:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
@@ -104,9 +120,11 @@ class ParameterServer:
         self._store_url = store
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
+        self.fault = ShardFault()
+        self.store_marker = open_marker(store, shard, num_shards, self.fault, accept_empty_store)
         self.gate = WriteGate()
         self.journal = WriteJournal()
-        self.checkpoints = ShardCheckpoints(self)
+        self.checkpoints = ShardCheckpoints(self, checkpoint_root)
 
     def create_table(self, spec: TableSpec) -> bool:
         """Create a table; returns False if an identical one exists.
@@ -115,6 +133,7 @@ class ParameterServer:
             InvalidArgumentError: the spec is invalid.
             TableExistsError: a table of that name has a different spec.
         """
+        self.fault.check()
         spec.validate()
         record = pb.LogRecord(create_table=pb.CreateTableRequest(spec=spec.to_proto()))
         with self.gate.writing(), self.journal.record(lambda: [record.SerializeToString()]):
@@ -131,6 +150,7 @@ class ParameterServer:
                     self.shard,
                     spec.dim,
                     state_width(spec.optimizer.kind, spec.dim),
+                    marker=self.store_marker,
                 )
                 self._tables[spec.name] = Table(spec, store, self._dedup_window)
                 return True
@@ -156,8 +176,16 @@ class ParameterServer:
         return self.pull_batch([(table, ids)])[0]
 
     def pull_batch(self, requests: list[tuple[str, bytes | memoryview]]) -> list[PullReply]:
-        """Several pulls ``(table, ids)``, all validated before any row is read or created."""
+        """Several pulls ``(table, ids)``, all validated before any row is read.
+
+        Raises:
+            MessageTooLargeError: the replies together exceed the message limit.
+        """
+        self.fault.check()
         validated = [self._check_pull(table, ids) for table, ids in requests]
+        self._check_batch_reply_size(
+            [(target, len(id_array), target.spec.dim + 2) for target, id_array in validated]
+        )
         replies = []
         for target, id_array in validated:
             weights, versions = target.pull(id_array)
@@ -175,13 +203,21 @@ class ParameterServer:
     def pull_stale_batch(
         self, requests: list[tuple[str, bytes | memoryview, bytes | memoryview, int]]
     ) -> list[PullStaleReply]:
-        """Several conditional pulls ``(table, ids, held_versions, bound)``, all validated first."""
+        """Several conditional pulls ``(table, ids, held_versions, bound)``, all validated first.
+
+        Raises:
+            MessageTooLargeError: the replies could together exceed the message limit.
+        """
+        self.fault.check()
         validated = []
         for table, ids, held_versions, bound in requests:
-            target, id_array = self._check_pull(table, ids)
+            target, id_array = self._check_pull(table, ids, words_per_row=_STALE_WORDS_PER_ROW)
             validated.append(
                 (target, id_array, decode_versions(held_versions, len(id_array)), bound)
             )
+        self._check_batch_reply_size(
+            [(t, len(ids), t.spec.dim + _STALE_WORDS_PER_ROW) for t, ids, _, _ in validated]
+        )
         replies = []
         for target, id_array, held, bound in validated:
             positions, weights, versions = target.pull_stale(id_array, held, bound)
@@ -195,11 +231,16 @@ class ParameterServer:
             )
         return replies
 
-    def _check_pull(self, table: str, ids: bytes | memoryview) -> tuple[Table, np.ndarray]:
-        """Validate a pull of packed ``ids`` (table, ids, reply size, ownership) without reading."""
+    def _check_pull(
+        self, table: str, ids: bytes | memoryview, words_per_row: int = 2
+    ) -> tuple[Table, np.ndarray]:
+        """Validate a pull of packed ``ids`` (table, ids, reply size, ownership) without reading.
+
+        ``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats.
+        """
         target = self._table(table)
         id_array = decode_ids(ids)
-        self._check_reply_size(table, len(id_array), target.spec.dim + 2)
+        self._check_reply_size(table, len(id_array), target.spec.dim + words_per_row)
         self._check_owned(table, id_array)
         return target, id_array
 
@@ -218,6 +259,7 @@ class ParameterServer:
         self, requests: list[tuple[str, bytes | memoryview, bytes | memoryview, str]]
     ) -> list[tuple[bool, int]]:
         """Apply several pushes ``(table, ids, grads, request_id)``, all validated before any is applied."""
+        self.fault.check()
         validated = [self._validate_push(*request) for request in requests]
 
         with self.gate.writing(), self.journal.record(lambda: push_log_record(requests)):
@@ -254,6 +296,7 @@ class ParameterServer:
         request_id: str,
     ) -> bool:
         """Overwrite rows (and their optimizer state when ``state`` is not empty); returns duplicate."""
+        self.fault.check()
         target = self._table(table)
         if not request_id:
             raise InvalidArgumentError(
@@ -298,14 +341,20 @@ class ParameterServer:
             TableStats(
                 t.spec.name,
                 t.spec.dim,
-                *(t.store.footprint() if sizes else (0, 0)),
+                *(t.footprint() if sizes else (0, 0)),
                 counters=dataclasses.replace(t.counters),
             )
             for t in tables
         ]
 
     def flush(self) -> None:
-        """Write rows held in front of each table's backing store through to it (at shutdown)."""
+        """Write rows held in front of each table's backing store through to it (at shutdown).
+
+        Skipped once the shard's fault has tripped: its data is no longer vouched for.
+        """
+        if self.fault.reason is not None:
+            log.warning("not flushing the tables' memory tiers: %s", self.fault.reason)
+            return
         with self._tables_lock:
             tables = list(self._tables.values())
         for table in tables:
@@ -317,6 +366,20 @@ class ParameterServer:
             raise MessageTooLargeError(
                 f"pull of {rows} ids from table {table!r} needs up to a {reply_bytes}-byte reply, "
                 f"over this shard's limit of {self.max_message_bytes}; split the ids into smaller requests"
+            )
+
+    def _check_batch_reply_size(self, parts: list[tuple[Table, int, int]]) -> None:
+        """Refuse a batch whose replies ``(table, rows, words per row)`` together pass the limit."""
+        if len(parts) < 2:
+            return
+        reply_bytes = _REPLY_OVERHEAD_BYTES + sum(
+            rows * words * ROW_BYTES_PER_ELEMENT + _REPLY_OVERHEAD_BYTES for _, rows, words in parts
+        )
+        if reply_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"a batch of {len(parts)} pulls ({sum(rows for _, rows, _ in parts)} ids) needs up "
+                f"to a {reply_bytes}-byte reply, over this shard's limit of "
+                f"{self.max_message_bytes}; split it into smaller batches"
             )
 
     def _table(self, name: str) -> Table:

@@ -18,64 +18,64 @@ import grpc
 import torch
 from ember.kernels.loader import native_ops_available
 from ember.ps_server.config import ShardConfig, message_size_options
-from ember.ps_server.errors import EmberError, status_code_for
+from ember.ps_server.errors import EmberError, InvalidArgumentError, status_code_for
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.recovery import recover
 from ember.ps_server.server import ParameterServer, PullStaleReply
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
-from ember.ps_server.wire_codec import decode_push_request, encode_pull_reply
+from ember.ps_server.wire_codec import PushRequestView, decode_push_request, encode_pull_reply
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 log = logging.getLogger(__name__)
 
 
+# Methods whose payloads skip the generated classes (see wire_codec).
+_RAW_REQUESTS = {"Push": decode_push_request}
+_RAW_REPLIES = frozenset({"Pull"})
+
+
 def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
-    """The service's handlers; Pull replies and Push requests use the zero-copy codecs."""
-    handlers = {
-        "CreateTable": (pb.CreateTableRequest.FromString, pb.CreateTableResponse.SerializeToString),
-        "Pull": (pb.PullRequest.FromString, None),
-        "Push": (None, pb.PushResponse.SerializeToString),  # decoded in the handler
-        "PullBatch": (pb.PullBatchRequest.FromString, pb.PullBatchResponse.SerializeToString),
-        "PushBatch": (pb.PushBatchRequest.FromString, pb.PushBatchResponse.SerializeToString),
-        "PullStaleBatch": (
-            pb.PullStaleBatchRequest.FromString,
-            pb.PullStaleBatchResponse.SerializeToString,
-        ),
-        "Assign": (pb.AssignRequest.FromString, pb.AssignResponse.SerializeToString),
-        "PullStale": (pb.PullStaleRequest.FromString, pb.PullStaleResponse.SerializeToString),
-        "Stats": (pb.StatsRequest.FromString, pb.StatsResponse.SerializeToString),
-        "ListTables": (pb.ListTablesRequest.FromString, pb.ListTablesResponse.SerializeToString),
-        "PauseWrites": (pb.PauseWritesRequest.FromString, pb.PauseWritesResponse.SerializeToString),
-        "ResumeWrites": (
-            pb.ResumeWritesRequest.FromString,
-            pb.ResumeWritesResponse.SerializeToString,
-        ),
-        "Checkpoint": (pb.CheckpointRequest.FromString, pb.CheckpointResponse.SerializeToString),
-        "CommitCheckpoint": (
-            pb.CommitCheckpointRequest.FromString,
-            pb.CommitCheckpointResponse.SerializeToString,
-        ),
-    }
-    return grpc.method_handlers_generic_handler(
-        SERVICE_NAME,
-        {
-            name: grpc.unary_unary_rpc_method_handler(
-                getattr(servicer, name), request_deserializer=decode, response_serializer=encode
-            )
-            for name, (decode, encode) in handlers.items()
-        },
-    )
+    """A handler per method of the service, as the proto declares it. Requests arrive as bytes
+    and are decoded inside the error mapping, so a malformed one is INVALID_ARGUMENT."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["ParameterServer"].methods:
+        decode = _RAW_REQUESTS.get(method.name) or _decoder(getattr(pb, method.input_type.name))
+        encode = (
+            None
+            if method.name in _RAW_REPLIES
+            else getattr(pb, method.output_type.name).SerializeToString
+        )
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            _guarded(getattr(servicer, method.name), decode),
+            request_deserializer=None,
+            response_serializer=encode,
+        )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
-def _rpc(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Map domain errors to their gRPC status; anything else is INTERNAL, logged."""
+def _decoder(message_type: Any) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as error:
+            raise InvalidArgumentError(
+                f"malformed {message_type.DESCRIPTOR.name}: {error}"
+            ) from None
+
+    return decode
+
+
+def _guarded(method: Callable[[Any, grpc.ServicerContext], Any], decode: Callable[[bytes], Any]):
+    """Decode the request and run ``method``; domain errors become their gRPC status,
+    anything else INTERNAL (logged)."""
 
     @functools.wraps(method)
-    def handler(self: ParameterServerServicer, request: Any, context: grpc.ServicerContext) -> Any:
+    def handler(data: bytes, context: grpc.ServicerContext) -> Any:
         try:
-            return method(self, request, context)
+            return method(decode(data), context)
         except EmberError as error:
             context.abort(status_code_for(error), str(error))
         except Exception as error:
@@ -91,29 +91,24 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, server: ParameterServer) -> None:
         self.server = server
 
-    @_rpc
     def CreateTable(
         self, request: pb.CreateTableRequest, context: grpc.ServicerContext
     ) -> pb.CreateTableResponse:
         created = self.server.create_table(TableSpec.from_proto(request.spec))
         return pb.CreateTableResponse(created=created)
 
-    @_rpc
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
         """Returns the serialised PullResponse (see wire_codec)."""
         reply = self.server.pull(request.table, request.ids)
         return encode_pull_reply(reply.values, reply.versions, reply.dim)
 
-    @_rpc
-    def Push(self, serialized: bytes, context: grpc.ServicerContext) -> pb.PushResponse:
-        """Takes the serialised PushRequest (see wire_codec)."""
-        request = decode_push_request(serialized)
+    def Push(self, request: PushRequestView, context: grpc.ServicerContext) -> pb.PushResponse:
+        """Takes the PushRequest as decoded by the zero-copy codec (see wire_codec)."""
         duplicate, rows = self.server.push(
             request.table, request.ids, request.grads, request.request_id
         )
         return pb.PushResponse(duplicate=duplicate, rows_updated=rows)
 
-    @_rpc
     def PullStale(
         self, request: pb.PullStaleRequest, context: grpc.ServicerContext
     ) -> pb.PullStaleResponse:
@@ -122,14 +117,12 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         )
         return _pull_stale_response(reply)
 
-    @_rpc
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
         duplicate = self.server.assign(
             request.table, request.ids, request.values, request.state, request.request_id
         )
         return pb.AssignResponse(duplicate=duplicate)
 
-    @_rpc
     def PullBatch(
         self, request: pb.PullBatchRequest, context: grpc.ServicerContext
     ) -> pb.PullBatchResponse:
@@ -141,7 +134,6 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             ]
         )
 
-    @_rpc
     def PushBatch(
         self, request: pb.PushBatchRequest, context: grpc.ServicerContext
     ) -> pb.PushBatchResponse:
@@ -152,7 +144,6 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             responses=[pb.PushResponse(duplicate=d, rows_updated=n) for d, n in outcomes]
         )
 
-    @_rpc
     def PullStaleBatch(
         self, request: pb.PullStaleBatchRequest, context: grpc.ServicerContext
     ) -> pb.PullStaleBatchResponse:
@@ -161,7 +152,6 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         )
         return pb.PullStaleBatchResponse(responses=[_pull_stale_response(r) for r in replies])
 
-    @_rpc
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         tables = [
             pb.TableStats(
@@ -181,27 +171,23 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             shard=self.server.shard, num_shards=self.server.num_shards, tables=tables
         )
 
-    @_rpc
     def ListTables(
         self, request: pb.ListTablesRequest, context: grpc.ServicerContext
     ) -> pb.ListTablesResponse:
         return pb.ListTablesResponse(tables=[spec.to_proto() for spec in self.server.list_tables()])
 
-    @_rpc
     def PauseWrites(
         self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
         return pb.PauseWritesResponse()
 
-    @_rpc
     def ResumeWrites(
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
     ) -> pb.ResumeWritesResponse:
         self.server.checkpoints.resume(request.checkpoint_id)
         return pb.ResumeWritesResponse()
 
-    @_rpc
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CheckpointResponse:
@@ -215,7 +201,6 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             tables=[spec.to_proto() for spec in specs],
         )
 
-    @_rpc
     def CommitCheckpoint(
         self, request: pb.CommitCheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CommitCheckpointResponse:
@@ -273,6 +258,8 @@ class ShardServer:
             config.max_message_bytes,
             config.dedup_window,
             config.store,
+            accept_empty_store=config.accept_empty_store,
+            checkpoint_root=config.checkpoint_root,
         )
         recover(logic, config)
         grpc_server = grpc.server(
@@ -291,6 +278,12 @@ class ShardServer:
         grpc_server.start()
         for service in ("", SERVICE_NAME):
             health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+        def report_unhealthy(reason: str) -> None:
+            for service in ("", SERVICE_NAME):
+                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        logic.fault.on_trip(report_unhealthy)
         log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
         return cls(config, logic, grpc_server, port, health_servicer)
 

@@ -1,15 +1,22 @@
 """One shard's side of checkpoints: writing its files, and restoring a checkpoint chain.
 
-Restoring reads every shard's files of the chain and keeps the rows this
-shard owns under the current shard count, so a checkpoint of N shards
-restores onto M. The push deduplication windows come back only when N == M
-(request ids are per shard).
+Checkpoint files are written only under the shard's checkpoint root
+(``--checkpoint-root``): a directory that resolves elsewhere (``..``, a
+symlink) is refused, and so is every checkpoint when no root is set, so a
+peer cannot have the shard write files anywhere. A pause holds writes for at
+most :data:`MAX_PAUSE_LEASE_S`.
+
+Restoring onto the checkpoint's own shard count reads only this shard's
+files; onto another count it reads every shard's files and keeps the rows
+this shard owns, so a checkpoint of N shards restores onto M. The push
+deduplication windows come back only when N == M (request ids are per shard).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +32,7 @@ from ember.ps_server.errors import (
     CheckpointStateError,
     DurableFileCorruptError,
     InvalidArgumentError,
+    PermissionDeniedError,
 )
 from ember.ps_server.routing import shard_of
 from ember.ps_server.table import Table
@@ -35,24 +43,41 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MAX_PAUSE_LEASE_S = 300.0
+"""The longest a checkpoint may hold a shard's writes before it writes its files."""
+MAX_CHECKPOINT_ID_CHARS = 128
+
+Chain = list[tuple[Path, Manifest]]
+
 
 class ShardCheckpoints:
     """The checkpoint verbs of one shard (driven by a coordinator over RPC), and restore.
 
     Args:
         server: the shard (its tables, its shard numbers and its write gate).
+        root: the directory checkpoint files may be written under ('' refuses them all).
     """
 
-    def __init__(self, server: ParameterServer) -> None:
+    def __init__(self, server: ParameterServer, root: str = "") -> None:
         self._server = server
+        self._root = Path(os.path.realpath(root)) if root else None
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
         self._committed_checkpoint: str | None = None  # base of the next incremental one
 
     def pause(self, checkpoint_id: str, lease_s: float) -> None:
-        """Finish writes in flight and hold new ones for ``checkpoint_id`` (see WriteGate)."""
+        """Finish writes in flight and hold new ones for ``checkpoint_id`` (see WriteGate).
+
+        Raises:
+            InvalidArgumentError: a bad id, or a lease not in (0, MAX_PAUSE_LEASE_S].
+        """
         _check_checkpoint_id(checkpoint_id)
+        if not 0 < lease_s <= MAX_PAUSE_LEASE_S:
+            raise InvalidArgumentError(
+                f"pause lease must be in (0, {MAX_PAUSE_LEASE_S:g}] seconds, got {lease_s}"
+            )
+        self._server.fault.check()
         self._server.gate.pause(checkpoint_id, lease_s)
 
     def resume(self, checkpoint_id: str) -> None:
@@ -68,10 +93,12 @@ class ShardCheckpoints:
             CheckpointStateError: writes are not paused for it, or ``base_id``
                 is not this shard's last committed checkpoint.
             InvalidArgumentError: ``directory`` is not an absolute path.
+            PermissionDeniedError: ``directory`` is outside the checkpoint root, or
+                there is no root.
         """
         _check_checkpoint_id(checkpoint_id)
-        if not Path(directory).is_absolute():
-            raise InvalidArgumentError(f"checkpoint directory must be absolute, got {directory!r}")
+        target = self.checked_directory(directory)
+        self._server.fault.check()
         self._server.gate.claim(checkpoint_id)
         try:
             if base_id and base_id != self._committed_checkpoint:
@@ -83,9 +110,9 @@ class ShardCheckpoints:
             write_log = self._server.journal.log
             self._written_log_segment = write_log.rotate() if write_log is not None else 0
             files = write_shard_files(
-                tables, self._server.shard, self._server.num_shards, Path(directory), bool(base_id)
+                tables, self._server.shard, self._server.num_shards, target, bool(base_id)
             )
-            self._written_checkpoint, self._written_directory = checkpoint_id, Path(directory)
+            self._written_checkpoint, self._written_directory = checkpoint_id, target
             return files, [table.spec for table in tables]
         finally:
             self._server.gate.resume(checkpoint_id)
@@ -108,18 +135,52 @@ class ShardCheckpoints:
         if write_log is not None:
             write_log.commit_base(self._written_directory, self._written_log_segment)
 
-    def restore(self, path: Path) -> int:
-        """Replace this shard's tables by the checkpoint at ``path`` (a checkpoint or a root).
+    def checked_directory(self, directory: str) -> Path:
+        """``directory`` resolved, if it lies under the checkpoint root.
+
+        Raises:
+            InvalidArgumentError: not an absolute path.
+            PermissionDeniedError: no root, or it resolves outside the root.
+        """
+        if self._root is None:
+            raise PermissionDeniedError(
+                "this shard writes no checkpoints: it was started without --checkpoint-root "
+                "(env EMBER_CHECKPOINT_ROOT); restart it with the directory checkpoints go under"
+            )
+        path = Path(directory)
+        if not path.is_absolute():
+            raise InvalidArgumentError(f"checkpoint directory must be absolute, got {directory!r}")
+        try:
+            resolved = Path(os.path.realpath(path))
+        except (ValueError, OSError) as error:
+            raise InvalidArgumentError(f"bad checkpoint directory {directory!r}: {error}") from None
+        if resolved != self._root and self._root not in resolved.parents:
+            raise PermissionDeniedError(
+                f"checkpoint directory {directory!r} resolves to {resolved}, outside this "
+                f"shard's checkpoint root {self._root}; refused"
+            )
+        return resolved
+
+    def load_chain(self, path: Path) -> Chain:
+        """The verified checkpoint chain at ``path`` (a checkpoint or a root) that
+        :meth:`restore` reads: only this shard's files when the shard count is the same.
+
+        Raises:
+            FileNotFoundError: no finished checkpoint at ``path``, or a base is missing.
+            DurableFileCorruptError: a file this shard reads fails its checks.
+        """
+        return checkpoint_chain(path, self._server.shard, self._server.num_shards)
+
+    def restore(self, chain: Chain) -> int:
+        """Replace this shard's tables by a chain from :meth:`load_chain`.
 
         Tables of the checkpoint are created (or reset, when they exist with
         the same spec); this shard keeps the rows it owns. Returns the rows loaded.
 
         Raises:
-            FileNotFoundError: no finished checkpoint at ``path``.
-            DurableFileCorruptError: a file fails its checksum (nothing changed).
+            DurableFileCorruptError: a file is unreadable.
             CheckpointStateError: a table exists with another spec (nothing changed).
         """
-        chain = checkpoint_chain(path)
         latest = chain[-1][1]
         with self._server.gate.writing():
             check_specs(latest, self._server.tables())
@@ -133,8 +194,11 @@ class ShardCheckpoints:
 
 
 def _check_checkpoint_id(checkpoint_id: str) -> None:
-    if not checkpoint_id:
-        raise InvalidArgumentError("checkpoint_id must not be empty")
+    if not 0 < len(checkpoint_id) <= MAX_CHECKPOINT_ID_CHARS or not checkpoint_id.isprintable():
+        raise InvalidArgumentError(
+            f"checkpoint_id must be 1..{MAX_CHECKPOINT_ID_CHARS} printable characters, "
+            f"got {checkpoint_id[:MAX_CHECKPOINT_ID_CHARS]!r}"
+        )
 
 
 def write_shard_files(
@@ -174,12 +238,16 @@ def restore_chain(
         tables[spec.name].reset(windows.get(spec.name, []))
     restored = 0
     for checkpoint_dir, manifest in chain:
-        for entries in manifest.files.values():
-            for entry in entries:
-                if entry.table:
-                    restored += _load_row_file(
-                        checkpoint_dir / entry.path, tables[entry.table], shard, num_shards
+        for entry in manifest.files_for(shard, num_shards):
+            if entry.table:
+                if entry.table not in tables:
+                    raise DurableFileCorruptError(
+                        f"{checkpoint_dir / entry.path}: rows of table {entry.table!r}, which "
+                        f"checkpoint {latest.id} does not list"
                     )
+                restored += _load_row_file(
+                    checkpoint_dir / entry.path, tables[entry.table], shard, num_shards
+                )
     log.info(
         "restored %d rows of %d tables from %s (%d checkpoint(s), %d shard(s) -> %d)",
         restored, len(latest.tables), directory, len(chain), latest.num_shards, num_shards,
@@ -220,8 +288,16 @@ def _deduplication_windows(
 ) -> dict[str, list[str]]:
     if manifest.num_shards != num_shards:
         return {}
-    meta = next(entry for entry in manifest.files.get(shard, []) if not entry.table)
+    meta = [entry for entry in manifest.files_for(shard, num_shards) if not entry.table]
+    if len(meta) != 1:
+        raise DurableFileCorruptError(
+            f"{directory}: the manifest lists {len(meta)} metadata files of shard {shard}, not 1"
+        )
+    path = directory / meta[0].path
     try:
-        return json.loads((directory / meta.path).read_bytes())["applied_request_ids"]
-    except (ValueError, KeyError) as error:
-        raise DurableFileCorruptError(f"{directory / meta.path}: unreadable ({error})") from error
+        windows = json.loads(path.read_bytes())["applied_request_ids"]
+        if not all(isinstance(ids, list) for ids in windows.values()):
+            raise TypeError("a window is not a list")
+        return windows
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DurableFileCorruptError(f"{path}: unreadable ({error!r})") from error

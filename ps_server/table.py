@@ -58,7 +58,11 @@ class Table:
         self._dedup_window = dedup_window
 
     def pull(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and versions for ``ids`` in order (duplicates allowed), creating missing rows."""
+        """Rows and versions for ``ids`` in order (duplicates allowed).
+
+        An id never written reads as its initial row at version 0 and is not
+        stored: reads never grow the table (writes create rows).
+        """
         with self._lock:
             weights, versions = self._read(ids)
             self.counters.pull_requests += 1
@@ -75,9 +79,7 @@ class Table:
             of the stale rows, their current values and versions.
         """
         with self._lock:
-            found, versions = self.store.fetch_versions(ids)
-            if not found.all():  # absent rows are created, at version 0
-                self._create(np.unique(ids[~found]))
+            _, versions = self.store.fetch_versions(ids)  # absent rows are at version 0
             # Only stale rows are read: a fresh row costs its version, not its weights.
             stale = np.flatnonzero(versions.numpy() - held_versions > bound)
             weights, stale_versions = self._read(ids[stale])
@@ -143,11 +145,20 @@ class Table:
         with self._lock:
             self.store.flush()
 
+    def footprint(self) -> tuple[int, int]:
+        """``(rows, bytes)`` of the store, read under the table's lock (see ``RowStore``)."""
+        with self._lock:
+            return self.store.footprint()
+
     def _read(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights and versions of ``ids``, creating missing rows; caller holds the lock."""
+        """Weights and versions of ``ids``, initial rows where absent; caller holds the lock."""
         if len(ids) == 0:
             return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
-        rows = self._fetch_creating(ids, with_state=False)
+        found, rows = self.store.fetch(ids, with_state=False)
+        if not found.all():
+            absent = ~found
+            rows.weights[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
+            rows.versions[torch.from_numpy(absent)] = 0
         return rows.weights, rows.versions
 
     def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:

@@ -26,6 +26,7 @@ class WriteGate:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._writers = 0
+        self._held = 0  # writers waiting for a pause to end
         self._holder: str | None = None  # checkpoint id holding the pause
         self._deadline = 0.0
         self._expired: set[str] = set()
@@ -34,6 +35,10 @@ class WriteGate:
     def writing(self) -> Iterator[None]:
         """Run one write request: waits while a checkpoint holds the gate."""
         with self._cond:
+            held = self._holder is not None
+            if held:
+                self._held += 1
+                self._cond.notify_all()
             while self._holder is not None:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
@@ -44,6 +49,7 @@ class WriteGate:
                     self._release()
                     break
                 self._cond.wait(None if math.isinf(remaining) else remaining)
+            self._held -= held
             self._writers += 1
         try:
             yield
@@ -52,14 +58,17 @@ class WriteGate:
                 self._writers -= 1
                 self._cond.notify_all()
 
+    def await_held(self, count: int, timeout_s: float) -> bool:
+        """Wait until at least ``count`` writers are held by a pause; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._held >= count, timeout_s)
+
     def pause(self, checkpoint_id: str, lease_s: float) -> None:
         """Hold new writes for ``checkpoint_id`` and wait for those in flight to finish.
 
         Raises:
-            CheckpointStateError: another checkpoint holds the gate, or the lease is not positive.
+            CheckpointStateError: another checkpoint holds the gate.
         """
-        if not lease_s > 0:
-            raise CheckpointStateError(f"pause lease must be > 0 seconds, got {lease_s}")
         with self._cond:
             if self._holder is not None and self._holder != checkpoint_id:
                 if time.monotonic() < self._deadline:

@@ -2,26 +2,36 @@
 
 Files ``<dir>/shard-S-of-N.<segment>.wal``; each record is ``EMWL``, the
 payload length (uint32), the payload's CRC-32 (uint32) and the payload (a
-serialised ``LogRecord``). :meth:`WriteLog.append` hands a record to the OS
-and returns a ticket; :meth:`WriteLog.sync` makes it durable. With fsync
-``always`` the caller syncs before acknowledging, and one fsync covers every
-record appended before it (group commit); with ``interval`` a background
-thread fsyncs every ``interval_s`` (a process crash loses nothing, a machine
-crash at most that interval).
+serialised ``LogRecord``), written with one ``writev``. :meth:`WriteLog.append`
+hands a record to the OS and returns a ticket; :meth:`WriteLog.sync` makes it
+durable. With fsync ``always`` the caller syncs before acknowledging, and one
+fsync covers every record appended before it (group commit); with
+``interval`` a background thread fsyncs every ``interval_s`` (a process crash
+loses nothing, a machine crash at most that interval).
+
+Fail closed. A failed write or fsync trips the shard's :class:`ShardFault`:
+the record being written is cut off again, nothing more is appended, and no
+request is acknowledged from then on (the shard reports unhealthy). One
+process owns a shard's log: :meth:`claim` takes ``shard-S.lock`` (an
+``flock``, released when its holder dies) and refuses a directory that holds
+logs or a checkpoint base of another shard count.
 
 A checkpoint :meth:`rotate`\\s to a new segment under its write pause and,
 once durable, :meth:`commit_base` records it in ``shard-S-of-N.base.json``
 and deletes the segments it covers. Replay reads the segments from the base
-on: a torn last record (a crash mid-write) is cut off with a warning; a bad
-record anywhere else is refused, naming the file, offset and checksums.
+on. Only a torn last record (see :func:`_is_torn_tail`) is cut off, with a
+warning; any other damage stops the start, naming the file and byte offset.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
 import re
+import socket
 import struct
 import threading
 import zlib
@@ -29,7 +39,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ember.ps_server.durable_files import fsync_directory, write_durably
-from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.errors import (
+    DurableFileCorruptError,
+    TopologyMismatchError,
+    WriteLogLockedError,
+)
+from ember.ps_server.shard_fault import ShardFault
 from ember.ps_server.wire_codec import Buffer
 
 log = logging.getLogger(__name__)
@@ -37,6 +52,9 @@ log = logging.getLogger(__name__)
 MAGIC = b"EMWL"
 _HEADER = struct.Struct("<4sII")
 FSYNC_POLICIES = ("always", "interval")
+_FILE_OF_SHARD = re.compile(r"^shard-(\d+)-of-(\d+)\.(?:\d{8}\.wal|base\.json)$")
+_BLOCK = 4096  # a crash leaves whole file blocks unwritten: they read back as zeros
+_MAX_WRITEV_PARTS = 512
 
 
 class WriteLog:
@@ -47,6 +65,7 @@ class WriteLog:
         shard, num_shards: whose log this is (part of every file name).
         fsync: ``always`` (durable before acknowledgement) or ``interval``.
         interval_s: fsync period under ``interval``.
+        fault: the shard's latch, tripped by a failed write or fsync (a new one if None).
     """
 
     def __init__(
@@ -56,6 +75,7 @@ class WriteLog:
         num_shards: int,
         fsync: str = "interval",
         interval_s: float = 0.05,
+        fault: ShardFault | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"wal fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
@@ -63,6 +83,8 @@ class WriteLog:
             raise ValueError(f"wal fsync interval must be > 0 seconds, got {interval_s}")
         self.directory = directory
         self.fsync = fsync
+        self.fault = fault or ShardFault()
+        self._shard, self._num_shards = shard, num_shards
         self._prefix = f"shard-{shard}-of-{num_shards}"
         self._pattern = re.compile(rf"^{re.escape(self._prefix)}\.(\d{{8}})\.wal$")
         directory.mkdir(parents=True, exist_ok=True)
@@ -70,8 +92,10 @@ class WriteLog:
         self._sync_lock = threading.Lock()
         self._appended = 0  # bytes handed to the OS, over all segments
         self._synced = 0  # bytes known durable
-        self._file = None
+        self._fd: int | None = None
         self._segment = 0
+        self._segment_bytes = 0
+        self._lock_file = None
         self._closed = threading.Event()
         self._syncer: threading.Thread | None = None
         self._interval_s = interval_s
@@ -80,6 +104,58 @@ class WriteLog:
     def base_path(self) -> Path:
         """Where the last committed checkpoint of this shard is recorded."""
         return self.directory / f"{self._prefix}.base.json"
+
+    def claim(self) -> None:
+        """Become the one process that reads and writes this shard's log (idempotent).
+
+        Raises:
+            WriteLogLockedError: a live process holds it (its pid and host are named).
+            TopologyMismatchError: the directory holds logs or a base of another shard count.
+        """
+        if self._lock_file is not None:
+            return
+        path = self.directory / f"shard-{self._shard}.lock"
+        handle = open(path, "a+")  # noqa: SIM115 - held until close()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                handle.close()
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "an unknown process"
+            handle.close()
+            raise WriteLogLockedError(
+                f"the write-ahead log of shard {self._shard} in {self.directory} is in use by "
+                f"{holder}; one shard process per log (stop the other one first)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        handle.flush()
+        self._lock_file = handle
+        try:
+            self._check_topology()
+        except TopologyMismatchError:
+            self._release_lock()
+            raise
+
+    def _check_topology(self) -> None:
+        others = sorted(
+            entry.name
+            for entry in self.directory.iterdir()
+            if (match := _FILE_OF_SHARD.match(entry.name))
+            and int(match.group(2)) != self._num_shards
+        )
+        if others:
+            raise TopologyMismatchError(
+                f"{self.directory} holds the write-ahead log of another shard count "
+                f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}), and this is "
+                f"shard {self._shard} of {self._num_shards}: serving would lose those writes. "
+                "To change the shard count: start the old shards on this log, take a checkpoint "
+                "(ember checkpoint --dir D), stop them, move this directory aside, then start "
+                "the new shards with --restore D and an empty --wal directory"
+            )
 
     def base(self) -> tuple[Path | None, int]:
         """``(checkpoint directory, first segment after it)``; ``(None, 1)`` without one."""
@@ -100,12 +176,15 @@ class WriteLog:
         )
 
     def replay(self) -> Iterator[bytes]:
-        """Every record payload after the base checkpoint, in order.
+        """Every record payload after the base checkpoint, in order (claims the log first).
+
+        A torn last record is cut off the file, with a warning.
 
         Raises:
-            DurableFileCorruptError: a segment is missing, or a record other
-                than the very last fails its checks.
+            DurableFileCorruptError: a segment is missing, or a record fails its
+                checks anywhere but as a torn tail of the last segment.
         """
+        self.claim()
         _, first = self.base()
         segments = [n for n in self.segments() if n >= first]
         if segments and segments[0] != first:
@@ -118,12 +197,17 @@ class WriteLog:
                 raise DurableFileCorruptError(f"{self._segment_path(first + position)}: missing")
             yield from self._read_segment(number, last=position == len(segments) - 1)
 
+    def verify(self) -> int:
+        """Check every record after the base (cutting a torn tail) without applying; returns
+        how many there are. Raises as :meth:`replay` does."""
+        return sum(1 for _ in self.replay())
+
     def open(self) -> None:
         """Start appending, in a segment after every existing one (call after :meth:`replay`)."""
+        self.claim()
         _, first = self.base()
         self._segment = max([first - 1, *self.segments()]) + 1
-        self._file = open(self._segment_path(self._segment), "ab")  # noqa: SIM115
-        fsync_directory(self.directory)
+        self._open_segment()
         if self.fsync == "interval":
             self._syncer = threading.Thread(
                 target=self._sync_periodically, name="ember-wal-sync", daemon=True
@@ -134,6 +218,9 @@ class WriteLog:
         """Write one record (to the OS); returns the ticket to :meth:`sync` on.
 
         ``payload`` may come in parts (written in order, never joined).
+
+        Raises:
+            ShardFailedError: this write failed (it is cut off again), or an earlier one did.
         """
         parts = [
             memoryview(part).cast("B")
@@ -143,36 +230,52 @@ class WriteLog:
         for part in parts:
             crc = zlib.crc32(part, crc)
             length += part.nbytes
+        header = memoryview(_HEADER.pack(MAGIC, length, crc))
         with self._append_lock:
-            self._file.write(_HEADER.pack(MAGIC, length, crc))
-            for part in parts:
-                self._file.write(part)
-            self._file.flush()
+            self.fault.check()
+            start = self._segment_bytes
+            try:
+                _write_all(self._fd, [header, *parts])
+            except OSError as error:
+                self._cut_back(start)
+                self._fail(
+                    f"writing a record to the write-ahead log {self._segment_path(self._segment)} "
+                    f"at byte {start} failed ({error}). No write is acknowledged from now on. "
+                    "Fix the disk (free space), then restart the shard: it recovers every "
+                    "acknowledged write from the log"
+                )
+            self._segment_bytes += _HEADER.size + length
             self._appended += _HEADER.size + length
             return self._appended
 
     def sync(self, ticket: int) -> None:
-        """Return once the record of ``ticket`` is durable (no-op under ``interval``)."""
-        if self.fsync != "always" or self._synced >= ticket:
+        """Return once the record of ``ticket`` is durable (under ``interval``, at once).
+
+        Raises:
+            ShardFailedError: the fsync failed, or the log failed earlier.
+        """
+        if self._synced >= ticket:
+            return
+        if self.fsync != "always":
+            self.fault.check()
             return
         with self._sync_lock:
             if self._synced >= ticket:  # another request's fsync covered this one
                 return
-            with self._append_lock:
-                target, handle = self._appended, self._file.fileno()
-            os.fsync(handle)
-            self._synced = max(self._synced, target)
+            self._fsync_appended()
 
     def rotate(self) -> int:
         """Close the current segment durably and start the next; returns its number."""
         with self._sync_lock, self._append_lock:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            self.fault.check()
+            try:
+                os.fsync(self._fd)
+            except OSError as error:
+                self._fail(self._fsync_failure(error))
+            os.close(self._fd)
             self._synced = self._appended
             self._segment += 1
-            self._file = open(self._segment_path(self._segment), "ab")  # noqa: SIM115
-            fsync_directory(self.directory)
+            self._open_segment()
             return self._segment
 
     def commit_base(self, checkpoint: Path, segment: int) -> None:
@@ -187,25 +290,70 @@ class WriteLog:
         fsync_directory(self.directory)
 
     def close(self) -> None:
-        """Make everything appended durable and stop."""
+        """Make everything appended durable (unless the log failed), stop, release the lock."""
         self._closed.set()
         if self._syncer is not None:
             self._syncer.join()
-        if self._file is not None:
-            with self._append_lock:
-                self._file.flush()
-                os.fsync(self._file.fileno())
-                self._file.close()
+        with self._sync_lock, self._append_lock:
+            if self._fd is not None:
+                if self.fault.reason is None:
+                    try:
+                        os.fsync(self._fd)
+                    except OSError as error:
+                        self.fault.trip(self._fsync_failure(error))
+                os.close(self._fd)
+                self._fd = None
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()  # closing drops the flock
+            self._lock_file = None
+
+    def _open_segment(self) -> None:
+        path = self._segment_path(self._segment)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segment_bytes = os.fstat(self._fd).st_size
+        fsync_directory(self.directory)
+
+    def _fsync_appended(self) -> None:
+        """fsync everything appended so far (caller holds the sync lock)."""
+        self.fault.check()
+        with self._append_lock:
+            target, handle = self._appended, self._fd
+        try:
+            os.fsync(handle)
+        except OSError as error:
+            self._fail(self._fsync_failure(error))
+        self._synced = max(self._synced, target)
 
     def _sync_periodically(self) -> None:
         while not self._closed.wait(self._interval_s):
-            with self._sync_lock:
-                with self._append_lock:
-                    if self._synced >= self._appended:
-                        continue
-                    target, handle = self._appended, self._file.fileno()
-                os.fsync(handle)
-                self._synced = max(self._synced, target)
+            try:
+                with self._sync_lock:
+                    if self._synced < self._appended:
+                        self._fsync_appended()
+            except Exception as error:  # noqa: BLE001 - a syncer must never die silently
+                self.fault.trip(f"write-ahead log fsync thread stopped: {error}")
+                return
+
+    def _fsync_failure(self, error: OSError) -> str:
+        return (
+            f"fsync of the write-ahead log {self._segment_path(self._segment)} failed ({error}): "
+            f"records after byte {self._synced} of the log may not be durable. No write is "
+            "acknowledged from now on. Check the disk, then restart the shard"
+        )
+
+    def _fail(self, reason: str) -> None:
+        self.fault.trip(reason)
+        self.fault.check()  # raises ShardFailedError
+
+    def _cut_back(self, size: int) -> None:
+        """Best effort: remove a partly written record, so the log ends with a whole one."""
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as error:
+            log.error("cannot cut the partial record off %s: %s", self.directory, error)
 
     def _segment_path(self, number: int) -> Path:
         return self.directory / f"{self._prefix}.{number:08d}.wal"
@@ -221,7 +369,8 @@ class WriteLog:
                 yield data[offset + _HEADER.size : offset + _HEADER.size + length]
                 offset += _HEADER.size + length
                 continue
-            if last and _is_tail(data, offset):
+            intact = _next_intact_record(data, offset + 1)
+            if last and intact is None and _is_torn_tail(data, offset):
                 log.warning(
                     "%s: torn last record at byte %d (%s) ignored; the log is cut there",
                     path, offset, problem,
@@ -230,7 +379,30 @@ class WriteLog:
                     handle.truncate(offset)
                     os.fsync(handle.fileno())
                 return
-            raise DurableFileCorruptError(f"{path}: record at byte {offset}: {problem}")
+            after = (
+                f"an intact record follows at byte {intact}"
+                if intact is not None
+                else "it is not what a crash mid-append leaves"
+            )
+            raise DurableFileCorruptError(
+                f"{path}: record at byte {offset} is damaged ({problem}), and {after}: the log "
+                "is corrupt, so the shard will not start. Restore the log file from a backup, or "
+                f"accept losing this record and every later one of this shard (truncate the "
+                f"file to {offset} bytes and delete later segments), or start from a checkpoint "
+                "with an empty --wal directory"
+            )
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """``writev`` every byte of ``parts`` to ``fd`` (retrying short writes)."""
+    pending = [part for part in parts if part.nbytes]
+    while pending:
+        written = os.writev(fd, pending[:_MAX_WRITEV_PARTS])
+        while pending and written >= pending[0].nbytes:
+            written -= pending[0].nbytes
+            pending.pop(0)
+        if written:
+            pending[0] = pending[0][written:]
 
 
 def _record_problem(data: bytes, offset: int) -> str | None:
@@ -243,17 +415,41 @@ def _record_problem(data: bytes, offset: int) -> str | None:
     end = offset + _HEADER.size + length
     if end > len(data):
         return f"{length}-byte payload runs past the end of the file"
-    actual = zlib.crc32(data[offset + _HEADER.size : end])
+    actual = zlib.crc32(memoryview(data)[offset + _HEADER.size : end])
     if actual != crc:
         return f"CRC-32 {actual:#010x} does not match the recorded {crc:#010x}"
     return None
 
 
-def _is_tail(data: bytes, offset: int) -> bool:
-    """True when the bad record at ``offset`` is what a crash mid-append leaves at the end."""
+def _next_intact_record(data: bytes, start: int) -> int | None:
+    """Offset of the first whole, intact record at or after ``start``, if any."""
+    position = data.find(MAGIC, start)
+    while position >= 0:
+        if _record_problem(data, position) is None:
+            return position
+        position = data.find(MAGIC, position + 1)
+    return None
+
+
+def _is_torn_tail(data: bytes, offset: int) -> bool:
+    """Whether the damaged last record at ``offset`` is what a crash mid-append leaves.
+
+    An append is one write that extends the file: a crash leaves its first
+    bytes (the file ends early), or the file extended over blocks that were
+    never written, which read back as zeros (the record's last block). A
+    record that is whole on disk but fails its checks (a flipped bit, even in
+    its length field) is corruption, not a torn tail: records end with their
+    request id, never with a zero block.
+    """
     if len(data) - offset < _HEADER.size:
         return True
-    magic, length, _ = _HEADER.unpack_from(data, offset)
-    if magic != MAGIC:
-        return not any(data[offset:])  # zeros the file system extended it with
-    return offset + _HEADER.size + length >= len(data)
+    magic, length, crc = _HEADER.unpack_from(data, offset)
+    end = offset + _HEADER.size + length
+    if magic == MAGIC and end > len(data):
+        # Cut short, unless what is there is the whole payload under a damaged length.
+        return zlib.crc32(memoryview(data)[offset + _HEADER.size :]) != crc
+    start, stop = (offset + _HEADER.size, end) if magic == MAGIC else (offset, len(data))
+    if start == stop:
+        return False  # an empty payload has nothing that could be unwritten
+    last_block = max(start, (stop - 1) // _BLOCK * _BLOCK)
+    return data[last_block:stop] == bytes(stop - last_block)

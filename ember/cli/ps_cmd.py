@@ -80,6 +80,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="fsync period under --wal-fsync interval (env EMBER_WAL_FSYNC_INTERVAL_S)",
     )
     parser.add_argument(
+        "--checkpoint-root",
+        default=defaults.checkpoint_root,
+        help="the only directory checkpoint requests may write under; without it the shard "
+        "refuses checkpoints (env EMBER_CHECKPOINT_ROOT)",
+    )
+    parser.add_argument(
+        "--accept-empty-store",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.accept_empty_store,
+        help="when Redis loses this shard's rows while it serves (restarted without "
+        "persistence, flushed), go on from initial rows instead of refusing to serve "
+        "(env EMBER_ACCEPT_EMPTY_STORE)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -92,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     from ember.ps_server.errors import EmberError
     from ember.ps_server.servicer import serve_until_signalled
-    from ember.ps_server.stores import probe_store
 
     config = ShardConfig(
         shard=args.shard,
@@ -108,10 +121,11 @@ def run(args: argparse.Namespace) -> int:
         wal=args.wal,
         wal_fsync=args.wal_fsync,
         wal_fsync_interval_s=args.wal_fsync_interval_s,
+        checkpoint_root=args.checkpoint_root,
+        accept_empty_store=args.accept_empty_store,
     )
     try:
         config.validate()
-        probe_store(config.store)
         serve_until_signalled(config, args.ready_file)
     except (ValueError, OSError, EmberError) as error:
         raise SystemExit(f"ember ps: {error}") from None

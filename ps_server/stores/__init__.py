@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import urllib.parse
+from typing import TYPE_CHECKING
 
 from ember.ps_server.stores.base import RowBatch, RowStore
 from ember.ps_server.stores.memory import InMemoryStore
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.stores.redis_marker import RedisShardMarker
 
 __all__ = [
     "InMemoryStore",
@@ -13,8 +18,8 @@ __all__ = [
     "RowStore",
     "check_store_url",
     "clear_shard",
+    "open_marker",
     "open_store",
-    "probe_store",
 ]
 
 _TIERED = "tiered+"
@@ -34,13 +39,21 @@ def check_store_url(url: str) -> None:
         _split_capacity(redis_url)
 
 
-def open_store(url: str, table: str, shard: int, dim: int, state_width: int) -> RowStore:
+def open_store(
+    url: str,
+    table: str,
+    shard: int,
+    dim: int,
+    state_width: int,
+    marker: RedisShardMarker | None = None,
+) -> RowStore:
     """The store for one table on one shard.
 
     Args:
         url: ``memory`` (default); ``redis://[user:password@]host:port/db`` or
             ``rediss://`` (TLS); or ``tiered+redis://...?capacity=ROWS``: a
             memory tier of ROWS rows in front of that Redis.
+        marker: the shard's marker in that Redis (see :func:`open_marker`).
 
     Raises:
         ValueError: an unknown scheme or a malformed URL.
@@ -51,12 +64,32 @@ def open_store(url: str, table: str, shard: int, dim: int, state_width: int) -> 
         return InMemoryStore(dim, state_width)
     from ember.ps_server.stores.redis_store import RedisStore
 
-    if not url.startswith(_TIERED):
-        return RedisStore(url, table, shard, dim, state_width)
+    redis_url, capacity = _redis_url(url)
+    cold = RedisStore(redis_url, table, shard, dim, state_width, marker=marker)
+    if capacity is None:
+        return cold
     from ember.ps_server.stores.tiered import TieredStore
 
-    redis_url, capacity = _split_capacity(url.removeprefix(_TIERED))
-    return TieredStore(RedisStore(redis_url, table, shard, dim, state_width), capacity)
+    return TieredStore(cold, capacity)
+
+
+def open_marker(
+    url: str, shard: int, num_shards: int, fault: ShardFault, accept_empty: bool = False
+) -> RedisShardMarker | None:
+    """The shard's marker in the Redis behind ``url`` (None for the memory store).
+
+    See :class:`ember.ps_server.stores.redis_marker.RedisShardMarker`.
+    """
+    check_store_url(url)
+    if url in ("", "memory"):
+        return None
+    from ember.ps_server.stores.redis_marker import RedisShardMarker
+    from ember.ps_server.stores.redis_store import connect, redact
+
+    redis_url = _redis_url(url)[0]
+    return RedisShardMarker(
+        connect(redis_url), redact(redis_url), shard, num_shards, fault, accept_empty
+    )
 
 
 def clear_shard(url: str, shard: int) -> int:
@@ -65,21 +98,14 @@ def clear_shard(url: str, shard: int) -> int:
         return 0
     from ember.ps_server.stores.redis_store import clear_shard_rows
 
-    redis_url = url.removeprefix(_TIERED)
+    return clear_shard_rows(_redis_url(url)[0], shard)
+
+
+def _redis_url(url: str) -> tuple[str, int | None]:
+    """The Redis URL behind a redis or tiered store URL, and the tier's capacity (None: untiered)."""
     if url.startswith(_TIERED):
-        redis_url = _split_capacity(redis_url)[0]
-    return clear_shard_rows(redis_url, shard)
-
-
-def probe_store(url: str) -> None:
-    """Check at start-up that the store at ``url`` answers (Redis: connects, authenticates, pings).
-
-    Raises:
-        ValueError: a malformed URL.
-        StoreUnavailableError: the server does not answer or refuses the credentials.
-    """
-    if url not in ("", "memory"):
-        open_store(url, "_probe", 0, 1, 0)
+        return _split_capacity(url.removeprefix(_TIERED))
+    return url, None
 
 
 def _split_capacity(redis_url: str) -> tuple[str, int]:

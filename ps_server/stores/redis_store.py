@@ -8,14 +8,17 @@ of MSETs when it needs several, so Redis applies a batch entirely or not at
 all (deletes likewise). MGET and MSET are packed by numpy (:mod:`resp`), not
 argument by argument. A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
-call reconnects.
+call reconnects. Every pipeline also reads the shard's marker
+(:mod:`redis_marker`), so a Redis that lost its rows is noticed at once.
+Deletes scan keys by their fixed prefix and keep only the keys of exactly the
+expected shape: no glob ever reaches into the id bytes.
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import redis
@@ -32,6 +35,9 @@ from ember.ps_server.stores.row_codec import (
     encode_records,
     encode_rows,
 )
+
+if TYPE_CHECKING:
+    from ember.ps_server.stores.redis_marker import RedisShardMarker
 
 T = TypeVar("T")
 
@@ -60,6 +66,7 @@ class RedisStore:
         state_width: optimizer-state floats per row.
         batch_keys: keys per MGET / MSET command.
         timeout_s: socket connect and read timeout.
+        marker: the shard's marker, checked with every command pipeline (None: unchecked).
 
     Raises:
         StoreUnavailableError: Redis does not answer, or refuses the credentials.
@@ -74,20 +81,17 @@ class RedisStore:
         state_width: int,
         batch_keys: int = DEFAULT_BATCH_KEYS,
         timeout_s: float = 10.0,
+        marker: RedisShardMarker | None = None,
     ) -> None:
         if batch_keys < 1:
             raise ValueError(f"batch_keys must be >= 1, got {batch_keys}")
         self.dim, self.state_width = dim, state_width
         self.url = redact(url)
-        self._prefix = f"ember:{table}:s{shard}:".encode()
+        self._prefix = row_key_prefix(table, shard)
         self._batch = batch_keys
         self._value_bytes = HEADER_BYTES + 4 * (dim + state_width)
-        try:
-            self._redis = redis.Redis.from_url(
-                url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-            )
-        except ValueError as error:
-            raise ValueError(f"bad redis URL {self.url}: {error}") from error
+        self._marker = marker
+        self._redis = connect(url, timeout_s)
         self._call(self._redis.ping)
 
     def footprint(self) -> tuple[int, int]:
@@ -166,7 +170,7 @@ class RedisStore:
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids`` in one transaction."""
         keys = self._keys(ids)
-        self._in_transaction(len(keys), lambda pipe, part: pipe.delete(*keys[part]))
+        self._call(lambda: delete_keys(self._redis, keys, self._batch))
 
     def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
         """Every row of this table on this shard (SCAN, then MGET per chunk)."""
@@ -176,13 +180,8 @@ class RedisStore:
 
     def clear(self) -> None:
         """Delete every row of this table on this shard."""
-        self.delete_matching(self._prefix.replace(b"*", rb"\*") + b"*")
-
-    def delete_matching(self, pattern: bytes) -> int:
-        """Delete every key matching the glob ``pattern`` in one transaction; returns how many."""
-        keys = self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
-        self._in_transaction(len(keys), lambda pipe, part: pipe.delete(*keys[part]))
-        return len(keys)
+        keys = self._scan_keys()
+        self._call(lambda: delete_keys(self._redis, keys, self._batch))
 
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
@@ -192,9 +191,13 @@ class RedisStore:
         return len(self._scan_keys())
 
     def _scan_keys(self) -> list[bytes]:
-        """Every key of this table on this shard."""
-        pattern = self._prefix.replace(b"*", rb"\*") + b"*"
-        return self._call(lambda: list(self._redis.scan_iter(match=pattern, count=10_000)))
+        """Every row key of this table on this shard: the prefix, then exactly 8 id bytes."""
+        size = len(self._prefix) + 8
+        return [
+            key
+            for key in self._call(lambda: scan_prefix(self._redis, self._prefix))
+            if len(key) == size and key.startswith(self._prefix)
+        ]
 
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
@@ -202,24 +205,6 @@ class RedisStore:
         ids = ids.astype(np.int64)
         found, rows = self.fetch(ids)
         return (ids, rows) if found.all() else (ids[found], rows.select(found))
-
-    def _in_transaction(
-        self, count: int, command: Callable[[redis.client.Pipeline, slice], object]
-    ) -> None:
-        """Queue ``command`` per chunk of ``count`` keys and run them all or none.
-
-        One command is atomic by itself; several go out as one MULTI/EXEC.
-        """
-        if count == 0:
-            return
-
-        def run() -> None:
-            with self._redis.pipeline(transaction=count > self._batch) as pipe:
-                for start in range(0, count, self._batch):
-                    command(pipe, slice(start, start + self._batch))
-                pipe.execute()
-
-        self._call(run)
 
     def _keys(self, ids: np.ndarray) -> list[bytes]:
         size = len(self._prefix) + 8
@@ -241,7 +226,7 @@ class RedisStore:
         ]
         if len(commands) > 1:
             commands = [pack(b"MULTI"), *commands, pack(b"EXEC")]
-        self._call(lambda: run_packed(self._redis, commands))
+        self._run(commands)
 
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
         """The value of each id (None where absent): pipelined MGETs."""
@@ -251,20 +236,75 @@ class RedisStore:
             pack_mget(self._prefix, ids[start : start + self._batch])
             for start in range(0, len(ids), self._batch)
         ]
-        replies = self._call(lambda: run_packed(self._redis, commands))
+        replies = self._run(commands)
         return replies[0] if len(replies) == 1 else [v for reply in replies for v in reply]
 
+    def _run(self, commands: list[bytes]) -> list:
+        """Send packed ``commands`` behind a read of the shard's marker; their replies."""
+        if self._marker is None:
+            return self._call(lambda: run_packed(self._redis, commands))
+        held, *replies = self._call(
+            lambda: run_packed(self._redis, [self._marker.command(), *commands])
+        )
+        self._marker.verify(held)
+        return replies
+
     def _call(self, operation: Callable[[], T]) -> T:
-        try:
-            return operation()
-        except redis.AuthenticationError as error:
-            raise StoreUnavailableError(
-                f"redis at {self.url} refused the credentials: {error}"
-            ) from error
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailableError(f"redis at {self.url} is unreachable: {error}") from error
+        return guarded(self.url, operation)
+
+
+def row_key_prefix(table: str, shard: int) -> bytes:
+    """What every row key of ``table`` on ``shard`` starts with; the id's 8 bytes follow."""
+    return f"ember:{table}:s{shard}:".encode()
+
+
+def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
+    """A client of the Redis at ``url`` (ValueError, password redacted, for a bad URL)."""
+    try:
+        return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as error:
+        raise ValueError(f"bad redis URL {redact(url)}: {error}") from error
+
+
+def guarded(url: str, operation: Callable[[], T]) -> T:
+    """Run ``operation``; a lost connection or refused login raises StoreUnavailableError."""
+    try:
+        return operation()
+    except redis.AuthenticationError as error:
+        raise StoreUnavailableError(f"redis at {url} refused the credentials: {error}") from error
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        raise StoreUnavailableError(f"redis at {url} is unreachable: {error}") from error
+
+
+def scan_prefix(client: redis.Redis, prefix: bytes) -> list[bytes]:
+    """Every key that starts with ``prefix`` (of glob-free characters), by SCAN."""
+    return list(client.scan_iter(match=prefix + b"*", count=10_000))
+
+
+def delete_keys(client: redis.Redis, keys: list[bytes], batch: int = DEFAULT_BATCH_KEYS) -> None:
+    """Delete ``keys`` all or none: one DEL, or a MULTI/EXEC of several."""
+    if not keys:
+        return
+    with client.pipeline(transaction=len(keys) > batch) as pipe:
+        for start in range(0, len(keys), batch):
+            pipe.delete(*keys[start : start + batch])
+        pipe.execute()
 
 
 def clear_shard_rows(url: str, shard: int) -> int:
-    """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many."""
-    return RedisStore(url, "_", shard, 1, 0).delete_matching(f"ember:*:s{shard}:*".encode())
+    """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many.
+
+    Keys are matched by their exact shape, from the end: ``ember:`` + a table
+    name (which holds no ``:``) + ``:s<shard>:`` + exactly 8 id bytes. Rows of
+    other shards stay whatever their id bytes hold.
+    """
+    client, tag = connect(url), f":s{shard}:".encode()
+    keys = [
+        key
+        for key in guarded(redact(url), lambda: scan_prefix(client, b"ember:"))
+        if len(key) > len(b"ember:") + len(tag) + 8
+        and key[-8 - len(tag) : -8] == tag
+        and b":" not in key[len(b"ember:") : -8 - len(tag)]
+    ]
+    guarded(redact(url), lambda: delete_keys(client, keys))
+    return len(keys)

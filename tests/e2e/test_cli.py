@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from ember.ps_server.checkpoint_format import Manifest
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
@@ -105,9 +106,12 @@ def test_bad_flags_exit_with_a_clear_message(argv, message):
 
 
 def test_checkpoint_command_writes_a_checkpoint_and_refuses_a_baseless_incremental(tmp_path):
-    with LocalCluster(1) as cluster, PSClient(cluster.endpoints) as client:
+    with (
+        LocalCluster(1, extra_args=["--checkpoint-root", str(tmp_path)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
         client.create_table(TableSpec("t", dim=4))
-        client.pull("t", [1, 2, 3])
+        client.push("t", [1, 2, 3], torch.ones(3, 4))
         base = [*EMBER, "checkpoint", "--endpoints", cluster.endpoints[0]]
         refused = subprocess.run(
             [*base, "--dir", str(tmp_path / "none"), "--incremental"],
@@ -157,3 +161,26 @@ def test_doctor_reports_every_op_backend(mode, backend):
         assert f"{op:<18} CPU: {backend:<18} CUDA: " in result.stdout
     assert f"EMBER_KERNELS={mode}" in result.stdout
     assert any(line.startswith("CUDA: ") for line in result.stdout.splitlines())
+
+
+@pytest.mark.parametrize(("mode", "status"), [("native", 1), ("auto", 0)])
+def test_doctor_fails_when_the_required_native_ops_do_not_build(tmp_path, mode, status):
+    """make test sets EMBER_KERNELS=native, so a broken build fails CI instead of silently
+    testing the reference ops; users (auto) still get the fallback."""
+    result = subprocess.run(
+        [*EMBER, "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={
+            **os.environ,
+            "EMBER_KERNELS": mode,
+            "EMBER_KERNELS_CACHE": str(tmp_path),  # nothing built yet
+            "CXX": "/bin/false",  # a compiler that fails
+        },
+    )
+    assert result.returncode == status, result.stderr
+    assert "CPU: reference (torch)" in result.stdout
+    required = "the native ops are required (EMBER_KERNELS=native) but missing"
+    assert (required in result.stderr) == (mode == "native")

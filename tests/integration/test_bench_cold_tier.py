@@ -14,7 +14,7 @@ def test_bench_cold_tier_reports_ratios_hit_rate_and_log_cost():
     require_redis_server()
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--ids", "512", "--rounds", "2", "--universe", "4000",
-         "--batches", "8", "--wal-pushes", "4"],
+         "--batches", "8", "--wal-pushes", "4", "--tracked", "50000"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -26,3 +26,4 @@ def test_bench_cold_tier_reports_ratios_hit_rate_and_log_cost():
     assert 0.0 < float(hit_rate) < 1.0  # a 10% tier on Zipf ids both hits and misses
     for mode in ("none", "interval", "always"):
         assert len(re.findall(rf"^{mode} +[14] ", out, re.MULTILINE)) == 2, out
+    assert re.search(r"^50,000 +\d+\.\d\d +\d+\.\d\d$", out, re.MULTILINE), out

@@ -8,7 +8,7 @@ import torch
 from ember.ps_server.checkpoint_format import MANIFEST, Manifest
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
-from ember.ps_server.errors import CheckpointStateError, PSClientError
+from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError, PSClientError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
@@ -23,12 +23,23 @@ TABLES = [
 IDS = torch.from_numpy(np.arange(0, 6000, 7, dtype=np.int64))
 
 
+def root_flag(path) -> list[str]:
+    """The flag that lets shards write checkpoints under ``path``."""
+    return ["--checkpoint-root", str(path)]
+
+
 def push_round(client: PSClient, seed: int, ids: torch.Tensor = IDS) -> None:
     """One push per table with duplicates (summed by the shard)."""
     generator = torch.Generator().manual_seed(seed)
     batch = ids[torch.randint(0, len(ids), (2 * len(ids),), generator=generator)]
     for spec in TABLES:
         client.push(spec.name, batch, torch.randn(len(batch), spec.dim, generator=generator))
+
+
+def touch_every_row(client: PSClient) -> None:
+    """Create every row of IDS (pulls store nothing): a push of zero gradients."""
+    for spec in TABLES:
+        client.push(spec.name, IDS, torch.zeros(len(IDS), spec.dim))
 
 
 def snapshot(client: PSClient) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -51,7 +62,10 @@ def assert_same_state(left: PSClient, right: PSClient, seed: int) -> None:
 
 def test_checkpoint_of_two_shards_restores_onto_three(tmp_path):
     root = tmp_path / "checkpoints"
-    with LocalCluster(2) as source, PSClient(source.endpoints) as client:
+    with (
+        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
+        PSClient(source.endpoints) as client,
+    ):
         for spec in TABLES:
             client.create_table(spec)
         for seed in range(3):
@@ -77,11 +91,14 @@ def test_checkpoint_of_two_shards_restores_onto_three(tmp_path):
 
 def test_incremental_chain_restores_like_a_full_checkpoint(tmp_path):
     chain_root, full_root = tmp_path / "chain", tmp_path / "full"
-    with LocalCluster(2) as source, PSClient(source.endpoints) as client:
+    with (
+        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
+        PSClient(source.endpoints) as client,
+    ):
         for spec in TABLES:
             client.create_table(spec)
         push_round(client, 0)
-        snapshot(client)  # creates every row
+        touch_every_row(client)
         full_dir = client.checkpoint(chain_root)
         push_round(client, 1, ids=IDS[:40])  # few rows change between checkpoints
         first_dir = client.checkpoint(chain_root, incremental=True)
@@ -100,7 +117,9 @@ def test_incremental_chain_restores_like_a_full_checkpoint(tmp_path):
     assert rows_in(first_dir) <= 2 * 40 and rows_in(latest_dir) <= 2 * 30
     assert rows_in(full_dir) == rows_in(reference_dir) == 2 * len(IDS)
     with (
-        LocalCluster(2, extra_args=["--restore", str(latest_dir)]) as from_chain,
+        LocalCluster(
+            2, extra_args=["--restore", str(latest_dir), *root_flag(tmp_path)]
+        ) as from_chain,
         LocalCluster(2, extra_args=["--restore", str(reference_dir)]) as from_full,
         PSClient(from_chain.endpoints) as chain_client,
         PSClient(from_full.endpoints) as full_client,
@@ -119,7 +138,10 @@ def test_checkpoint_during_concurrent_pushes_is_a_prefix_on_every_shard(tmp_path
     spec = TableSpec("consistent", dim=8, optimizer=ADAM)
     owned_ids = [np.arange(0, 64, dtype=np.int64), np.arange(10_000, 10_064, dtype=np.int64)]
     steps = 40
-    with LocalCluster(2) as source, PSClient(source.endpoints) as client:
+    with (
+        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
+        PSClient(source.endpoints) as client,
+    ):
         client.create_table(spec)
         pushers = [
             StepPusher(source.endpoints, spec, ids, seed, steps)
@@ -166,7 +188,10 @@ def test_checkpoint_during_concurrent_pushes_is_a_prefix_on_every_shard(tmp_path
 
 
 def test_incremental_without_a_base_and_after_a_restart_is_refused(tmp_path):
-    with LocalCluster(1) as cluster, PSClient(cluster.endpoints) as client:
+    with (
+        LocalCluster(1, extra_args=root_flag(tmp_path)) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
         client.create_table(TABLES[0])
         with pytest.raises(ValueError, match="take a full one first"):
             client.checkpoint(tmp_path / "empty", incremental=True)
@@ -185,7 +210,10 @@ def test_incremental_without_a_base_and_after_a_restart_is_refused(tmp_path):
 
 def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
     root = tmp_path / "ckpt"
-    with LocalCluster(1) as cluster, PSClient(cluster.endpoints) as client:
+    with (
+        LocalCluster(1, extra_args=root_flag(tmp_path)) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
         for spec in TABLES:
             client.create_table(spec)
         push_round(client, 0)
@@ -193,7 +221,7 @@ def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
     clashing = ParameterServer(0, 1)
     clashing.create_table(TableSpec("adam_t", dim=3))
     with pytest.raises(CheckpointStateError, match="'adam_t'.*restore refused"):
-        clashing.checkpoints.restore(root)
+        clashing.checkpoints.restore(clashing.checkpoints.load_chain(root))
     assert [spec.name for spec in clashing.list_tables()] == ["adam_t"]  # nothing created
     row_file = next(directory.glob("*.adam_t.rows"))
     expected_sha = next(
@@ -212,3 +240,28 @@ def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
     (directory / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ClusterError, match="manifest is corrupt"):
         LocalCluster(1, extra_args=["--restore", str(root)]).start()
+
+
+def test_restore_onto_the_same_shard_count_reads_only_the_shards_own_files(tmp_path):
+    with (
+        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
+        PSClient(source.endpoints) as client,
+    ):
+        for spec in TABLES:
+            client.create_table(spec)
+        push_round(client, 0)
+        expected = snapshot(client)
+        directory = client.checkpoint(tmp_path / "ckpt")
+    for other in directory.glob("shard-1-of-2.*"):
+        other.unlink()  # shard 0 must not need them (nor spend time verifying them)
+    server = ParameterServer(0, 2)
+    rows = server.checkpoints.restore(server.checkpoints.load_chain(directory))
+    mine = IDS.numpy()[shard_of("adam_t", IDS.numpy(), 2) == 0]
+    assert rows > 0
+    reply = server.pull("adam_t", mine.tobytes())
+    position = {int(i): k for k, i in enumerate(IDS.tolist())}
+    wanted = [position[int(i)] for i in mine]
+    assert np.array_equal(reply.values, expected["adam_t"][0][wanted].numpy())
+    assert np.array_equal(reply.versions, expected["adam_t"][1][wanted].numpy())
+    with pytest.raises(DurableFileCorruptError, match="shard-1-of-2.*missing"):
+        ParameterServer(0, 3).checkpoints.load_chain(directory)  # another count reads them all

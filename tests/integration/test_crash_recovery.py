@@ -34,7 +34,14 @@ def test_sigkill_while_pushing_loses_no_acknowledged_push_and_applies_none_twice
     request, tmp_path, store, fsync, checkpoint
 ):
     spec = dataclasses.replace(SPEC, name=f"crash_{store}_{fsync}_{checkpoint}")
-    extra = ["--wal", str(tmp_path / "wal"), "--wal-fsync", fsync]
+    extra = [
+        "--wal",
+        str(tmp_path / "wal"),
+        "--wal-fsync",
+        fsync,
+        "--checkpoint-root",
+        str(tmp_path),
+    ]
     if store == "tiered":
         extra += ["--store", f"tiered+{request.getfixturevalue('redis_server').url}?capacity=32"]
     with (

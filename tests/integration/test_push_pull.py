@@ -86,8 +86,13 @@ def test_pull_is_identical_on_one_two_and_four_shards(table_name):
         with LocalCluster(shards) as cluster, PSClient(cluster.endpoints) as ps:
             ps.create_table(spec)
             pulled.append(ps.pull(table_name, ids))
+            assert [t.rows for s in ps.stats() for t in s.tables] == [
+                0
+            ] * shards  # reads store none
+            ps.push(table_name, ids, torch.zeros(len(ids), spec.dim))
             per_shard_rows = [t.rows for s in ps.stats() for t in s.tables]
             assert len(per_shard_rows) == shards and sum(per_shard_rows) == len(set(ids.tolist()))
+            assert torch.equal(ps.pull(table_name, ids), pulled[-1])  # a zero SGD step
     assert torch.equal(pulled[0], pulled[1]) and torch.equal(pulled[0], pulled[2])
 
 

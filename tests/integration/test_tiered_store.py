@@ -1,5 +1,7 @@
 """The tiered store's own behaviour: LRU residency, write-back on eviction, failure atomicity."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,60 @@ def test_redis_lost_during_admission_changes_nothing(tmp_path, table_name):
         assert store.resident == 4
         found, rows = store.fetch(resident)  # all hits: Redis is not asked
         assert found.all() and torch.equal(rows.weights, rows_for(resident).weights)
+
+
+def test_concurrent_stats_pushes_and_evictions_lose_no_update(redis_server, table_name):
+    """Stats walk the tier's slot arrays while pushes grow them and evict rows: after a
+    flush, Redis holds every pushed row's value (a lost dirty flag leaves a stale row)."""
+    from ember.ps_server.initializers import initial_rows
+    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.table_spec import TableSpec
+    from ember.ps_server.wire import encode_ids
+
+    spec = TableSpec(table_name, dim=DIM, optimizer=SGD)
+    server = ParameterServer(0, 1, store=f"tiered+{redis_server.url}?capacity=48")
+    server.create_table(spec)
+    owned = [np.arange(k * 1000, k * 1000 + 150, dtype=np.int64) for k in range(3)]
+    sums = [np.zeros((150, DIM)) for _ in owned]
+    done = threading.Event()
+
+    def pusher(worker: int) -> None:
+        rng = np.random.default_rng(worker)
+        for step in range(60):
+            picked = rng.choice(150, size=40, replace=False)
+            grads = rng.standard_normal((40, DIM)).astype(np.float32)
+            server.push(
+                table_name, encode_ids(owned[worker][picked]), grads.tobytes(), f"{worker}:{step}"
+            )
+            sums[worker][picked] += grads
+
+    def reader() -> None:
+        while not done.is_set():
+            server.stats()
+
+    errors = []
+
+    def recording(work, *args):
+        try:
+            work(*args)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+            done.set()
+
+    threads = [threading.Thread(target=recording, args=(pusher, w)) for w in range(3)]
+    watcher = threading.Thread(target=recording, args=(reader,))
+    watcher.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    done.set()
+    watcher.join(60)
+    assert errors == []
+    server.flush()
+    cold = RedisStore(redis_server.url, table_name, 0, DIM, WIDTH)
+    for ids, total in zip(owned, sums):
+        found, rows = cold.fetch(ids)
+        assert found.all()
+        expected = initial_rows(spec, ids).double().numpy() - SGD.lr * total
+        np.testing.assert_allclose(rows.weights.numpy(), expected, rtol=1e-5, atol=1e-5)

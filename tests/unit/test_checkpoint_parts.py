@@ -1,5 +1,7 @@
 """Checkpoint building blocks: the write gate's lease, change tracking, manifests and row files."""
 
+import hashlib
+import json
 import threading
 
 import numpy as np
@@ -8,6 +10,7 @@ import torch
 from ember.ps_server.changed_ids import ChangedIds
 from ember.ps_server.checkpoint_format import (
     MANIFEST,
+    ROW_MAGIC,
     FileEntry,
     Manifest,
     checkpoint_chain,
@@ -118,4 +121,50 @@ def test_a_missing_base_or_a_damaged_file_is_named(tmp_path):
         checkpoint_chain(directory)
     (directory / MANIFEST).write_text("{not json")
     with pytest.raises(DurableFileCorruptError, match="not a readable manifest"):
+        checkpoint_chain(directory)
+
+
+def test_truncated_or_garbled_row_files_raise_the_corruption_error_at_every_cut(tmp_path):
+    """A reader of a damaged file says which file is damaged, never struct.error or a
+    JSON error: try every length the file can be cut to, and a garbled header."""
+    path = tmp_path / "t.rows"
+    chunks = [(np.arange(3, dtype=np.int64), rows(3)), (np.arange(7, 9, dtype=np.int64), rows(2))]
+    write_row_file(path, "t", 3, 2, chunks)
+    whole = path.read_bytes()
+    chunk_ends = {len(whole)}
+    for cut in range(len(whole)):
+        path.write_bytes(whole[:cut])
+        try:
+            read = sum(len(ids) for ids, _ in read_row_file(path, 3, 2))
+        except DurableFileCorruptError as error:
+            assert str(path) in str(error)
+            continue
+        chunk_ends.add(cut)  # a cut at a chunk boundary reads as fewer rows (the sha256 catches it)
+        assert read in (0, 3)
+    assert len(chunk_ends) == 3
+    header_end = (
+        len(ROW_MAGIC) + 4 + int.from_bytes(whole[len(ROW_MAGIC) : len(ROW_MAGIC) + 4], "little")
+    )
+    path.write_bytes(
+        whole[: len(ROW_MAGIC) + 4] + b"{" * (header_end - len(ROW_MAGIC) - 4) + whole[header_end:]
+    )
+    with pytest.raises(DurableFileCorruptError, match="unreadable header"):
+        list(read_row_file(path, 3, 2))
+
+
+def test_a_manifest_without_this_shards_files_or_fields_is_corruption(tmp_path):
+    spec = TableSpec("t", dim=3)
+    directory = tmp_path / "ckpt-000001"
+    directory.mkdir()
+    entry = write_row_file(directory / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
+    Manifest("ckpt-000001", None, 2, [spec], {0: [entry]}).write(directory)
+    with pytest.raises(DurableFileCorruptError, match="lists no files of shard 1 of 2"):
+        checkpoint_chain(directory, shard=1, num_shards=2)
+    checkpoint_chain(directory, shard=0, num_shards=2)  # shard 0's own files are there
+    body = json.loads((directory / MANIFEST).read_text())["body"]
+    del body["files"]
+    text = json.dumps(body, sort_keys=True)
+    document = {"body": body, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    (directory / MANIFEST).write_text(json.dumps(document))
+    with pytest.raises(DurableFileCorruptError, match="manifest fields unreadable"):
         checkpoint_chain(directory)

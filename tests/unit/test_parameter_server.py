@@ -1,9 +1,15 @@
+import json
+import threading
+
 import numpy as np
 import pytest
+from ember.ps_server.checkpoint_format import read_row_file
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
     NotOwnedError,
+    PermissionDeniedError,
+    ShardFailedError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -26,15 +32,22 @@ def _grads(rows: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((rows, SPEC.dim)).astype(np.float32)
 
 
-def test_pull_creates_initial_rows_in_request_order_with_duplicates():
+def test_pull_of_unwritten_ids_reads_initial_rows_in_request_order_and_stores_nothing():
     server = _server()
     ids = np.array([9, 3, 9, 0], dtype=np.int64)
     reply = server.pull("t", encode_ids(ids))
     np.testing.assert_array_equal(reply.values, initial_rows(SPEC, ids).numpy())
     assert reply.versions.tolist() == [0, 0, 0, 0]
-    assert server.stats()[0].rows == 3
+    stale = server.pull_stale("t", encode_ids(ids), np.full(4, -1).tobytes(), 0)
+    assert stale.positions.tolist() == [0, 1, 2, 3] and stale.versions.tolist() == [0] * 4
+    np.testing.assert_array_equal(stale.values, initial_rows(SPEC, ids).numpy())
+    assert server.stats()[0].rows == 0  # reads never grow the table
+    server.push("t", encode_ids(np.array([3])), _grads(1).tobytes(), "w")
+    mixed = server.pull("t", encode_ids(ids))  # a written row beside unwritten ones
+    assert mixed.versions.tolist() == [0, 1, 0, 0] and server.stats()[0].rows == 1
+    np.testing.assert_array_equal(mixed.values[[0, 2, 3]], initial_rows(SPEC, ids[[0, 2, 3]]))
     unsized = server.stats(sizes=False)[0]  # what a client's topology check asks for
-    assert (unsized.rows, unsized.bytes, unsized.counters.pull_requests) == (0, 0, 1)
+    assert (unsized.rows, unsized.bytes, unsized.counters.pull_requests) == (0, 0, 3)
 
 
 def test_push_sums_duplicates_and_bumps_versions_once():
@@ -47,6 +60,35 @@ def test_push_sums_duplicates_and_bumps_versions_once():
     expected = start - 0.5 * np.stack([grads[0] + grads[2], grads[1]])
     np.testing.assert_allclose(reply.values, expected, rtol=1e-6)
     assert reply.versions.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_the_dedup_window_holds_exactly_its_size_in_request_ids(window):
+    server = _server(dedup_window=window)
+    ids, grads = encode_ids(np.array([1], dtype=np.int64)), _grads(1).tobytes()
+    for n in range(window):
+        assert server.push("t", ids, grads, f"r{n}") == (False, 1)
+    assert server.push("t", ids, grads, "r0") == (True, 0)  # the oldest, at the window's edge
+    server.push("t", ids, grads, f"r{window}")  # one more pushes r0 out
+    assert server.push("t", ids, grads, f"r{window}") == (True, 0)
+    assert server.push("t", ids, grads, "r0") == (False, 1)
+    assert server.pull("t", ids).versions.tolist() == [window + 2]
+
+
+def test_sorted_duplicate_ids_are_summed_into_one_step_per_id():
+    """Ids that arrive sorted but repeated must not take the strictly-increasing fast path."""
+    server = _server()
+    ids = np.array([2, 2, 4, 7, 7, 7], dtype=np.int64)
+    server.push("t", encode_ids(np.array([4])), _grads(1, seed=1).tobytes(), "existing")
+    grads = _grads(6, seed=2)
+    assert server.push("t", encode_ids(ids), grads.tobytes(), "sorted") == (False, 3)
+    distinct = np.array([2, 4, 7], dtype=np.int64)
+    reply = server.pull("t", encode_ids(distinct))
+    start = initial_rows(SPEC, distinct).numpy().astype(np.float64)
+    start[1] -= 0.5 * _grads(1, seed=1)[0]
+    summed = np.stack([grads[0:2].sum(0), grads[2], grads[3:6].sum(0)]).astype(np.float64)
+    np.testing.assert_allclose(reply.values, start - 0.5 * summed, rtol=1e-6, atol=1e-7)
+    assert reply.versions.tolist() == [1, 2, 1]
 
 
 def test_repeated_request_id_is_applied_once_until_it_leaves_the_window():
@@ -116,7 +158,7 @@ def test_foreign_ids_are_refused_before_any_row_is_created():
     server.create_table(SPEC)
     ids = np.arange(100, dtype=np.int64)
     mine = ids[shard_of("t", ids, 4) == 1]
-    server.pull("t", encode_ids(mine))
+    server.push("t", encode_ids(mine), _grads(len(mine)).tobytes(), "mine")
     with pytest.raises(NotOwnedError, match="belong to other shards"):
         server.pull("t", encode_ids(ids))
     with pytest.raises(NotOwnedError):
@@ -175,3 +217,118 @@ def test_assign_overwrites_rows_and_state_all_or_nothing():
             "a", encode_ids(np.array([3, 3])), np.zeros(4, np.float32).tobytes(), b"", "w3"
         )
     assert server.pull("a", ids).versions.tolist() == [2, 2]
+
+
+def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
+    server = _server(max_message_bytes=1 << 16)
+    server.create_table(TableSpec("u", dim=4))
+    ids = encode_ids(np.arange(1500, dtype=np.int64))  # 1500 x 24 B = 36 KB: one fits
+    assert len(server.pull_batch([("t", ids)])[0].values) == 1500
+    with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls .*3000 ids"):
+        server.pull_batch([("t", ids), ("u", ids)])
+    held = np.full(1500, -1, dtype=np.int64).tobytes()
+    with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls"):
+        server.pull_stale_batch([("t", ids, held, 0), ("u", ids, held, 0)])
+    assert [s.counters.pull_requests for s in server.stats()] == [1, 0]  # nothing read
+
+
+def test_stats_read_a_tables_store_under_the_tables_lock():
+    """A tiered store's footprint walks slot arrays that pushes grow: unlocked, a dirty flag
+    set by a push could be lost with the array it was set in."""
+    server = _server()
+    (table,) = server.tables().values()
+    seen = []
+
+    def footprint():
+        seen.append(table._lock.locked())
+        return 0, 0
+
+    table.store.footprint = footprint
+    server.stats()
+    assert seen == [True]
+
+
+def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)
+    unrooted = _server()
+    unrooted.checkpoints.pause("c0", 10)
+    with pytest.raises(PermissionDeniedError, match="without --checkpoint-root"):
+        unrooted.checkpoints.write("c0", str(root / "x"), "")
+    server = _server(checkpoint_root=str(root))
+    for number, (directory, refusal) in enumerate(
+        [
+            (root / ".." / "outside" / "c", PermissionDeniedError),
+            (root / "escape" / "c", PermissionDeniedError),
+            ("/etc/ember-ckpt", PermissionDeniedError),
+            ("relative/dir", InvalidArgumentError),
+            (str(root) + "/bad\0name", InvalidArgumentError),
+        ]
+    ):
+        server.checkpoints.pause(f"c{number}", 10)
+        with pytest.raises(refusal):
+            server.checkpoints.write(f"c{number}", str(directory), "")
+        server.checkpoints.resume(f"c{number}")
+    assert list(outside.iterdir()) == []
+    server.checkpoints.pause("ok", 10)
+    files, _ = server.checkpoints.write("ok", str(root / "ckpt-000001"), "")
+    assert {entry.path for entry in files} == {
+        "shard-0-of-1.t.rows",
+        "shard-0-of-1.meta.json",
+    } and (root / "ckpt-000001").is_dir()
+
+
+@pytest.mark.parametrize("lease", [0.0, -1.0, float("nan"), float("inf"), 300.5])
+def test_a_pause_lease_outside_its_documented_range_is_refused(lease):
+    from ember.ps_server.shard_checkpoint import MAX_PAUSE_LEASE_S
+
+    server = _server()
+    with pytest.raises(InvalidArgumentError, match=f"in \\(0, {MAX_PAUSE_LEASE_S:g}\\] seconds"):
+        server.checkpoints.pause("c", lease)
+    server.push("t", encode_ids(np.array([1])), _grads(1).tobytes(), "not-held")
+    server.checkpoints.pause("c", MAX_PAUSE_LEASE_S)  # the maximum itself is fine
+    server.checkpoints.resume("c")
+
+
+def test_a_checkpoint_cut_holds_a_push_that_arrives_during_the_pause(tmp_path):
+    """Deterministic: the row files and the recorded request ids describe one moment, and a
+    push held by the pause lands after it."""
+    server = _server(checkpoint_root=str(tmp_path))
+    ids = encode_ids(np.array([4, 8], dtype=np.int64))
+    server.push("t", ids, _grads(2, seed=1).tobytes(), "before")
+    server.checkpoints.pause("c1", 60)
+    pushed = threading.Thread(
+        target=server.push, args=("t", ids, _grads(2, seed=2).tobytes(), "during")
+    )
+    pushed.start()
+    assert server.gate.await_held(1, timeout_s=30), "the push was not held by the pause"
+    files, _ = server.checkpoints.write("c1", str(tmp_path / "c1"), "")
+    pushed.join(30)
+    assert not pushed.is_alive()
+    (rows_file,) = [tmp_path / "c1" / f.path for f in files if f.table == "t"]
+    ((file_ids, batch),) = list(read_row_file(rows_file, SPEC.dim, 0))
+    assert sorted(file_ids.tolist()) == [4, 8] and batch.versions.tolist() == [1, 1]
+    meta = json.loads((tmp_path / "c1" / "shard-0-of-1.meta.json").read_text())
+    assert meta["applied_request_ids"] == {"t": ["before"]}
+    after = server.pull("t", ids)
+    assert after.versions.tolist() == [2, 2]  # the held push landed after the cut
+
+
+def test_a_tripped_fault_refuses_every_data_request_but_stats(tmp_path):
+    server = _server(checkpoint_root=str(tmp_path))
+    ids = encode_ids(np.array([1], dtype=np.int64))
+    server.fault.trip("the disk under the write-ahead log failed")
+    refusals = [
+        lambda: server.pull("t", ids),
+        lambda: server.pull_stale("t", ids, np.zeros(1, np.int64).tobytes(), 0),
+        lambda: server.push("t", ids, _grads(1).tobytes(), "r"),
+        lambda: server.assign("t", ids, _grads(1).tobytes(), b"", "a"),
+        lambda: server.create_table(TableSpec("new", dim=2)),
+        lambda: server.checkpoints.pause("c", 10),
+    ]
+    for request in refusals:
+        with pytest.raises(ShardFailedError, match="stopped serving: the disk under"):
+            request()
+    assert [t.name for t in server.stats()] == ["t"]

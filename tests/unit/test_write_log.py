@@ -1,10 +1,21 @@
 """The write-ahead log's files: replay order, group commit, rotation, torn and corrupt records."""
 
+import errno
 import logging
+import os
+import subprocess
+import sys
 import threading
 
+import numpy as np
 import pytest
-from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server import write_log
+from ember.ps_server.errors import (
+    DurableFileCorruptError,
+    ShardFailedError,
+    TopologyMismatchError,
+    WriteLogLockedError,
+)
 from ember.ps_server.write_log import WriteLog
 
 
@@ -71,33 +82,75 @@ def test_a_checkpoint_base_drops_the_segments_it_covers(tmp_path):
     assert reopened.segments() == [segment] and list(reopened.replay()) == [b"after"]
 
 
-@pytest.mark.parametrize("cut", [1, 5, 11, 14])
-def test_a_torn_last_record_is_dropped_with_a_warning(tmp_path, caplog, cut):
-    log = open_log(tmp_path)
-    for payload in (b"one", b"two", b"three-torn"):
-        log.sync(log.append(payload))
-    log.close()
-    (segment,) = tmp_path.glob("*.wal")
-    data = segment.read_bytes()
-    segment.write_bytes(data[: len(data) - cut])  # a crash in the middle of the last write
-    with caplog.at_level(logging.WARNING):
-        assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]
-    assert "torn last record" in caplog.text and segment.name in caplog.text
-    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]  # cut off for good
+HEADER = 12  # magic, length, CRC-32
 
 
-def test_a_damaged_record_before_the_end_is_refused_naming_file_and_checksum(tmp_path):
-    log = open_log(tmp_path)
-    for payload in (b"alpha", b"bravo", b"charlie"):
+def _three_records(directory):
+    log = open_log(directory)
+    for payload in (b"alpha", b"bravo-bravo", b"charlie:request-7"):
         log.sync(log.append(payload))
     log.close()
-    (segment,) = tmp_path.glob("*.wal")
-    data = bytearray(segment.read_bytes())
-    data[12 + 2] ^= 0x01  # a bit of the first payload
+    (segment,) = directory.glob("*.wal")
+    return segment, bytearray(segment.read_bytes())
+
+
+def test_a_torn_last_record_of_every_length_is_dropped_with_a_warning(tmp_path, caplog):
+    segment, data = _three_records(tmp_path)
+    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    for cut in range(last + 1, len(data)):  # a crash after any byte of the last append
+        segment.write_bytes(bytes(data[:cut]))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"alpha", b"bravo-bravo"]
+        assert "torn last record" in caplog.text and f"byte {last}" in caplog.text
+        assert segment.read_bytes() == bytes(data[:last])  # cut off for good
+
+
+def test_a_last_record_whose_payload_never_reached_the_disk_is_dropped(tmp_path):
+    """The file grew (header and length written) but the payload's blocks read back as zeros."""
+    segment, data = _three_records(tmp_path)
+    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    data[last + HEADER :] = bytes(len(data) - last - HEADER)
     segment.write_bytes(bytes(data))
-    with pytest.raises(DurableFileCorruptError, match=rf"{segment.name}.*byte 0.*CRC-32"):
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"alpha", b"bravo-bravo"]
+
+
+@pytest.mark.parametrize("byte", range(HEADER))
+def test_a_bit_flip_in_any_header_field_of_a_middle_record_stops_the_start(tmp_path, byte):
+    segment, data = _three_records(tmp_path)
+    middle = HEADER + len(b"alpha")
+    for bit in (0, 3, 7):  # flips make lengths smaller, larger and past the end of the file
+        damaged = bytearray(data)
+        damaged[middle + byte] ^= 1 << bit
+        segment.write_bytes(bytes(damaged))
+        with pytest.raises(
+            DurableFileCorruptError, match=rf"{segment.name}: record at byte {middle}"
+        ):
+            list(WriteLog(tmp_path, 1, 3).replay())
+        assert segment.read_bytes() == bytes(damaged)  # refused, not "repaired"
+
+
+@pytest.mark.parametrize("byte", [4, 5, 8, HEADER + 3])
+def test_a_damaged_but_whole_last_record_is_corruption_not_a_torn_tail(tmp_path, byte):
+    """A flipped bit in the last record's length (past the end) or CRC or payload stops the
+    start: a whole record on disk is not what a crash mid-append leaves."""
+    segment, data = _three_records(tmp_path)
+    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    data[last + byte] ^= 0x10
+    segment.write_bytes(bytes(data))
+    with pytest.raises(DurableFileCorruptError, match=rf"record at byte {last}.*truncate"):
         list(WriteLog(tmp_path, 1, 3).replay())
-    assert segment.read_bytes() == bytes(data)  # refused, not "repaired"
+
+
+def test_a_damaged_record_before_the_end_is_refused_naming_file_offset_and_checksum(tmp_path):
+    segment, data = _three_records(tmp_path)
+    data[HEADER + 2] ^= 0x01  # a bit of the first payload
+    segment.write_bytes(bytes(data))
+    with pytest.raises(
+        DurableFileCorruptError, match=rf"{segment.name}: record at byte 0 .*CRC-32.*follows"
+    ):
+        list(WriteLog(tmp_path, 1, 3).replay())
+    assert segment.read_bytes() == bytes(data)
 
 
 def test_a_missing_segment_is_refused(tmp_path):
@@ -118,3 +171,138 @@ def test_bad_settings_are_refused(tmp_path):
         WriteLog(tmp_path, 0, 1, fsync="sometimes")
     with pytest.raises(ValueError, match="interval"):
         WriteLog(tmp_path, 0, 1, fsync="interval", interval_s=0)
+
+
+def _failing(error_number: int, keep_bytes: int = 0):
+    """A stand-in for an os call that fails; as writev, it first writes ``keep_bytes``."""
+
+    def fail(fd, *rest):
+        if keep_bytes:
+            os.write(fd, b"".join(bytes(part) for part in rest[0])[:keep_bytes])
+        raise OSError(error_number, os.strerror(error_number))
+
+    return fail
+
+
+@pytest.mark.parametrize("cut_back", [True, False], ids=["cut-back", "cut-back-fails"])
+def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whole_record(
+    tmp_path, monkeypatch, cut_back
+):
+    log = open_log(tmp_path)
+    for payload in (b"one", b"two"):
+        log.sync(log.append(payload))
+    monkeypatch.setattr(write_log.os, "writev", _failing(errno.ENOSPC, keep_bytes=7))
+    if not cut_back:
+        monkeypatch.setattr(write_log.os, "ftruncate", _failing(errno.EIO))
+    with pytest.raises(ShardFailedError, match="No space left.*restart the shard"):
+        log.append(b"three-never-acknowledged")
+    assert log.fault.reason is not None
+    monkeypatch.undo()  # the disk has room again, but the log stays failed
+    with pytest.raises(ShardFailedError):
+        log.append(b"four")
+    with pytest.raises(ShardFailedError):
+        log.sync(10**9)
+    log.close()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]
+
+
+def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkeypatch):
+    log = open_log(tmp_path, fsync="always")
+    log.sync(log.append(b"durable"))
+    ticket = log.append(b"not-durable")
+    monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
+    with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error"):
+        log.sync(ticket)
+    monkeypatch.undo()  # a later fsync would succeed: it must not be tried
+    with pytest.raises(ShardFailedError):
+        log.sync(ticket)
+    with pytest.raises(ShardFailedError):
+        log.append(b"after")
+    log.close()
+
+
+def test_a_failed_fsync_in_the_interval_thread_stops_acknowledgements(tmp_path, monkeypatch):
+    log = WriteLog(tmp_path, 1, 3, fsync="interval", interval_s=0.01)
+    tripped = threading.Event()
+    log.fault.on_trip(lambda reason: tripped.set())
+    log.open()
+    monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
+    ticket = log.append(b"record")
+    assert tripped.wait(30), "the fsync thread died without tripping the fault"
+    assert "fsync" in log.fault.reason and "Input/output error" in log.fault.reason
+    with pytest.raises(ShardFailedError):
+        log.sync(ticket)
+    with pytest.raises(ShardFailedError):
+        log.append(b"next")
+    log.close()
+
+
+def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_record(
+    tmp_path, monkeypatch
+):
+    """Crash tests cannot see a missing fsync (the page cache outlives the process): record
+    every fsync with the log size it made durable, and the acknowledgement."""
+    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.table_spec import TableSpec
+    from ember.ps_server.wire import encode_ids
+
+    server = ParameterServer(0, 1)
+    server.create_table(TableSpec("t", dim=4))
+    log = WriteLog(tmp_path, 0, 1, fsync="always")
+    log.open()
+    server.journal.log = log
+    events = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        events.append(("fsync", os.fstat(fd).st_size))
+
+    monkeypatch.setattr(write_log.os, "fsync", recording_fsync)
+    for n in range(3):
+        server.push(
+            "t", encode_ids(np.array([n, n + 10])), np.ones((2, 4), np.float32).tobytes(), f"r{n}"
+        )
+        (segment,) = tmp_path.glob("*.wal")
+        events.append(("ack", segment.stat().st_size))
+    log.close()
+    for position, (kind, record_end) in enumerate(events):
+        if kind == "ack":
+            synced = [size for k, size in events[:position] if k == "fsync"]
+            assert synced and max(synced) >= record_end, events
+
+
+def test_one_process_owns_a_log_and_a_dead_owner_does_not_block_the_next(tmp_path):
+    program = (
+        "import sys, pathlib; from ember.ps_server.write_log import WriteLog; "
+        f"log = WriteLog(pathlib.Path({str(tmp_path)!r}), 1, 3); log.claim(); "
+        "print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", program], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(WriteLogLockedError, match=rf"in use by pid {holder.pid} on host"):
+            WriteLog(tmp_path, 1, 3).claim()
+        WriteLog(tmp_path, 0, 3).claim()  # another shard's log is another lock
+    finally:
+        holder.kill()
+        holder.wait()
+    second = WriteLog(tmp_path, 1, 3)  # the holder died: its flock went with it
+    second.claim()
+    with pytest.raises(WriteLogLockedError, match=f"pid {os.getpid()}"):
+        WriteLog(tmp_path, 1, 3).claim()  # even from the same process
+    second.close()
+    WriteLog(tmp_path, 1, 3).claim()
+
+
+@pytest.mark.parametrize("file_name", ["shard-0-of-2.00000003.wal", "shard-1-of-2.base.json"])
+def test_a_log_directory_of_another_shard_count_is_refused(tmp_path, file_name):
+    (tmp_path / file_name).write_bytes(b"")
+    log = WriteLog(tmp_path, 1, 3)
+    with pytest.raises(TopologyMismatchError, match=rf"{file_name}.*shard 1 of 3.*--restore D"):
+        log.claim()
+    with pytest.raises(TopologyMismatchError):
+        list(WriteLog(tmp_path, 0, 3).replay())
+    WriteLog(tmp_path, 1, 2).claim()  # its own shard count is fine (the refusal left no lock)

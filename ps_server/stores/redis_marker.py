@@ -1,0 +1,174 @@
+"""RedisShardMarker: which shard of which cluster a Redis database holds, and since when.
+
+Each shard keeps a marker key ``ember-shard:<k>`` (never under ``ember:``,
+where rows live) holding its shard count and an epoch written when it started
+on that database. At start a shard refuses a database that holds another
+shard count's markers: those rows belong to other owners and would come back
+re-initialised. While serving, every read and write of a Redis-backed table
+carries a ``GET`` of the marker in the same pipeline; a marker that vanished
+means the Redis was restarted without persistence, flushed or replaced, and
+the shard stops serving (see ``ShardFault``) rather than hand out
+re-initialised rows as if they were trained, unless the operator accepted an
+empty store (``--accept-empty-store``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+
+import redis
+from ember.ps_server.errors import StoreCorruptError, TopologyMismatchError
+from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.stores.redis_store import guarded
+from ember.ps_server.stores.resp import pack
+
+log = logging.getLogger(__name__)
+
+MARKER_PREFIX = b"ember-shard:"
+_FORMAT = "ember-shard-marker/1"
+
+
+def marker_key(shard: int) -> bytes:
+    """The marker key of ``shard``."""
+    return MARKER_PREFIX + str(shard).encode()
+
+
+class RedisShardMarker:
+    """The marker of shard ``shard`` of ``num_shards`` in the Redis database at ``url``.
+
+    Args:
+        client: a connection to that database.
+        url: the database's URL, password redacted (for messages).
+        shard, num_shards: whose marker this is.
+        fault: tripped when the marker vanishes while serving.
+        accept_empty: write a new marker and go on instead (the operator's choice).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        url: str,
+        shard: int,
+        num_shards: int,
+        fault: ShardFault,
+        accept_empty: bool = False,
+    ) -> None:
+        self.url = url
+        self.key = marker_key(shard)
+        self._client = client
+        self._shard, self._num_shards = shard, num_shards
+        self._fault = fault
+        self._accept_empty = accept_empty
+        self._expected: bytes | None = None  # armed once the shard serves
+        self._lock = threading.Lock()
+
+    def check_topology(self) -> None:
+        """Refuse a database that holds markers of another shard count.
+
+        Raises:
+            TopologyMismatchError: it does (the way to reshard is named).
+            StoreCorruptError: a marker is unreadable.
+        """
+        keys = guarded(
+            self.url, lambda: list(self._client.scan_iter(match=MARKER_PREFIX + b"*", count=1000))
+        )
+        for key in keys:
+            value = guarded(self.url, lambda key=key: self._client.get(key))
+            if value is None:
+                continue
+            marker = _parse(key, value, self.url)
+            if marker["num_shards"] != self._num_shards:
+                count = marker["num_shards"]
+                raise TopologyMismatchError(
+                    f"redis at {self.url} holds the rows of a {count}-shard cluster (marker "
+                    f"{key.decode()}), but this is shard {self._shard} of {self._num_shards}: "
+                    "serving them would silently re-initialise every row that changes owner. "
+                    f"To change the shard count: take a checkpoint of the {count}-shard "
+                    f"cluster (ember checkpoint --dir D), then start the {self._num_shards} "
+                    "shards with --restore D over an empty Redis database (another db number, "
+                    "or FLUSHDB once the checkpoint is written)"
+                )
+
+    def adopt(self) -> None:
+        """Serve the rows the database holds: keep this shard's marker, or write one."""
+        with self._lock:
+            held = guarded(self.url, lambda: self._client.get(self.key))
+            if held is None:
+                log.info(
+                    "redis at %s has no marker of shard %d: a new store", self.url, self._shard
+                )
+                self._write_new()
+            else:
+                _parse(self.key, held, self.url)
+                self._expected = held
+
+    def renew(self) -> None:
+        """Write a new marker (the rows were just rebuilt from a checkpoint and the log)."""
+        with self._lock:
+            self._write_new()
+
+    def command(self) -> bytes:
+        """The packed ``GET`` of the marker, to send ahead of a store's commands."""
+        return pack(b"GET", self.key)
+
+    def verify(self, held: bytes | None) -> None:
+        """Check the marker's value as read with a store's commands.
+
+        Raises:
+            ShardFailedError: the marker is gone or another process's (the shard stops serving).
+        """
+        expected = self._expected
+        if expected is None or held == expected:
+            return
+        with self._lock:
+            if held is None and self._accept_empty and self._expected == expected:
+                log.warning(
+                    "redis at %s lost the marker of shard %d: its rows are gone; going on from "
+                    "freshly initialised rows (--accept-empty-store)", self.url, self._shard,
+                )  # fmt: skip
+                self._write_new()
+                return
+        if held is None:
+            reason = (
+                f"redis at {self.url} lost this shard's marker {self.key.decode()} (written when "
+                "the shard started): the Redis server was restarted without persistence, flushed "
+                "or replaced, so the rows it held are gone, and serving would hand out "
+                "re-initialised rows as if they were trained. Restart the shard with --wal (it "
+                "rebuilds its rows from its checkpoint and log) or --restore CHECKPOINT; or, to "
+                "go on from freshly initialised rows, restart it with --accept-empty-store"
+            )
+        else:
+            reason = (
+                f"redis at {self.url}: marker {self.key.decode()} was rewritten by another "
+                "process (another shard process with this index uses the database); stop one"
+            )
+        self._fault.trip(reason)
+        self._fault.check()
+
+    def _write_new(self) -> None:
+        value = json.dumps(
+            {
+                "format": _FORMAT,
+                "shard": self._shard,
+                "num_shards": self._num_shards,
+                "epoch": uuid.uuid4().hex,
+            },
+            sort_keys=True,
+        ).encode()
+        guarded(self.url, lambda: self._client.set(self.key, value))
+        self._expected = value
+
+
+def _parse(key: bytes, value: bytes, url: str) -> dict:
+    try:
+        marker = json.loads(value)
+        if marker["format"] != _FORMAT or not isinstance(marker["num_shards"], int):
+            raise ValueError(f"format {marker.get('format')!r}")
+        return marker
+    except (ValueError, KeyError, TypeError) as error:
+        raise StoreCorruptError(
+            f"redis at {url}: marker {key.decode(errors='replace')} is unreadable ({error})"
+        ) from error

@@ -1,0 +1,157 @@
+"""Shards over a real Redis: recovery deletes exactly its own rows, an emptied Redis stops the
+shard, and a Redis of another shard count is refused. Each test has its own redis-server."""
+
+import contextlib
+
+import grpc
+import numpy as np
+import pytest
+import redis
+import torch
+from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import ClusterError, LocalCluster
+from ember.ps_server.config import ClientConfig
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.routing import shard_of
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support.redis_server import RedisServer, require_redis_server
+
+SPEC = TableSpec("rows", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
+FAST = ClientConfig(max_attempts=2, initial_backoff_s=0.01)
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    require_redis_server()
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis") as server:
+        yield server
+
+
+def ids_holding(pattern: bytes, at: int, owner: int, count: int, seed: int) -> np.ndarray:
+    """Ids of ``owner`` (of 2 shards) whose 8 little-endian bytes hold ``pattern`` at ``at``."""
+    rng = np.random.default_rng(seed)
+    found = []
+    while len(found) < count:
+        raw = bytearray(rng.integers(0, 256, 8, dtype=np.uint8).tobytes())
+        raw[at : at + len(pattern)] = pattern
+        raw[7] &= 0x7F  # non-negative
+        value = int.from_bytes(raw, "little")
+        if shard_of(SPEC.name, np.array([value]), 2)[0] == owner and value not in found:
+            found.append(value)
+    return np.array(found, dtype=np.int64)
+
+
+def health(endpoint: str) -> int:
+    with grpc.insecure_channel(endpoint) as channel:
+        request = health_pb2.HealthCheckRequest()
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+
+
+def test_recovery_deletes_only_its_own_rows_whatever_bytes_other_shards_ids_hold(
+    own_redis, tmp_path
+):
+    """Shard 1's ids whose bytes hold ``:s0:``, or begin with ``s0:``, are what a glob over
+    ``ember:*:s0:*`` also deletes: recovery of shard 0 must leave them alone."""
+    tricky = np.concatenate(
+        [ids_holding(b":s0:", at, owner=1, count=2, seed=at) for at in range(5)]
+        + [ids_holding(b"s0:", 0, owner=1, count=3, seed=9)]
+    )
+    ordinary = np.arange(0, 400, dtype=np.int64)
+    ids = torch.from_numpy(np.concatenate([tricky, ordinary]))
+    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal")]
+    with LocalCluster(2, extra_args=extra) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, torch.ones(len(ids), SPEC.dim))
+        before, versions = client.pull_with_versions(SPEC.name, ids)
+        assert versions.eq(1).all()
+        cluster.kill_shard(0)
+        cluster.restart_shard(0)  # deletes shard 0's rows from Redis, rebuilds them from its log
+        after, versions_after = client.pull_with_versions(SPEC.name, ids)
+    assert torch.equal(versions_after, versions), "a row came back re-initialised"
+    assert torch.equal(after, before)
+
+
+def test_recovery_checks_the_checkpoint_before_it_deletes_anything(own_redis, tmp_path):
+    extra = [
+        "--store", own_redis.url, "--wal", str(tmp_path / "wal"),
+        "--checkpoint-root", str(tmp_path),
+    ]  # fmt: skip
+    raw = redis.Redis.from_url(own_redis.url)
+    with LocalCluster(1, extra_args=extra) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(50), torch.ones(50, SPEC.dim))
+        directory = client.checkpoint(tmp_path / "ckpt")
+        client.push(SPEC.name, torch.arange(50, 80), torch.ones(30, SPEC.dim))
+        cluster.kill_shard(0)
+        keys_before = sorted(raw.keys(b"ember:*"))
+        row_file = next(directory.glob("*.rows"))
+        row_file.write_bytes(row_file.read_bytes()[:-3])
+        with pytest.raises(ClusterError, match=rf"{row_file.name}.*truncated"):
+            cluster.restart_shard(0)
+    assert len(keys_before) == 80 and sorted(raw.keys(b"ember:*")) == keys_before
+
+
+@pytest.mark.parametrize("how", ["flushall", "restart"])
+def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp_path, how):
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=["--store", own_redis.url]) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        if how == "flushall":
+            redis.Redis.from_url(own_redis.url).flushall()
+        else:  # restarted without persistence, on its old port
+            own_redis.stop()
+            (tmp_path / "again").mkdir()
+            cleanup.enter_context(RedisServer(tmp_path / "again", port=own_redis.port))
+        with pytest.raises(PSClientError) as refused:
+            for _ in range(3):  # a restart first shows as a lost connection (UNAVAILABLE)
+                try:
+                    client.pull(SPEC.name, torch.arange(10))
+                except PSClientError as error:
+                    if error.code != grpc.StatusCode.UNAVAILABLE:
+                        raise
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "lost this shard's marker" in refused.value.details
+        assert "--accept-empty-store" in refused.value.details
+        with pytest.raises(PSClientError, match="stopped serving.*lost this shard's marker"):
+            client.push(SPEC.name, torch.arange(3), torch.ones(3, SPEC.dim))
+        assert health(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
+
+
+def test_an_operator_may_accept_an_emptied_redis(own_redis):
+    extra = ["--store", own_redis.url, "--accept-empty-store"]
+    with LocalCluster(1, extra_args=extra) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).flushall()
+        _, versions = client.pull_with_versions(SPEC.name, torch.arange(10))
+        assert versions.eq(0).all()  # the operator's choice: fresh rows
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        assert client.pull_with_versions(SPEC.name, torch.arange(10))[1].eq(1).all()
+        assert health(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_shards_of_another_count_refuse_a_redis_and_the_named_way_to_reshard_works(
+    own_redis, tmp_path
+):
+    ids = torch.arange(1000)
+    old = ["--store", own_redis.url, "--checkpoint-root", str(tmp_path)]
+    with LocalCluster(1, extra_args=old) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, torch.randn(1000, SPEC.dim))
+        trained, versions = client.pull_with_versions(SPEC.name, ids)
+        checkpoint = client.checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ClusterError, match="rows of a 1-shard cluster.*shard 0 of 2.*--restore D"):
+        LocalCluster(2, extra_args=["--store", own_redis.url]).start()
+    other_db = own_redis.url.rsplit("/", 1)[0] + "/1"
+    new = ["--store", other_db, "--restore", str(checkpoint)]
+    with LocalCluster(2, extra_args=new) as cluster, PSClient(cluster.endpoints) as client:
+        rows, restored_versions = client.pull_with_versions(SPEC.name, ids)
+    assert torch.equal(rows, trained) and torch.equal(restored_versions, versions)
