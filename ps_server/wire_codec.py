@@ -17,7 +17,10 @@ from collections.abc import Iterator
 import numpy as np
 from ember.ps_server.errors import InvalidArgumentError
 
-_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+_VARINT, _FIXED64, _LEN, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
+_MAX_FIELD_NUMBER = (1 << 29) - 1
+_MAX_GROUP_DEPTH = 100  # protobuf's default nesting limit
+_VARINT_BYTES = 10
 
 
 def _varint(value: int) -> bytes:
@@ -32,38 +35,76 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _malformed(what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"malformed message: {what}")
+
+
 def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise InvalidArgumentError("malformed message: truncated or overlong varint")
+    """A varint of at most 10 bytes; bits past 64 are dropped, as protobuf drops them."""
+    result = 0
+    for index in range(_VARINT_BYTES):
+        if pos >= len(data):
+            raise _malformed("truncated varint")
         byte = data[pos]
         pos += 1
-        result |= (byte & 0x7F) << shift
+        result |= (byte & 0x7F) << (7 * index)
         if not byte & 0x80:
-            return result, pos
-        shift += 7
+            return result & 0xFFFF_FFFF_FFFF_FFFF, pos
+    raise _malformed("varint longer than 10 bytes")
+
+
+def _field(data: memoryview, pos: int, depth: int) -> tuple[int, int, int | memoryview, int]:
+    """``(number, wire type, value, next position)`` of the field at ``pos``; a group's value
+    is its bytes, an end-group's None. Rejects exactly what protobuf's parser rejects."""
+    key, pos = _read_varint(data, pos)
+    number, wire_type = key >> 3, key & 7
+    if not 0 < number <= _MAX_FIELD_NUMBER:
+        raise _malformed(f"field number {number}")
+    if wire_type == _VARINT:
+        value, pos = _read_varint(data, pos)
+    elif wire_type == _LEN:
+        length, pos = _read_varint(data, pos)
+        if length > len(data) - pos:
+            raise _malformed("field runs past the end")
+        value, pos = data[pos : pos + length], pos + length
+    elif wire_type in (_FIXED64, _FIXED32):
+        width = 8 if wire_type == _FIXED64 else 4
+        if width > len(data) - pos:
+            raise _malformed("truncated fixed-width field")
+        value, pos = int.from_bytes(data[pos : pos + width], "little"), pos + width
+    elif wire_type == _START_GROUP:
+        if depth >= _MAX_GROUP_DEPTH:
+            raise _malformed("groups nested too deeply")
+        start = pos
+        while True:
+            if pos >= len(data):
+                raise _malformed(f"group {number} is not closed")
+            inner, inner_type, _, pos = _field(data, pos, depth + 1)
+            if inner_type == _END_GROUP:
+                if inner != number:
+                    raise _malformed(f"group {number} closed as group {inner}")
+                break
+        value = data[start:pos]
+    elif wire_type == _END_GROUP:
+        value = None
+    else:
+        raise _malformed(f"unsupported wire type {wire_type}")
+    return number, wire_type, value, pos
 
 
 def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
     """(field number, wire type, value) of every field; LEN values are memoryviews."""
     pos = 0
     while pos < len(data):
-        key, pos = _read_varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == _VARINT:
-            value, pos = _read_varint(data, pos)
-        elif wire_type == _LEN:
-            length, pos = _read_varint(data, pos)
-            if pos + length > len(data):
-                raise InvalidArgumentError("malformed message: field runs past the end")
-            value, pos = data[pos : pos + length], pos + length
-        elif wire_type in (_FIXED64, _FIXED32):
-            width = 8 if wire_type == _FIXED64 else 4
-            value, pos = int.from_bytes(data[pos : pos + width], "little"), pos + width
-        else:
-            raise InvalidArgumentError(f"malformed message: unsupported wire type {wire_type}")
+        number, wire_type, value, pos = _field(data, pos, depth=0)
+        if wire_type == _END_GROUP:
+            raise _malformed(f"group {number} closed but never opened")
         yield number, wire_type, value
+
+
+def _uint32(value: int) -> int:
+    """A varint read as protobuf reads a ``uint32``: its low 32 bits."""
+    return value & 0xFFFF_FFFF
 
 
 def _len_field(number: int, payload_length: int) -> bytes:
@@ -119,7 +160,7 @@ def decode_pull_reply(data: bytes) -> PullReplyView:
         elif number == 2 and wire_type == _LEN:
             reply.versions = value
         elif number == 3 and wire_type == _VARINT:
-            reply.dim = value
+            reply.dim = _uint32(value)
     return reply
 
 

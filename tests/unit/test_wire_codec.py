@@ -76,10 +76,30 @@ def test_unknown_fields_are_skipped():
     [
         (bytes([(2 << 3) | 2, 10]) + b"abc", "runs past the end"),
         (bytes([(2 << 3) | 2, 0x80]), "varint"),
-        (bytes([(2 << 3) | 3]), "wire type 3"),
+        (bytes([(2 << 3) | 3]), "group 2 is not closed"),
+        (bytes([(2 << 3) | 3, (3 << 3) | 4]), "group 2 closed as group 3"),
+        (bytes([(2 << 3) | 4]), "group 2 closed but never opened"),
         (bytes([(1 << 3) | 2, 2, 0xFF, 0xFE]), "not valid UTF-8"),
+        (bytes([0, 1]), "field number 0"),
+        (bytes([(7 << 3) | 1, 1, 2, 3, 4, 5, 6, 7]), "truncated fixed-width"),
+        (bytes([(7 << 3) | 5, 1, 2, 3]), "truncated fixed-width"),
+        (bytes([(7 << 3) | 0]) + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
+        (bytes([(7 << 3) | 6]), "wire type 6"),
     ],
 )
 def test_malformed_push_requests_raise_invalid_argument(data, message):
     with pytest.raises(InvalidArgumentError, match=message):
         decode_push_request(data)
+
+
+def test_well_formed_unknown_groups_are_skipped_as_protobuf_skips_them():
+    message = pb.PushRequest(table="t", request_id="r").SerializeToString()
+    group = bytes([(9 << 3) | 3, (1 << 3) | 0, 5, (10 << 3) | 3, (10 << 3) | 4, (9 << 3) | 4])
+    assert pb.PushRequest.FromString(group + message).table == "t"
+    view = decode_push_request(group + message)
+    assert (view.table, view.request_id) == ("t", "r")
+
+
+def test_dim_reads_as_protobuf_reads_a_uint32():
+    too_wide = bytes([3 << 3]) + b"\xff" * 9 + b"\x01"  # 2^64 - 1 as a varint
+    assert pb.PullResponse.FromString(too_wide).dim == decode_pull_reply(too_wide).dim == 2**32 - 1
