@@ -17,6 +17,7 @@ from typing import Any, Self
 import grpc
 import numpy as np
 import torch
+from ember.kernels.optim import state_width
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.checkpoint_coordinator import DEFAULT_LEASE_S, take_checkpoint
 from ember.ps_server.config import ClientConfig
@@ -65,7 +66,7 @@ class PSClient:
         self.config.validate()
         self.endpoints = endpoints
         self._rpc = ShardRPC(endpoints, self.config)
-        self._dims: dict[str, int] = {}
+        self._specs: dict[str, TableSpec] = {}
         self._client_id = uuid.uuid4().hex
         self._sequence = itertools.count()
         self._topology_checked = False
@@ -96,28 +97,32 @@ class PSClient:
         self._ensure_topology()
         request = pb.CreateTableRequest(spec=spec.to_proto())
         self._rpc.run([ShardCall(k, "CreateTable", request) for k in range(self.num_shards)])
-        self._dims[spec.name] = spec.dim
+        self._specs[spec.name] = spec
 
     def list_tables(self) -> list[TableSpec]:
         """Specs of all tables (as shard 0 reports them)."""
         (reply,) = self._rpc.run([ShardCall(0, "ListTables", pb.ListTablesRequest())])
         specs = [TableSpec.from_proto(message) for message in reply.tables]
-        self._dims.update({spec.name: spec.dim for spec in specs})
+        self._specs.update({spec.name: spec for spec in specs})
         return specs
 
-    def dim(self, table: str) -> int:
-        """Row width of ``table``.
+    def spec(self, table: str) -> TableSpec:
+        """The spec of ``table``.
 
         Raises:
             PSClientError: NOT_FOUND if the table does not exist.
         """
-        if table not in self._dims:
+        if table not in self._specs:
             self.list_tables()
-        if table not in self._dims:
+        if table not in self._specs:
             raise PSClientError(
                 self.endpoints[0], grpc.StatusCode.NOT_FOUND, f"table {table!r} does not exist"
             )
-        return self._dims[table]
+        return self._specs[table]
+
+    def dim(self, table: str) -> int:
+        """Row width of ``table`` (NOT_FOUND as :meth:`spec`)."""
+        return self.spec(table).dim
 
     def pull(self, table: str, ids: Any) -> torch.Tensor:
         """Rows of ``ids`` (any order, duplicates allowed) as float32 [len(ids), dim]."""
@@ -135,33 +140,53 @@ class PSClient:
         Returns:
             ``{table: (rows, versions)}`` as :meth:`pull_with_versions` gives them.
         """
-        results: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        return {
+            table: (rows, versions)
+            for table, (rows, _, versions) in self._pull(requests, with_state=False).items()
+        }
+
+    def pull_with_state(
+        self, table: str, ids: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows [n, dim], their optimizer state [n, width] and versions [n], in the order of
+        ``ids`` (zeros and version 0 for rows never written), e.g. to take rows over."""
+        return self._pull({table: ids}, with_state=True)[table]
+
+    def _pull(
+        self, requests: Mapping[str, Any], with_state: bool
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``{table: (rows, state, versions)}``; the state has width 0 unless ``with_state``."""
+        results: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         calls: list[ShardCall] = []
         sizes: list[int] = []
-        targets: list[tuple[torch.Tensor, torch.Tensor, np.ndarray, int]] = []
+        targets: list[tuple[tuple[torch.Tensor, ...], np.ndarray]] = []
         for table, ids in requests.items():
             id_array = as_id_array(ids)
-            dim = self.dim(table)
-            rows = torch.empty(len(id_array), dim, dtype=torch.float32)
-            versions = torch.empty(len(id_array), dtype=torch.int64)
-            results[table] = (rows, versions)
-            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dim + 8):
-                calls.append(
-                    ShardCall(
-                        shard, "Pull", pb.PullRequest(table=table, ids=encode_ids(id_array[chunk]))
-                    )
+            spec = self.spec(table)
+            width = state_width(spec.optimizer.kind, spec.dim) if with_state else 0
+            rows = (
+                torch.empty(len(id_array), spec.dim, dtype=torch.float32),
+                torch.empty(len(id_array), width, dtype=torch.float32),
+                torch.empty(len(id_array), dtype=torch.int64),
+            )
+            results[table] = rows
+            row_bytes = 4 * (spec.dim + width) + 8
+            for shard, chunk in self._chunks(table, id_array, bytes_per_row=row_bytes):
+                request = pb.PullRequest(
+                    table=table, ids=encode_ids(id_array[chunk]), with_state=with_state
                 )
-                targets.append((rows, versions, chunk, dim))
-                sizes.append(len(chunk) * (4 * dim + 16))
+                calls.append(ShardCall(shard, "Pull", request))
+                targets.append((rows, chunk))
+                sizes.append(len(chunk) * (row_bytes + 8))
 
         def place(index: int, reply: PullReplyView) -> None:
             # Runs while other shards' replies are still in flight.
-            rows, versions, chunk, dim = targets[index]
+            rows, chunk = targets[index]
             positions = torch.from_numpy(chunk)
-            scatter_rows(
-                rows, positions, readonly_tensor(reply.values, torch.float32).view(-1, dim)
-            )
-            scatter_rows(versions, positions, readonly_tensor(reply.versions, torch.int64))
+            for into, data in zip(rows, (reply.values, reply.state, reply.versions)):
+                if into.numel():
+                    payload = readonly_tensor(data, into.dtype)
+                    scatter_rows(into, positions, payload.view(len(chunk), *into.shape[1:]))
 
         self._rpc.run_packed(calls, sizes, on_reply=place, single_table=len(requests) == 1)
         return results
@@ -277,22 +302,25 @@ class PSClient:
                 sizes.append(len(chunk) * (4 * dim + 8))
         self._rpc.run_packed(calls, sizes, single_table=single_table)
 
-    def assign(self, table: str, ids: Any, values: Any, state: Any = None) -> None:
-        """Overwrite rows of distinct ``ids`` with ``values`` [n, dim] (and optimizer ``state``
-        [n, width] when given); each row's version grows by one."""
+    def assign(
+        self, table: str, ids: Any, values: Any, state: Any = None, versions: Any = None
+    ) -> None:
+        """Overwrite rows of distinct ``ids`` with ``values`` [n, dim], and optimizer ``state``
+        [n, width] and ``versions`` [n] when given (else each row's version grows by one)."""
         id_array = as_id_array(ids)
         if len(np.unique(id_array)) != len(id_array):
             raise ValueError("assign needs distinct ids")
-        dim = self.dim(table)
+        spec = self.spec(table)
+        dim, width = spec.dim, state_width(spec.optimizer.kind, spec.dim)
         rows = as_grad_rows(values, len(id_array), dim).numpy()
         state_rows = None
         if state is not None:
-            state_rows = (
-                torch.as_tensor(state, dtype=torch.float32)
-                .reshape(len(id_array), -1)
-                .contiguous()
-                .numpy()
-            )
+            state_rows = as_grad_rows(state, len(id_array), width).numpy()
+        version_array = None
+        if versions is not None:
+            version_array = as_id_array(versions)  # int64 >= 0, like ids
+            if version_array.shape != id_array.shape:
+                raise ValueError(f"versions must have shape {id_array.shape}")
         request_id = f"{self._client_id}:{next(self._sequence)}"
         calls = [
             ShardCall(
@@ -304,10 +332,11 @@ class PSClient:
                     values=rows[chunk].tobytes(),
                     state=b"" if state_rows is None else state_rows[chunk].tobytes(),
                     request_id=f"{request_id}:{shard}:{number}",
+                    versions=b"" if version_array is None else version_array[chunk].tobytes(),
                 ),
             )
             for number, (shard, chunk) in enumerate(
-                self._chunks(table, id_array, bytes_per_row=8 * dim + 8)
+                self._chunks(table, id_array, bytes_per_row=4 * (dim + width) + 16)
             )
         ]
         self._rpc.run(calls)

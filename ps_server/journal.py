@@ -74,7 +74,7 @@ def replay(server: ParameterServer, write_log: WriteLog) -> int:
             )
         elif entry == "assign":
             a = record.assign
-            server.assign(a.table, a.ids, a.values, a.state, a.request_id)
+            server.assign(a.table, a.ids, a.values, a.state, a.request_id, a.versions)
         count += 1
     log.info("replayed %d logged requests from %s", count, write_log.directory)
     return count

@@ -49,11 +49,13 @@ _STALE_WORDS_PER_ROW = 4
 
 @dataclasses.dataclass(frozen=True)
 class PullReply:
-    """Reply of a pull, in request order: float32 rows [n, dim] and int64 versions [n]."""
+    """Reply of a pull, in request order: float32 rows [n, dim], int64 versions [n] and,
+    when asked for, float32 optimizer state [n, width] (else [n, 0])."""
 
     values: np.ndarray
     versions: np.ndarray
     dim: int
+    state: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,26 +173,34 @@ class ParameterServer:
         with self._tables_lock:
             return [self._tables[name].spec for name in sorted(self._tables)]
 
-    def pull(self, table: str, ids: bytes | memoryview) -> PullReply:
-        """Rows and versions for packed ``ids`` (duplicates allowed), in request order."""
-        return self.pull_batch([(table, ids)])[0]
+    def pull(self, table: str, ids: bytes | memoryview, with_state: bool = False) -> PullReply:
+        """Rows and versions (and state) for packed ``ids`` (duplicates allowed), in order."""
+        return self.pull_batch([(table, ids, with_state)])[0]
 
-    def pull_batch(self, requests: list[tuple[str, bytes | memoryview]]) -> list[PullReply]:
-        """Several pulls ``(table, ids)``, all validated before any row is read.
+    def pull_batch(self, requests: list[tuple[str, bytes | memoryview, bool]]) -> list[PullReply]:
+        """Several pulls ``(table, ids, with_state)``, all validated before any row is read.
 
         Raises:
             MessageTooLargeError: the replies together exceed the message limit.
         """
         self.fault.check()
-        validated = [self._check_pull(table, ids) for table, ids in requests]
+        validated = []
+        for table, ids, with_state in requests:
+            words = 2 + (self._table(table).store.state_width if with_state else 0)
+            validated.append((*self._check_pull(table, ids, words), words, with_state))
         self._check_batch_reply_size(
-            [(target, len(id_array), target.spec.dim + 2) for target, id_array in validated]
+            [(target, len(ids), target.spec.dim + words) for target, ids, words, _ in validated]
         )
         replies = []
-        for target, id_array in validated:
-            weights, versions = target.pull(id_array)
+        for target, id_array, _, with_state in validated:
+            rows = target.pull(id_array, with_state)
             replies.append(
-                PullReply(values=weights.numpy(), versions=versions.numpy(), dim=target.spec.dim)
+                PullReply(
+                    values=rows.weights.numpy(),
+                    versions=rows.versions.numpy(),
+                    dim=target.spec.dim,
+                    state=rows.state.numpy(),
+                )
             )
         return replies
 
@@ -294,8 +304,10 @@ class ParameterServer:
         values: bytes | memoryview,
         state: bytes | memoryview,
         request_id: str,
+        versions: bytes | memoryview = b"",
     ) -> bool:
-        """Overwrite rows (and their optimizer state when ``state`` is not empty); returns duplicate."""
+        """Overwrite rows (their optimizer state when ``state`` is not empty, their versions when
+        ``versions`` is not empty, else each version + 1); returns duplicate."""
         self.fault.check()
         target = self._table(table)
         if not request_id:
@@ -313,21 +325,25 @@ class ParameterServer:
                 raise InvalidArgumentError(
                     f"{name} for table {table!r} contain NaN or Inf; nothing was applied"
                 )
+        version_array = decode_versions(versions, len(id_array)) if len(versions) else None
+        if version_array is not None and len(version_array) and version_array.min() < 0:
+            raise InvalidArgumentError(f"versions must be >= 0, got {int(version_array.min())}")
         self._check_owned(table, id_array)
         if len(id_array) == 0:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
+        version_tensor = None if version_array is None else torch.from_numpy(version_array.copy())
 
         def record() -> list[bytes]:
             assignment = pb.AssignRequest(
                 table=table, ids=bytes(ids), values=bytes(values), state=bytes(state),
-                request_id=request_id,
+                request_id=request_id, versions=bytes(versions),
             )  # fmt: skip
             return [pb.LogRecord(assign=assignment).SerializeToString()]
 
         with self.gate.writing(), self.journal.record(record):
             return target.assign(
-                id_array, torch.from_numpy(weights.copy()), state_tensor, request_id
+                id_array, torch.from_numpy(weights.copy()), state_tensor, version_tensor, request_id
             )
 
     def stats(self, sizes: bool = True) -> list[TableStats]:

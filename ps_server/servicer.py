@@ -99,8 +99,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
         """Returns the serialised PullResponse (see wire_codec)."""
-        reply = self.server.pull(request.table, request.ids)
-        return encode_pull_reply(reply.values, reply.versions, reply.dim)
+        reply = self.server.pull(request.table, request.ids, request.with_state)
+        return encode_pull_reply(reply.values, reply.versions, reply.dim, reply.state)
 
     def Push(self, request: PushRequestView, context: grpc.ServicerContext) -> pb.PushResponse:
         """Takes the PushRequest as decoded by the zero-copy codec (see wire_codec)."""
@@ -119,17 +119,29 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
         duplicate = self.server.assign(
-            request.table, request.ids, request.values, request.state, request.request_id
+            request.table,
+            request.ids,
+            request.values,
+            request.state,
+            request.request_id,
+            request.versions,
         )
         return pb.AssignResponse(duplicate=duplicate)
 
     def PullBatch(
         self, request: pb.PullBatchRequest, context: grpc.ServicerContext
     ) -> pb.PullBatchResponse:
-        replies = self.server.pull_batch([(sub.table, sub.ids) for sub in request.requests])
+        replies = self.server.pull_batch(
+            [(sub.table, sub.ids, sub.with_state) for sub in request.requests]
+        )
         return pb.PullBatchResponse(
             responses=[
-                pb.PullResponse(values=r.values.tobytes(), versions=r.versions.tobytes(), dim=r.dim)
+                pb.PullResponse(
+                    values=r.values.tobytes(),
+                    versions=r.versions.tobytes(),
+                    dim=r.dim,
+                    state=r.state.tobytes(),
+                )
                 for r in replies
             ]
         )

@@ -21,7 +21,7 @@ from ember.ps_server.checkpoint_format import FileEntry, write_row_file
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
-from ember.ps_server.stores.base import DUMP_CHUNK_ROWS
+from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, empty_batch
 from ember.ps_server.table_spec import TableSpec
 
 
@@ -57,17 +57,18 @@ class Table:
         self._applied: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._dedup_window = dedup_window
 
-    def pull(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows and versions for ``ids`` in order (duplicates allowed).
+    def pull(self, ids: np.ndarray, with_state: bool = False) -> RowBatch:
+        """Rows, versions and (``with_state``, else width 0) state of ``ids`` in order
+        (duplicates allowed).
 
-        An id never written reads as its initial row at version 0 and is not
-        stored: reads never grow the table (writes create rows).
+        An id never written reads as its initial row at version 0 with zero
+        state and is not stored: reads never grow the table (writes create rows).
         """
         with self._lock:
-            weights, versions = self._read(ids)
+            rows = self._read(ids, with_state)
             self.counters.pull_requests += 1
             self.counters.rows_pulled += len(ids)
-            return weights, versions
+            return rows
 
     def pull_stale(
         self, ids: np.ndarray, held_versions: np.ndarray, bound: int
@@ -82,15 +83,21 @@ class Table:
             _, versions = self.store.fetch_versions(ids)  # absent rows are at version 0
             # Only stale rows are read: a fresh row costs its version, not its weights.
             stale = np.flatnonzero(versions.numpy() - held_versions > bound)
-            weights, stale_versions = self._read(ids[stale])
+            rows = self._read(ids[stale], with_state=False)
             self.counters.pull_requests += 1
             self.counters.rows_pulled += len(stale)
-        return stale, weights, stale_versions
+        return stale, rows.weights, rows.versions
 
     def assign(
-        self, ids: np.ndarray, weights: torch.Tensor, state: torch.Tensor | None, request_id: str
+        self,
+        ids: np.ndarray,
+        weights: torch.Tensor,
+        state: torch.Tensor | None,
+        versions: torch.Tensor | None,
+        request_id: str,
     ) -> bool:
-        """Overwrite the rows of distinct ``ids`` (and their state unless None); returns duplicate."""
+        """Overwrite the weights of distinct ``ids``, their state unless None, and their versions
+        unless None (else each grows by one); returns duplicate."""
         with self._lock:
             if request_id in self._applied:
                 return True
@@ -98,7 +105,7 @@ class Table:
             rows.weights = weights
             if state is not None:
                 rows.state = state
-            rows.versions += 1
+            rows.versions = rows.versions + 1 if versions is None else versions
             self.store.insert(ids, rows)
             self.changes.add(ids)
             self._remember(request_id)
@@ -150,16 +157,18 @@ class Table:
         with self._lock:
             return self.store.footprint()
 
-    def _read(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights and versions of ``ids``, initial rows where absent; caller holds the lock."""
+    def _read(self, ids: np.ndarray, with_state: bool) -> RowBatch:
+        """Rows of ``ids`` (initial rows where absent), state of width 0 unless ``with_state``;
+        caller holds the lock."""
         if len(ids) == 0:
-            return torch.empty(0, self.spec.dim), torch.empty(0, dtype=torch.int64)
-        found, rows = self.store.fetch(ids, with_state=False)
+            return empty_batch(0, self.spec.dim, self.store.state_width if with_state else 0)
+        found, rows = self.store.fetch(ids, with_state=with_state)
         if not found.all():
-            absent = ~found
-            rows.weights[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
-            rows.versions[torch.from_numpy(absent)] = 0
-        return rows.weights, rows.versions
+            absent = torch.from_numpy(~found)
+            rows.weights[absent] = initial_rows(self.spec, ids[~found])
+            rows.state[absent] = 0.0
+            rows.versions[absent] = 0
+        return rows
 
     def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:
         """Apply summed gradients once per distinct id.

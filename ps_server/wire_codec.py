@@ -118,6 +118,7 @@ class PullReplyView:
     values: memoryview
     versions: memoryview
     dim: int
+    state: memoryview
 
 
 @dataclasses.dataclass
@@ -139,26 +140,29 @@ def _bytes_view(buffer: Buffer) -> memoryview:
     return view.cast("B") if view.nbytes else _EMPTY
 
 
-def encode_pull_reply(values: Buffer, versions: Buffer, dim: int) -> bytes:
-    """Serialise a PullResponse (values=1, versions=2, dim=3) from C-contiguous buffers."""
-    values, versions = _bytes_view(values), _bytes_view(versions)
-    return b"".join(
-        (
-            _len_field(1, len(values)), values,
-            _len_field(2, len(versions)), versions,
-            _varint(3 << 3), _varint(dim),
-        )
-    )  # fmt: skip
+def encode_pull_reply(values: Buffer, versions: Buffer, dim: int, state: Buffer = b"") -> bytes:
+    """Serialise a PullResponse (values=1, versions=2, dim=3, state=4) from C-contiguous buffers."""
+    values, versions, state = _bytes_view(values), _bytes_view(versions), _bytes_view(state)
+    parts = [
+        _len_field(1, len(values)), values,
+        _len_field(2, len(versions)), versions,
+        _varint(3 << 3), _varint(dim),
+    ]  # fmt: skip
+    if len(state):
+        parts += [_len_field(4, len(state)), state]
+    return b"".join(parts)
 
 
 def decode_pull_reply(data: bytes) -> PullReplyView:
     """Parse a serialised PullResponse without copying its payloads."""
-    reply = PullReplyView(values=_EMPTY, versions=_EMPTY, dim=0)
+    reply = PullReplyView(values=_EMPTY, versions=_EMPTY, dim=0, state=_EMPTY)
     for number, wire_type, value in _fields(memoryview(data)):
         if number == 1 and wire_type == _LEN:
             reply.values = value
         elif number == 2 and wire_type == _LEN:
             reply.versions = value
+        elif number == 4 and wire_type == _LEN:
+            reply.state = value
         elif number == 3 and wire_type == _VARINT:
             reply.dim = _uint32(value)
     return reply

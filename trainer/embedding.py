@@ -6,6 +6,11 @@ feature is pooled with ``embedding_bag``. The fetched rows are autograd leaves;
 after ``backward()``, :meth:`step` hands each table's row gradients (summed
 over every occurrence, scaled by ``grad_scale``) back to the row source, which
 pushes them to the shards where the server-side optimizer applies them.
+
+Devices: ids are deduplicated on the host, where the shards' client routes
+them; row sources take and return host tensors. The collection moves the
+fetched rows and the pooling indices to its ``device`` (the model's), pools
+there, and brings the row gradients back to the host.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from torch import nn
 
 
 class RowSource(Protocol):
-    """Where tables' rows come from and where their gradients go (several tables per call)."""
+    """Where tables' rows come from and where their gradients go (several tables per call).
+    Every tensor in and out is a host (CPU) tensor."""
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{table: float32 rows [len(ids), dim]}`` for ``{table: distinct ids}``."""
@@ -48,6 +54,7 @@ class PSEmbeddingBagCollection(nn.Module):
         pooling: "sum" or "mean".
         grad_scale: factor applied to row gradients before they leave (1 / world
             size under DDP, so sparse and dense gradients are averaged alike).
+        device: where rows are pooled and the output lives (the model's device).
 
     Example:
         >>> ebc = PSEmbeddingBagCollection(source, ["user", "item", "item"])   # doctest: +SKIP
@@ -61,6 +68,7 @@ class PSEmbeddingBagCollection(nn.Module):
         feature_tables: Sequence[str],
         pooling: str = "sum",
         grad_scale: float = 1.0,
+        device: str | torch.device = "cpu",
     ) -> None:
         super().__init__()
         if pooling not in ("sum", "mean"):
@@ -71,6 +79,7 @@ class PSEmbeddingBagCollection(nn.Module):
         self.feature_tables = list(feature_tables)
         self.pooling = pooling
         self.grad_scale = grad_scale
+        self.device = torch.device(device)
         self._pending: list[_Lookup] = []
 
     def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
@@ -83,21 +92,22 @@ class PSEmbeddingBagCollection(nn.Module):
             for t in self.feature_tables
         }
         unique = {
-            table: unique_inverse(torch.cat([features[f].values for f in fs]))[:2]
+            table: unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))[:2]
             for table, fs in members.items()
         }
         fetched = self.source.rows({table: ids for table, (ids, _) in unique.items()})
         for table, (ids, inverse) in unique.items():
-            rows = fetched[table].detach().requires_grad_(self.training)
+            rows = fetched[table].to(self.device).detach().requires_grad_(self.training)
             if self.training:
                 self._pending.append(_Lookup(table, ids, rows))
+            inverse = inverse.to(self.device)
             start = 0
             for f in members[table]:
                 count = len(features[f].values)
                 pooled[f] = F.embedding_bag(
                     inverse[start : start + count],
                     rows,
-                    features[f].offsets,
+                    features[f].offsets.to(self.device),
                     mode=self.pooling,
                     include_last_offset=True,
                 )
@@ -107,7 +117,7 @@ class PSEmbeddingBagCollection(nn.Module):
     def step(self) -> None:
         """Hand the row gradients of the last forward to the source; call after backward()."""
         updates = {
-            lookup.table: (lookup.ids, lookup.rows.grad * self.grad_scale)
+            lookup.table: (lookup.ids, (lookup.rows.grad * self.grad_scale).cpu())
             for lookup in self._pending
             if lookup.rows.grad is not None
         }

@@ -45,6 +45,14 @@ class CountingClient:
             self._pulled(table, sent=8 * len(ids), rows=len(ids))
         return pulled
 
+    def pull_with_state(
+        self, table: str, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As PSClient.pull_with_state."""
+        rows, state, versions = self.client.pull_with_state(table, ids)
+        self._pulled(table, sent=8 * len(ids), rows=len(ids), extra=4 * state.numel())
+        return rows, state, versions
+
     def pull_stale_many(
         self, requests: Sequence[tuple[str, torch.Tensor, torch.Tensor, int]]
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -67,12 +75,17 @@ class CountingClient:
             self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.dim(table))
 
     def assign(
-        self, table: str, ids: torch.Tensor, values: torch.Tensor, state: torch.Tensor
+        self,
+        table: str,
+        ids: torch.Tensor,
+        values: torch.Tensor,
+        state: torch.Tensor,
+        versions: torch.Tensor,
     ) -> None:
-        """As PSClient.assign."""
-        self.client.assign(table, ids, values, state)
+        """As PSClient.assign, with state and versions."""
+        self.client.assign(table, ids, values, state, versions)
         self.traffic.rows_pushed += len(ids)
-        self.traffic.bytes_pushed += 8 * len(ids) + 4 * (values.numel() + state.numel())
+        self.traffic.bytes_pushed += 16 * len(ids) + 4 * (values.numel() + state.numel())
 
     def _pulled(self, table: str, sent: int, rows: int, extra: int = 0) -> None:
         self.traffic.rows_pulled += rows

@@ -1,13 +1,21 @@
 """One trainer rank: DLRM with embeddings on the parameter servers.
 
 Run directly for one rank, or under ``torchrun`` (env://) for several: dense
-parameters are synchronised with DDP (gloo on CPU, NCCL on GPU), each rank
-trains on its own part of the data, and sparse traffic goes to the shards.
+parameters are synchronised with DDP (gloo on CPU, NCCL on GPU: the process
+group follows the device), each rank trains on its own part of the data, and
+sparse traffic goes to the shards. The model, dense features, labels, pooled
+rows and cache storage live on the configured device.
+
+Data: synthetic Criteo-style batches, or a Criteo TSV file, whose held-out
+split (every ``heldout_every``-th line) is what rank 0 evaluates on and whose
+training lines are dealt to the ranks batch by batch. Every rank runs the same
+number of steps: when any rank's part of the file runs out, all stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -50,6 +58,8 @@ class TrainConfig:
     criteo_path: str | None = None
     table_prefix: str = "criteo"
     progress: bool = True
+    device: str = "auto"
+    heldout_every: int = 10
     cache: str = "none"
     cache_mb: float = 16.0
     pull_bound: int = 0
@@ -77,6 +87,9 @@ class TrainConfig:
             raise ValueError(f"cache_mb must be > 0, got {self.cache_mb}")
         if self.pull_bound < 0 or self.push_bound < 0 or self.profile_batches < 1:
             raise ValueError("pull_bound and push_bound must be >= 0 and profile_batches >= 1")
+        if self.heldout_every < 2:
+            raise ValueError(f"heldout_every must be >= 2, got {self.heldout_every}")
+        resolve_device(self.device)
 
 
 @dataclasses.dataclass
@@ -112,24 +125,36 @@ class _TimedSource:
 def train(config: TrainConfig) -> dict:
     """Train on this rank; returns the run report (complete on rank 0)."""
     config.validate()
-    rank, world = _init_distributed()
+    device = resolve_device(config.device)
+    rank, world = _init_distributed(device)
     data = synthetic_data(config)
-    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
     specs = table_specs(config, data.num_features)
     torch.manual_seed(config.seed)  # identical dense initialisation on every rank
-    model = DLRM(NUM_DENSE, data.num_features, config.dim)
-    dense_model = DistributedDataParallel(model) if world > 1 else model
+    model = DLRM(NUM_DENSE, data.num_features, config.dim).to(device)
+    dense_model = (
+        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if world > 1
+        else model
+    )
     dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
+    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
     with PSClient(list(config.endpoints)) as client:
         for spec in specs:
             client.create_table(spec)
-        inner = build_row_source(client, config, specs, data, rank)
+        inner = build_row_source(client, config, specs, data, (rank, world), device)
         source = _TimedSource(inner)
-        ebc = PSEmbeddingBagCollection(source, [s.name for s in specs], grad_scale=1.0 / world)
+        ebc = PSEmbeddingBagCollection(
+            source, [s.name for s in specs], grad_scale=1.0 / world, device=device
+        )
         progress = ProgressBar(config.steps) if config.progress and rank == 0 else None
         losses: list[float] = []
+        batches = _train_batches(config, data, reader, rank, world)
         start = time.perf_counter()
-        for step, batch in enumerate(_train_batches(config, data, reader, rank, world), start=1):
+        while len(losses) < config.steps:
+            batch = next(batches, None)
+            if not _every_rank_has_a_batch(batch is not None, world, device):
+                break
+            batch = batch.to(device)
             dense_opt.zero_grad()
             logits = dense_model(batch.dense, ebc(batch.sparse))
             loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
@@ -140,8 +165,11 @@ def train(config: TrainConfig) -> dict:
             if progress:
                 elapsed = time.perf_counter() - start
                 progress.update(
-                    step,
-                    **{"samples/s": step * config.batch_size * world / elapsed, "loss": losses[-1]},
+                    len(losses),
+                    **{
+                        "samples/s": len(losses) * config.batch_size * world / elapsed,
+                        "loss": losses[-1],
+                    },
                 )
         with source.wait:
             flush(inner)
@@ -150,6 +178,7 @@ def train(config: TrainConfig) -> dict:
         report = {
             "rank": rank,
             "world_size": world,
+            "device": str(device),
             "steps": len(losses),
             "samples_per_s": samples * world / wall if wall else 0.0,
             "cache_hit_rate": 0.0 if isinstance(inner, PSRowSource) else inner.hit_rate(),
@@ -164,32 +193,72 @@ def train(config: TrainConfig) -> dict:
             "config": dataclasses.asdict(config),
         }
         if rank == 0:
-            report.update(_evaluate(model, ebc, data, config))
+            report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
     return report
 
 
+def resolve_device(requested: str) -> torch.device:
+    """The device a rank trains on.
+
+    ``auto`` is ``cuda`` where torch sees a GPU, else ``cpu``; ``cuda`` without
+    an index is ``cuda:LOCAL_RANK`` (one GPU per torchrun rank).
+
+    Raises:
+        ValueError: not cpu, cuda or cuda:N, or a GPU that torch does not see.
+    """
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {requested!r}")
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {requested!r}, but torch sees no GPU (torch {torch.__version__}, built with "
+            f"CUDA {torch.version.cuda or 'none'}); use --device cpu"
+        )
+    index = device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", "0"))
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device cuda:{index}, but torch sees {torch.cuda.device_count()} GPU(s)")
+    return torch.device("cuda", index)
+
+
+def process_group_backend(device: torch.device) -> str:
+    """The torch.distributed backend for ranks on ``device``: NCCL for GPUs, gloo for CPUs."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def build_row_source(
-    client: PSClient, config: TrainConfig, specs: list[TableSpec], data: SyntheticCriteo, rank: int
+    client: PSClient,
+    config: TrainConfig,
+    specs: list[TableSpec],
+    data: SyntheticCriteo,
+    rank_of: tuple[int, int],
+    device: torch.device = torch.device("cpu"),
 ) -> RowSourceKind:
     """The PS directly, hot-embedding caches, or replicated hot rows, sized by a profiling pass.
 
-    The replicated hot set must be the same on every rank, so it is profiled on part 0 of
-    the data everywhere; caches profile the rank's own part.
+    ``rank_of`` is ``(rank, world size)``. The replicated hot set must be the same on every
+    rank, so it is profiled on part 0 of the data everywhere; caches profile the rank's own part.
     """
     if config.cache == "none":
         return PSRowSource(client)
+    rank, world = rank_of
     part = 0 if config.cache == "replicated" else rank
-    sample = (
-        data.batch(config.batch_size, index, "train", part=part)
-        for index in range(config.profile_batches)
-    )
     names = [s.name for s in specs]
+    sample = profile_batches(config, data, part, world)
     hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
     if config.cache == "replicated":
-        source = ReplicatedRowSource(client, {s.name: s for s in specs}, hot, writer=rank == 0)
+        source = ReplicatedRowSource(
+            client, {s.name: s for s in specs}, hot, writer=rank == 0, device=device
+        )
     else:
         caches = {
             spec.name: HotEmbeddingCache(
@@ -200,12 +269,40 @@ def build_row_source(
                 config.push_bound,
                 local_lr=spec.optimizer.lr,
                 hot_ids=hot[spec.name] if config.cache == "static" else None,
+                device=device,
             )
             for spec in specs
         }
         source = CachedRowSource(client, caches)
     source.warm()
     return source
+
+
+def profile_batches(
+    config: TrainConfig, data: SyntheticCriteo, part: int, parts: int
+) -> Iterator[Batch]:
+    """The first ``profile_batches`` training batches of ``part`` of ``parts`` (a rank's
+    share), from the data the run trains on."""
+    if config.criteo_path is None:
+        return (
+            data.batch(config.batch_size, index, "train", part=part)
+            for index in range(config.profile_batches)
+        )
+    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
+    batches = _dealt(reader.read(config.criteo_path, "train", config.heldout_every), part, parts)
+    return itertools.islice(batches, config.profile_batches)
+
+
+def heldout_batches(config: TrainConfig, data: SyntheticCriteo) -> Iterator[Batch]:
+    """Up to ``eval_batches`` held-out batches: the synthetic test split, or the Criteo
+    file's held-out lines."""
+    if config.criteo_path is None:
+        return (
+            data.batch(config.batch_size, index, "test") for index in range(config.eval_batches)
+        )
+    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
+    batches = reader.read(config.criteo_path, "heldout", config.heldout_every)
+    return itertools.islice(batches, config.eval_batches)
 
 
 def flush(source: RowSourceKind) -> None:
@@ -239,15 +336,25 @@ def table_specs(config: TrainConfig, num_features: int) -> list[TableSpec]:
     ]
 
 
-def _init_distributed() -> tuple[int, int]:
+def _init_distributed(device: torch.device) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(
-            "nccl" if torch.cuda.is_available() else "gloo", init_method="env://"
-        )
+        dist.init_process_group(process_group_backend(device), init_method="env://")
     return dist.get_rank(), dist.get_world_size()
+
+
+def _every_rank_has_a_batch(has_batch: bool, world: int, device: torch.device) -> bool:
+    """Whether every rank has a batch for the next step, so that all run the same steps
+    (a rank whose part of a file ran out would otherwise leave the others in an all-reduce)."""
+    if world == 1:
+        return has_batch
+    flag = torch.tensor([1 if has_batch else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
@@ -266,31 +373,32 @@ def _train_batches(
         for index in range(config.steps):
             yield data.batch(config.batch_size, index, "train", part=rank)
         return
-    produced = 0
-    for index, batch in enumerate(reader.read(config.criteo_path)):
-        if index % world == rank:
-            yield batch
-            produced += 1
-            if produced == config.steps:
-                return
+    yield from _dealt(reader.read(config.criteo_path, "train", config.heldout_every), rank, world)
+
+
+def _dealt(batches: Iterator[Batch], part: int, parts: int) -> Iterator[Batch]:
+    """Batch b of ``batches`` goes to part ``b % parts``: this part's batches."""
+    return itertools.islice(batches, part, None, parts)
 
 
 def _evaluate(
-    model: DLRM, ebc: PSEmbeddingBagCollection, data: SyntheticCriteo, config: TrainConfig
+    model: DLRM, ebc: PSEmbeddingBagCollection, batches: Iterator[Batch], device: torch.device
 ) -> dict:
     model.eval()
     ebc.eval()
     labels, scores = [], []
     with torch.no_grad():
-        for index in range(config.eval_batches):
-            batch = data.batch(config.batch_size, index, "test")
-            scores.append(torch.sigmoid(model(batch.dense, ebc(batch.sparse))).numpy())
-            labels.append(batch.labels.numpy())
+        for batch in batches:
+            batch = batch.to(device)
+            scores.append(torch.sigmoid(model(batch.dense, ebc(batch.sparse))).cpu().numpy())
+            labels.append(batch.labels.cpu().numpy())
     model.train()
     ebc.train()
+    if not labels:
+        return {"heldout_auc": float("nan"), "heldout_logloss": float("nan"), "heldout_samples": 0}
     y, p = np.concatenate(labels), np.concatenate(scores)
     return {
-        "heldout_auc": roc_auc(y, p),
+        "heldout_auc": roc_auc(y, p) if 0 < y.sum() < len(y) else float("nan"),  # one class
         "heldout_logloss": log_loss(y, p),
         "heldout_samples": len(y),
     }

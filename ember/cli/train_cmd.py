@@ -52,7 +52,23 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--table-prefix", default="criteo", help="PS tables are named PREFIX.f0 .. PREFIX.f25"
     )
     parser.add_argument(
-        "--criteo", default=None, help="train on this Criteo TSV file instead of synthetic data"
+        "--criteo",
+        default=None,
+        help="train on this Criteo TSV file instead of synthetic data; every "
+        "--heldout-every-th line is held out for evaluation",
+    )
+    parser.add_argument(
+        "--heldout-every",
+        type=int,
+        default=10,
+        help="with --criteo, line n is held out when n %% N == N-1 (default: every tenth)",
+    )
+    parser.add_argument(
+        "--device",
+        default=env_value("DEVICE", "auto"),
+        help="cpu, cuda or cuda:N; auto (default) is cuda where torch sees a GPU, else cpu. "
+        "Under torchrun, cuda is cuda:LOCAL_RANK. The process group follows: NCCL on GPUs, "
+        "gloo on CPUs (env EMBER_DEVICE)",
     )
     parser.add_argument(
         "--report", type=Path, default=None, help="write the JSON report here (rank 0)"

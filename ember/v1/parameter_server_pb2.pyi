@@ -80,22 +80,26 @@ class CreateTableResponse(_message.Message):
     def __init__(self, created: _Optional[bool] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("table", "ids")
+    __slots__ = ("table", "ids", "with_state")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_STATE_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+    with_state: bool
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., with_state: _Optional[bool] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("values", "versions", "dim")
+    __slots__ = ("values", "versions", "dim", "state")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     values: bytes
     versions: bytes
     dim: int
-    def __init__(self, values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+    state: bytes
+    def __init__(self, values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ..., state: _Optional[bytes] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("table", "ids", "grads", "request_id")
@@ -142,18 +146,20 @@ class PullStaleResponse(_message.Message):
     def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ..., versions: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class AssignRequest(_message.Message):
-    __slots__ = ("table", "ids", "values", "state", "request_id")
+    __slots__ = ("table", "ids", "values", "state", "request_id", "versions")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     values: bytes
     state: bytes
     request_id: str
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., request_id: _Optional[str] = ...) -> None: ...
+    versions: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., values: _Optional[bytes] = ..., state: _Optional[bytes] = ..., request_id: _Optional[str] = ..., versions: _Optional[bytes] = ...) -> None: ...
 
 class AssignResponse(_message.Message):
     __slots__ = ("duplicate",)

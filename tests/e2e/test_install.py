@@ -14,6 +14,7 @@ from ember.kernels.loader import OPS
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 IMAGE_WORKDIR = "/opt/ember"
+LOCAL_ONLY = (".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
 
 # Run by the fresh environment's Python: one shard, a table, a pull and a push.
 SERVE_PULL_PUSH = """

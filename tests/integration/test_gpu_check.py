@@ -28,6 +28,9 @@ def test_gpu_check_runs_and_every_op_matches_its_reference(tmp_path):
     assert {"unique_inverse", "hash_map", "gather_rows", "scatter_add_rows"} <= set(
         report["checks"]
     )
+    training = report["training"]
+    assert training["ok"] and training["steps"] > 0
+    assert training["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():
         assert not report["dry_mode"] and report["bandwidth"]["copy_GBps"] > 0
     else:

@@ -8,11 +8,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from ember.kernels.optim import apply_rows
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.train import TrainConfig, synthetic_data, table_specs
 
+from ember.cli.train_cmd import train_argv
+from tests.support.criteo_file import write_criteo_file
 from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 
 STEPS, BATCH, CARDINALITY = 15, 64, 300
@@ -93,3 +96,122 @@ def test_bounded_staleness_keeps_auc_within_half_a_point_of_sync(tmp_path):
     )  # staleness saved traffic
     assert stale["train_losses"] != sync["train_losses"]  # the runs really differ
     assert abs(stale["heldout_auc"] - sync["heldout_auc"]) <= 0.005
+
+
+def test_two_rank_replicated_adam_takes_rows_over_and_hands_back_state_and_versions(
+    cluster, tmp_path, table_name
+):
+    """Every row is hot (12 ids per table, all seen by the profiler). Earlier training left
+    each row with Adam moments and a version; the replicas must continue from them (Adam's
+    step is the version) and hand back versions that count the steps taken."""
+    steps, batch, cardinality = 8, 64, 12
+    config = TrainConfig(
+        endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch,
+        max_cardinality=cardinality, optimizer="adam", sparse_lr=0.05, dense_lr=0.05, dim=8,
+        table_prefix=table_name, cache="replicated", cache_mb=1.0, profile_batches=30,
+    )  # fmt: skip
+    data = synthetic_data(config)
+    specs = table_specs(config, data.num_features)
+    sizes = data.config.cardinalities
+    generator = torch.Generator().manual_seed(3)
+    with PSClient(cluster.endpoints) as client:
+        for spec, size in zip(specs, sizes):
+            client.create_table(spec)
+            for _ in range(2):  # earlier training: version 2, moments set
+                client.push(
+                    spec.name, torch.arange(size), torch.randn(size, 8, generator=generator)
+                )
+        start = [
+            client.pull_with_state(spec.name, torch.arange(size))
+            for spec, size in zip(specs, sizes)
+        ]
+    report_path = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
+        "--report", str(report_path), "--device", "cpu", "--eval-batches", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
+    report = json.loads(report_path.read_text())
+    assert report["cache_hit_rate"] == 1.0 and report["steps"] == steps
+
+    weights = [rows.clone().requires_grad_() for rows, _, _ in start]
+    state = [moments.clone() for _, moments, _ in start]
+    versions = [v.clone() for _, _, v in start]
+    torch.manual_seed(config.seed)
+    model = DLRM(13, data.num_features, config.dim)
+    dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
+    losses = []
+    for step in range(steps):
+        parts = [data.batch(batch, step, "train", part=rank) for rank in (0, 1)]
+        embedded = torch.cat(
+            [
+                torch.stack(
+                    [
+                        torch.nn.functional.embedding_bag(
+                            f.values, w, f.offsets, mode="sum", include_last_offset=True
+                        )
+                        for f, w in zip(p.sparse, weights)
+                    ],
+                    dim=1,
+                )
+                for p in parts
+            ]
+        )
+        labels = torch.cat([p.labels for p in parts])
+        dense = torch.cat([p.dense for p in parts])
+        dense_opt.zero_grad()
+        for w in weights:
+            w.grad = None
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, embedded), labels)
+        loss.backward()
+        dense_opt.step()
+        losses.append(loss.item())
+        for feature, (spec, w) in enumerate(zip(specs, weights)):
+            touched = torch.unique(torch.cat([p.sparse[feature].values for p in parts]))
+            rows, moments = w.detach()[touched], state[feature][touched]
+            versions[feature][touched] += 1
+            apply_rows(spec.optimizer, rows, moments, w.grad[touched], versions[feature][touched])
+            with torch.no_grad():
+                w[touched] = rows
+            state[feature][touched] = moments
+    np.testing.assert_allclose(report["train_losses"], losses, rtol=1e-4)
+    with PSClient(cluster.endpoints) as client:
+        for feature, (spec, size) in enumerate(zip(specs, sizes)):
+            rows, moments, held = client.pull_with_state(spec.name, torch.arange(size))
+            assert torch.equal(held, versions[feature]), spec.name
+            assert (held > start[feature][2]).any()  # the run did step these rows
+            torch.testing.assert_close(rows, weights[feature].detach(), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(moments, state[feature], rtol=1e-4, atol=1e-6)
+
+
+def test_two_ranks_on_a_criteo_file_profile_and_evaluate_on_it_and_stop_together(
+    cluster, tmp_path, table_name
+):
+    """17 training batches for 2 ranks: rank 0's part of the file has one more, and both
+    must stop after 8 steps (a rank left alone would hang in an all-reduce). The hot set
+    comes from the file (its ids are a few hashed values, none of the synthetic ones) and
+    evaluation reads the file's held-out lines."""
+    path = tmp_path / "day.tsv"
+    valid = write_criteo_file(path, 310)
+    train_lines = sum(valid[n] for n in range(310) if n % 10 != 9)
+    heldout_lines = sum(valid[n] for n in range(310) if n % 10 == 9)
+    assert -(-train_lines // 16) == 17
+    report_path = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "ember.cli.main", "train", "--endpoints", ",".join(cluster.endpoints),
+        "--criteo", str(path), "--heldout-every", "10", "--batch-size", "16", "--steps", "1000",
+        "--eval-batches", "50", "--max-cardinality", "100000", "--dim", "4",
+        "--cache", "static", "--cache-mb", "0.05", "--table-prefix", table_name,
+        "--no-progress", "--report", str(report_path),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == 8 == len(report["train_losses"])
+    assert report["heldout_samples"] == heldout_lines
+    assert 0.0 <= report["heldout_auc"] <= 1.0
+    assert 0 < report["malformed_lines"] <= sum(not v for v in valid)
+    assert report["cache_hit_rate"] > 0.8  # profiled on the file's own ids

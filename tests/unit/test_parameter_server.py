@@ -19,6 +19,8 @@ from ember.ps_server.server import ParameterServer
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.ps_server.wire import encode_ids
 
+from tests.support.reference import ReferenceRow
+
 SPEC = TableSpec("t", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
 
 
@@ -223,9 +225,9 @@ def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
     server = _server(max_message_bytes=1 << 16)
     server.create_table(TableSpec("u", dim=4))
     ids = encode_ids(np.arange(1500, dtype=np.int64))  # 1500 x 24 B = 36 KB: one fits
-    assert len(server.pull_batch([("t", ids)])[0].values) == 1500
+    assert len(server.pull_batch([("t", ids, False)])[0].values) == 1500
     with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls .*3000 ids"):
-        server.pull_batch([("t", ids), ("u", ids)])
+        server.pull_batch([("t", ids, False), ("u", ids, False)])
     held = np.full(1500, -1, dtype=np.int64).tobytes()
     with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls"):
         server.pull_stale_batch([("t", ids, held, 0), ("u", ids, held, 0)])
@@ -332,3 +334,43 @@ def test_a_tripped_fault_refuses_every_data_request_but_stats(tmp_path):
         with pytest.raises(ShardFailedError, match="stopped serving: the disk under"):
             request()
     assert [t.name for t in server.stats()] == ["t"]
+
+
+ADAM_SPEC = TableSpec("adam", dim=3, optimizer=OptimizerSpec(OptimizerKind.ADAM, lr=0.1))
+
+
+def test_a_pull_with_state_returns_each_rows_optimizer_state_zero_where_unwritten():
+    server = ParameterServer(0, 1)
+    server.create_table(ADAM_SPEC)
+    grads = [_grads(1, seed=s)[:, :3] for s in (1, 2)]
+    for n, grad in enumerate(grads):
+        server.push("adam", encode_ids(np.array([3])), np.ascontiguousarray(grad).tobytes(), f"{n}")
+    reply = server.pull("adam", encode_ids(np.array([9, 3, 9])), with_state=True)
+    row = ReferenceRow(initial_rows(ADAM_SPEC, np.array([3])).numpy()[0], ADAM_SPEC.optimizer)
+    for grad in grads:
+        row.apply(grad[0])
+    assert reply.versions.tolist() == [0, 2, 0] and reply.state.shape == (3, 6)
+    np.testing.assert_allclose(reply.state[1], np.concatenate([row.m, row.v]), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(reply.values[1], row.w, rtol=1e-5, atol=1e-6)
+    assert not reply.state[[0, 2]].any()
+    assert server.pull("adam", encode_ids(np.array([3]))).state.shape == (1, 0)  # not asked for
+
+
+def test_assign_sets_versions_when_given_and_refuses_bad_ones():
+    server = ParameterServer(0, 1)
+    server.create_table(ADAM_SPEC)
+    ids = encode_ids(np.array([1, 2]))
+    values = np.ones((2, 3), np.float32).tobytes()
+    state = np.full((2, 6), 0.5, np.float32).tobytes()
+    server.assign("adam", ids, values, state, "a", np.array([7, 40], "<i8").tobytes())
+    reply = server.pull("adam", ids, with_state=True)
+    assert reply.versions.tolist() == [7, 40] and (reply.state == 0.5).all()
+    server.assign("adam", ids, values, b"", "b")  # no versions: each grows by one
+    assert server.pull("adam", ids).versions.tolist() == [8, 41]
+    for bad, message in (
+        (np.array([-1, 2], "<i8").tobytes(), "versions must be >= 0"),
+        (np.array([3], "<i8").tobytes(), "one int64 per id"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            server.assign("adam", ids, values, b"", "c", bad)
+    assert server.pull("adam", ids).versions.tolist() == [8, 41]

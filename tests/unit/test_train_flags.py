@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+import torch
 from ember.trainer.train import TrainConfig
 
 from ember.cli.main import build_parser
@@ -12,7 +13,7 @@ def test_train_argv_round_trips_every_config_field():
         endpoints=("127.0.0.1:1", "127.0.0.1:2"), steps=7, batch_size=33, eval_batches=2, dim=12,
         optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
         criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
-        pull_bound=3, push_bound=4, profile_batches=2,
+        pull_bound=3, push_bound=4, profile_batches=2, device="cpu", heldout_every=7,
     )  # fmt: skip
     args = build_parser().parse_args(["train", *train_argv(config)])
     assert config_from_args(args, list(config.endpoints)) == config
@@ -28,8 +29,30 @@ def test_train_argv_round_trips_every_config_field():
         ({"pull_bound": -1}, "pull_bound and push_bound must be >= 0"),
         ({"steps": 0}, "steps must be >= 1"),
         ({"endpoints": ()}, "endpoints must list"),
+        ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+        ({"device": "cuda:x"}, "device must be auto, cpu, cuda or cuda:N"),
+        ({"heldout_every": 1}, "heldout_every must be >= 2"),
     ],
 )
 def test_invalid_train_configs_are_refused(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TrainConfig(endpoints=("a:1",)), **change).validate()
+
+
+def test_devices_resolve_and_the_process_group_follows_them(monkeypatch):
+    from ember.trainer.train import process_group_backend, resolve_device
+
+    assert process_group_backend(torch.device("cuda", 1)) == "nccl"
+    assert process_group_backend(torch.device("cpu")) == "gloo"
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="torch sees no GPU.*use --device cpu"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert resolve_device("auto") == torch.device("cuda", 1)  # one GPU per torchrun rank
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="cuda:2, but torch sees 2 GPU"):
+        resolve_device("cuda:2")

@@ -16,15 +16,19 @@ blobs = st.binary(max_size=3000)
 
 
 @settings(max_examples=60, deadline=None)
-@given(values=blobs, versions=blobs, dim=st.integers(0, 2**32 - 1))
-def test_pull_reply_matches_generated_code_both_ways(values, versions, dim):
-    encoded = encode_pull_reply(values, versions, dim)
+@given(values=blobs, versions=blobs, dim=st.integers(0, 2**32 - 1), state=blobs)
+def test_pull_reply_matches_generated_code_both_ways(values, versions, dim, state):
+    encoded = encode_pull_reply(values, versions, dim, state)
     parsed = pb.PullResponse.FromString(encoded)
-    assert (parsed.values, parsed.versions, parsed.dim) == (values, versions, dim)
+    assert (parsed.values, parsed.versions, parsed.dim, parsed.state) == (
+        values, versions, dim, state,
+    )  # fmt: skip
     view = decode_pull_reply(
-        pb.PullResponse(values=values, versions=versions, dim=dim).SerializeToString()
+        pb.PullResponse(values=values, versions=versions, dim=dim, state=state).SerializeToString()
     )
-    assert (bytes(view.values), bytes(view.versions), view.dim) == (values, versions, dim)
+    assert (bytes(view.values), bytes(view.versions), view.dim, bytes(view.state)) == (
+        values, versions, dim, state,
+    )  # fmt: skip
 
 
 @settings(max_examples=60, deadline=None)

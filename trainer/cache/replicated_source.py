@@ -4,10 +4,12 @@ Hot rows live on every rank and are trained like dense parameters: each step
 the ranks all-reduce their hot-row gradients and apply the table's optimizer
 (the shard's own update rule) to every touched row, so replicas stay identical
 and exact, with no staleness. Only cold rows go through the parameter servers
-each step. The hot rows (and their optimizer state) are written back to the
-shards by ``flush()`` - at checkpoints and at the end of training.
+each step.
 
-Hot rows start with the shards' current values and fresh optimizer state.
+The replicas take the rows over from the shards: ``warm()`` reads each hot
+row's weights, optimizer state and version (its update count, Adam's step),
+and ``flush()`` writes them back with versions that count the steps taken, so
+the shards continue exactly where the replicas stopped.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class ReplicatedRowSource:
         specs: ``{table: TableSpec}`` of every table looked up.
         hot_ids: ``{table: ids}`` replicated on every rank; the same on all ranks.
         writer: whether this rank writes the hot rows back on ``flush()`` (one rank does).
+        device: where the replicas live and their gradients are all-reduced (NCCL needs
+            the GPU).
     """
 
     def __init__(
@@ -37,22 +41,30 @@ class ReplicatedRowSource:
         specs: dict[str, TableSpec],
         hot_ids: dict[str, torch.Tensor],
         writer: bool,
+        device: str | torch.device = "cpu",
     ) -> None:
         self.client = CountingClient(client)
         self.traffic = self.client.traffic
         self.specs = specs
+        self.device = torch.device(device)
         self.hot_ids = {
             t: torch.sort(torch.as_tensor(ids, dtype=torch.int64)).values
             for t, ids in hot_ids.items()
         }
         self.writer = writer
-        self.weights = {t: torch.zeros(len(ids), specs[t].dim) for t, ids in self.hot_ids.items()}
+        self.weights = {
+            t: torch.zeros(len(ids), specs[t].dim, device=self.device)
+            for t, ids in self.hot_ids.items()
+        }
         self.state = {
-            t: torch.zeros(len(ids), state_width(specs[t].optimizer.kind, specs[t].dim))
+            t: torch.zeros(
+                len(ids), state_width(specs[t].optimizer.kind, specs[t].dim), device=self.device
+            )
             for t, ids in self.hot_ids.items()
         }
         self.steps = {
-            t: torch.zeros(len(ids), dtype=torch.int64) for t, ids in self.hot_ids.items()
+            t: torch.zeros(len(ids), dtype=torch.int64, device=self.device)
+            for t, ids in self.hot_ids.items()
         }
         self.hits = self.lookups = 0
         self._positions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -62,10 +74,13 @@ class ReplicatedRowSource:
         return self.hits / self.lookups if self.lookups else 0.0
 
     def warm(self) -> None:
-        """Read the hot rows from the shards."""
-        requests = {t: ids for t, ids in self.hot_ids.items() if len(ids)}
-        for table, (rows, _) in self.client.pull_many(requests).items():
-            self.weights[table] = rows.clone()
+        """Take the hot rows over: their weights, optimizer state and versions."""
+        for table, ids in self.hot_ids.items():
+            if len(ids):
+                rows, state, versions = self.client.pull_with_state(table, ids)
+                self.weights[table] = rows.to(self.device)
+                self.state[table] = state.to(self.device)
+                self.steps[table] = versions.to(self.device)
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the shards."""
@@ -75,7 +90,7 @@ class ReplicatedRowSource:
             self._positions[table] = (position, hot)
             rows = torch.empty(len(ids), self.specs[table].dim)
             if bool(hot.any()):
-                rows[hot] = self.weights[table][position[hot]]
+                rows[hot] = self.weights[table][position[hot].to(self.device)].cpu()
             if not bool(hot.all()):
                 cold_requests[table] = ids[~hot]
             out[table] = rows
@@ -88,14 +103,18 @@ class ReplicatedRowSource:
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """All-reduce hot-row gradients across ranks and apply them; push cold ones."""
         tables = list(self.hot_ids)
-        sums = {t: torch.zeros(len(self.hot_ids[t]), self.specs[t].dim) for t in tables}
-        touched = {t: torch.zeros(len(self.hot_ids[t])) for t in tables}
+        sums = {
+            t: torch.zeros(len(self.hot_ids[t]), self.specs[t].dim, device=self.device)
+            for t in tables
+        }
+        touched = {t: torch.zeros(len(self.hot_ids[t]), device=self.device) for t in tables}
         cold = {}
         for table, (ids, grads) in updates.items():
             position, hot = self._positions.pop(table)
             if table in sums and bool(hot.any()):
-                scatter_add_rows(sums[table], position[hot], grads[hot].contiguous())
-                touched[table][position[hot]] = 1.0
+                where = position[hot].to(self.device)
+                scatter_add_rows(sums[table], where, grads[hot].to(self.device).contiguous())
+                touched[table][where] = 1.0
             if not bool(hot.all()):
                 cold[table] = (ids[~hot], grads[~hot])
         flat = torch.cat([x.reshape(-1) for t in tables for x in (sums[t], touched[t])])
@@ -112,11 +131,17 @@ class ReplicatedRowSource:
         self.client.push_many(cold)
 
     def flush(self) -> None:
-        """Write the hot rows and their optimizer state back to the shards (writer rank only)."""
+        """Write the hot rows, their optimizer state and versions back (writer rank only)."""
         if self.writer:
             for table, ids in self.hot_ids.items():
                 if len(ids):
-                    self.client.assign(table, ids, self.weights[table], self.state[table])
+                    self.client.assign(
+                        table,
+                        ids,
+                        self.weights[table].cpu(),
+                        self.state[table].cpu(),
+                        versions=self.steps[table].cpu(),
+                    )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # no rank reads the shards before the write-back is done
 

@@ -43,3 +43,8 @@ class Batch:
     def batch_size(self) -> int:
         """Number of samples."""
         return len(self.labels)
+
+    def to(self, device: torch.device) -> Batch:
+        """This batch with its dense features and labels on ``device``. The sparse ids stay
+        where they are: the embedding lookup routes them to the shards from the host."""
+        return Batch(self.dense.to(device), self.sparse, self.labels.to(device))

@@ -5,6 +5,11 @@ tab-separated; any feature may be empty. Integer features become
 ``log(1 + max(x, 0))``; a categorical value is hashed with its feature index
 into ``[1, buckets)`` and an empty one maps to id 0. Malformed lines are
 counted and skipped: the reader never stops on data.
+
+Held-out split: line n of a file (0-based, malformed lines counted too) is
+held out for evaluation when ``n % heldout_every == heldout_every - 1`` (with
+the default 10, every tenth line); training reads every other line. The split
+depends on line positions only, so every reader and every rank agrees on it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ NUM_DENSE = 13
 NUM_SPARSE = 26
 _FIELDS = 1 + NUM_DENSE + NUM_SPARSE
 _FEATURE_SALT = np.uint64(0x9FB21C651E98DF25)
+SPLITS = ("all", "train", "heldout")
 
 
 @dataclasses.dataclass
@@ -57,10 +63,28 @@ class CriteoTSVReader:
         self.batch_size = batch_size
         self.stats = ReaderStats()
 
-    def read(self, path: str | Path) -> Iterator[Batch]:
-        """Batches of the file at ``path`` (text, one sample per line)."""
+    def read(
+        self, path: str | Path, split: str = "all", heldout_every: int = 10
+    ) -> Iterator[Batch]:
+        """Batches of the lines of ``split`` (see the module docstring) of the file at ``path``.
+
+        Raises:
+            ValueError: an unknown split, or ``heldout_every`` < 2.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if heldout_every < 2:
+            raise ValueError(f"heldout_every must be >= 2, got {heldout_every}")
         with open(path, encoding="utf-8", errors="replace") as lines:
-            yield from self.batches(lines)
+            if split == "all":
+                yield from self.batches(lines)
+                return
+            heldout = split == "heldout"
+            yield from self.batches(
+                line
+                for number, line in enumerate(lines)
+                if (number % heldout_every == heldout_every - 1) == heldout
+            )
 
     def batches(self, lines: Iterable[str]) -> Iterator[Batch]:
         """Batches of ``lines``; malformed lines are counted in ``stats`` and skipped."""
