@@ -1,7 +1,7 @@
 """Cold tier and durability costs, one run, each against a baseline measured beside it.
 
 1. Redis store vs raw redis-py on the same bytes (target >= 0.8), each Ember
-   line being what a shard does for that request:
+   line being what a shard does for that request (its marker check included):
      pull:  RedisStore.fetch of n ids without optimizer state, as a shard pull
             (keys built, pipelined MGET, weights and versions decoded into
             tensors)  vs  pipelined MGET of the same keys, values left as bytes;
@@ -47,8 +47,10 @@ import torch
 from bench_timing import paired_medians
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.server import ParameterServer
-from ember.ps_server.stores import open_store
+from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.stores.base import RowBatch
+from ember.ps_server.stores.redis_marker import RedisShardMarker
 from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore
 from ember.ps_server.stores.row_codec import encode_rows
 from ember.ps_server.table import Table
@@ -62,9 +64,17 @@ from tests.support.redis_server import RedisServer
 ADAGRAD = OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05)
 
 
+def shard_marker(url: str) -> RedisShardMarker:
+    """The marker a serving shard reads with every Redis pipeline (checked as in a shard)."""
+    marker = open_marker(url, 0, 1, ShardFault())
+    marker.start_serving()
+    return marker
+
+
 def redis_against_raw(url: str, n: int, dim: int, rounds: int) -> None:
     """Section 1."""
-    store = RedisStore(url, "bench", 0, dim, state_width=dim)  # Adagrad-sized state
+    # Adagrad-sized state; the shard's marker rides along, as in a shard.
+    store = RedisStore(url, "bench", 0, dim, state_width=dim, marker=shard_marker(url))
     ids = np.random.default_rng(0).permutation(1 << 24)[:n].astype(np.int64)
     rows = RowBatch(torch.randn(n, dim), torch.rand(n, dim), torch.zeros(n, dtype=torch.int64))
     store.insert(ids, rows)
@@ -134,7 +144,8 @@ def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) 
         ("redis", url),
         (f"tiered (capacity {capacity:,})", f"tiered+{url}?capacity={capacity}"),
     ):
-        store = open_store(store_url, f"zipf{len(results)}", 0, dim, dim)
+        marker = None if store_url == "memory" else shard_marker(url)
+        store = open_store(store_url, f"zipf{len(results)}", 0, dim, dim, marker=marker)
         warm = len(stream) // 4  # the first quarter fills the tier; timed: the rest
         for ids, g in zip(stream[:warm], grads[:warm]):
             store.update(ids, g, spec.optimizer, create=create)
@@ -237,7 +248,7 @@ def changed_ids_cost(dim: int, batch: int, tracked: int, repeats: int) -> None:
     )
     print(f"{'changed ids':<16} {'ms/push':>8} {'vs none':>8}")
     print(f"{'none':<16} {idle * 1e3:>8.2f} {1.0:>8.2f}")
-    print(f"{len(tables[1].changes):<16,} {busy * 1e3:>8.2f} {busy / idle:>8.2f}")
+    print(f"{tracked:<16,} {busy * 1e3:>8.2f} {busy / idle:>8.2f}")
 
 
 def main() -> int:

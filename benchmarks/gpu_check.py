@@ -135,12 +135,11 @@ def training_run(device: torch.device, steps: int, batch_size: int) -> dict[str,
     from ember.trainer.train import TrainConfig, train
 
     with LocalCluster(1) as cluster:
-        report = train(
-            TrainConfig(
-                endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch_size,
-                eval_batches=2, device=str(device), cache="static", cache_mb=4.0, progress=False,
-            )  # fmt: skip
-        )
+        config = TrainConfig(
+            endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch_size,
+            eval_batches=2, device=str(device), cache="static", cache_mb=4.0, progress=False,
+        )  # fmt: skip
+        report = train(config)
     losses = report["train_losses"]
     head, tail = losses[: len(losses) // 4], losses[-(len(losses) // 4) :]
     return {

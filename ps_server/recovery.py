@@ -43,7 +43,7 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
         if config.restore:
             server.checkpoints.restore(server.checkpoints.load_chain(Path(config.restore)))
         if marker is not None:
-            marker.adopt()
+            marker.start_serving()
         return
     write_log = WriteLog(
         Path(config.wal),
@@ -78,4 +78,4 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
         write_log.commit_base(requested, first_segment)
     server.journal.log = write_log
     if marker is not None:
-        marker.renew()
+        marker.start_serving()

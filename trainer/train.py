@@ -241,7 +241,7 @@ def build_row_source(
     specs: list[TableSpec],
     data: SyntheticCriteo,
     rank_of: tuple[int, int],
-    device: torch.device = torch.device("cpu"),
+    device: torch.device,
 ) -> RowSourceKind:
     """The PS directly, hot-embedding caches, or replicated hot rows, sized by a profiling pass.
 

@@ -92,22 +92,22 @@ class RedisShardMarker:
                     "or FLUSHDB once the checkpoint is written)"
                 )
 
-    def adopt(self) -> None:
-        """Serve the rows the database holds: keep this shard's marker, or write one."""
+    def start_serving(self) -> None:
+        """Write a new epoch of this shard's marker and check it from now on.
+
+        Call once the rows the database holds are the shard's (as found, or
+        rebuilt from a checkpoint and the log). A new epoch per start means an
+        older process still serving this shard on the database notices the
+        marker changed, and stops.
+        """
         with self._lock:
             held = guarded(self.url, lambda: self._client.get(self.key))
             if held is None:
                 log.info(
                     "redis at %s has no marker of shard %d: a new store", self.url, self._shard
                 )
-                self._write_new()
             else:
                 _parse(self.key, held, self.url)
-                self._expected = held
-
-    def renew(self) -> None:
-        """Write a new marker (the rows were just rebuilt from a checkpoint and the log)."""
-        with self._lock:
             self._write_new()
 
     def command(self) -> bytes:

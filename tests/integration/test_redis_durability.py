@@ -155,3 +155,17 @@ def test_shards_of_another_count_refuse_a_redis_and_the_named_way_to_reshard_wor
     with LocalCluster(2, extra_args=new) as cluster, PSClient(cluster.endpoints) as client:
         rows, restored_versions = client.pull_with_versions(SPEC.name, ids)
     assert torch.equal(rows, trained) and torch.equal(restored_versions, versions)
+
+
+def test_a_second_process_of_the_same_shard_on_one_redis_stops_the_first(own_redis):
+    """A stale container or an overlapping rolling update: the newer process takes the
+    marker over, and the older one stops instead of writing beside it."""
+    extra = ["--store", own_redis.url]
+    with LocalCluster(1, extra_args=extra) as first, PSClient(first.endpoints, FAST) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(4), torch.ones(4, SPEC.dim))
+        with LocalCluster(1, extra_args=extra) as second, PSClient(second.endpoints) as newer:
+            newer.create_table(SPEC)
+            assert newer.pull_with_versions(SPEC.name, torch.arange(4))[1].eq(1).all()
+            with pytest.raises(PSClientError, match="FAILED_PRECONDITION.*rewritten by another"):
+                client.pull(SPEC.name, torch.arange(4))
