@@ -1,6 +1,8 @@
 """Checkpoints of real shards: restore onto another shard count, incremental chains, consistency."""
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +23,22 @@ TABLES = [
     TableSpec("adagrad_t", dim=4, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.1)),
 ]
 IDS = torch.from_numpy(np.arange(0, 6000, 7, dtype=np.int64))
+
+
+@contextlib.contextmanager
+def trained_cluster(
+    root, rounds: int = 1, shards: int = 2
+) -> Iterator[tuple[LocalCluster, PSClient]]:
+    """Shards that may checkpoint under ``root``, TABLES created, ``rounds`` pushes done."""
+    with (
+        LocalCluster(shards, extra_args=root_flag(root)) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        for spec in TABLES:
+            client.create_table(spec)
+        for seed in range(rounds):
+            push_round(client, seed)
+        yield cluster, client
 
 
 def root_flag(path) -> list[str]:
@@ -62,14 +80,7 @@ def assert_same_state(left: PSClient, right: PSClient, seed: int) -> None:
 
 def test_checkpoint_of_two_shards_restores_onto_three(tmp_path):
     root = tmp_path / "checkpoints"
-    with (
-        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
-        PSClient(source.endpoints) as client,
-    ):
-        for spec in TABLES:
-            client.create_table(spec)
-        for seed in range(3):
-            push_round(client, seed)
+    with trained_cluster(tmp_path, rounds=3) as (_, client):
         directory = client.checkpoint(root)
         manifest = Manifest.load(directory)
         assert manifest.num_shards == 2 and {s.name for s in manifest.tables} == {
@@ -91,13 +102,7 @@ def test_checkpoint_of_two_shards_restores_onto_three(tmp_path):
 
 def test_incremental_chain_restores_like_a_full_checkpoint(tmp_path):
     chain_root, full_root = tmp_path / "chain", tmp_path / "full"
-    with (
-        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
-        PSClient(source.endpoints) as client,
-    ):
-        for spec in TABLES:
-            client.create_table(spec)
-        push_round(client, 0)
+    with trained_cluster(tmp_path) as (_, client):
         touch_every_row(client)
         full_dir = client.checkpoint(chain_root)
         push_round(client, 1, ids=IDS[:40])  # few rows change between checkpoints
@@ -210,13 +215,7 @@ def test_incremental_without_a_base_and_after_a_restart_is_refused(tmp_path):
 
 def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
     root = tmp_path / "ckpt"
-    with (
-        LocalCluster(1, extra_args=root_flag(tmp_path)) as cluster,
-        PSClient(cluster.endpoints) as client,
-    ):
-        for spec in TABLES:
-            client.create_table(spec)
-        push_round(client, 0)
+    with trained_cluster(tmp_path, shards=1) as (_, client):
         directory = client.checkpoint(root)
     clashing = ParameterServer(0, 1)
     clashing.create_table(TableSpec("adam_t", dim=3))
@@ -243,13 +242,7 @@ def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
 
 
 def test_restore_onto_the_same_shard_count_reads_only_the_shards_own_files(tmp_path):
-    with (
-        LocalCluster(2, extra_args=root_flag(tmp_path)) as source,
-        PSClient(source.endpoints) as client,
-    ):
-        for spec in TABLES:
-            client.create_table(spec)
-        push_round(client, 0)
+    with trained_cluster(tmp_path) as (_, client):
         expected = snapshot(client)
         directory = client.checkpoint(tmp_path / "ckpt")
     for other in directory.glob("shard-1-of-2.*"):

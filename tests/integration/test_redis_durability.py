@@ -14,8 +14,9 @@ from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
+from tests.support.health import serving_status
 from tests.support.redis_server import RedisServer, require_redis_server
 
 SPEC = TableSpec("rows", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
@@ -42,12 +43,6 @@ def ids_holding(pattern: bytes, at: int, owner: int, count: int, seed: int) -> n
         if shard_of(SPEC.name, np.array([value]), 2)[0] == owner and value not in found:
             found.append(value)
     return np.array(found, dtype=np.int64)
-
-
-def health(endpoint: str) -> int:
-    with grpc.insecure_channel(endpoint) as channel:
-        request = health_pb2.HealthCheckRequest()
-        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
 
 
 def test_recovery_deletes_only_its_own_rows_whatever_bytes_other_shards_ids_hold(
@@ -121,7 +116,7 @@ def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp
         assert "--accept-empty-store" in refused.value.details
         with pytest.raises(PSClientError, match="stopped serving.*lost this shard's marker"):
             client.push(SPEC.name, torch.arange(3), torch.ones(3, SPEC.dim))
-        assert health(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
         assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
 
 
@@ -135,7 +130,7 @@ def test_an_operator_may_accept_an_emptied_redis(own_redis):
         assert versions.eq(0).all()  # the operator's choice: fresh rows
         client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
         assert client.pull_with_versions(SPEC.name, torch.arange(10))[1].eq(1).all()
-        assert health(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_shards_of_another_count_refuse_a_redis_and_the_named_way_to_reshard_works(

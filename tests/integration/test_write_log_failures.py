@@ -16,17 +16,13 @@ from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.initializers import initial_rows
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+
+from tests.support.health import serving_status
 
 FAULTY_SHARD = Path(__file__).resolve().parents[1] / "support" / "faulty_disk_shard.py"
 SPEC = TableSpec("logged", dim=64, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
 FAST = ClientConfig(max_attempts=2, initial_backoff_s=0.01)
-
-
-def serving_status(endpoint: str) -> int:
-    with grpc.insecure_channel(endpoint) as channel:
-        request = health_pb2.HealthCheckRequest()
-        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
 
 
 def test_a_failed_fsync_stops_acknowledgements_and_the_shard_reports_why(tmp_path):

@@ -90,12 +90,18 @@ def test_row_files_round_trip_and_refuse_another_layout(tmp_path):
         list(read_row_file(tmp_path / "t.rows", 4, 2))
 
 
-def test_unfinished_checkpoints_are_ignored_and_ids_keep_counting(tmp_path):
+def two_row_checkpoint(directory, num_shards: int = 1) -> tuple[TableSpec, FileEntry]:
+    """A finished checkpoint in ``directory``: table "t", shard 0's file of two rows."""
     spec = TableSpec("t", dim=3)
+    directory.mkdir()
+    entry = write_row_file(directory / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
+    Manifest(directory.name, None, num_shards, [spec], {0: [entry]}).write(directory)
+    return spec, entry
+
+
+def test_unfinished_checkpoints_are_ignored_and_ids_keep_counting(tmp_path):
     first = tmp_path / "ckpt-000001"
-    first.mkdir()
-    entry = write_row_file(first / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
-    Manifest("ckpt-000001", None, 1, [spec], {0: [entry]}).write(first)
+    spec, entry = two_row_checkpoint(first)
     (tmp_path / "ckpt-000002").mkdir()  # a checkpoint that died before its manifest
     assert latest_checkpoint(tmp_path) == first
     assert next_checkpoint_id(tmp_path) == "ckpt-000003"
@@ -153,11 +159,8 @@ def test_truncated_or_garbled_row_files_raise_the_corruption_error_at_every_cut(
 
 
 def test_a_manifest_without_this_shards_files_or_fields_is_corruption(tmp_path):
-    spec = TableSpec("t", dim=3)
     directory = tmp_path / "ckpt-000001"
-    directory.mkdir()
-    entry = write_row_file(directory / "t.rows", "t", 3, 0, [(np.arange(2), rows(2, width=0))])
-    Manifest("ckpt-000001", None, 2, [spec], {0: [entry]}).write(directory)
+    two_row_checkpoint(directory, num_shards=2)
     with pytest.raises(DurableFileCorruptError, match="lists no files of shard 1 of 2"):
         checkpoint_chain(directory, shard=1, num_shards=2)
     checkpoint_chain(directory, shard=0, num_shards=2)  # shard 0's own files are there
