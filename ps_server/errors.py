@@ -57,7 +57,11 @@ class ShardFailedError(EmberError):
     """The shard stopped serving to protect its data (see ``ShardFault``); restart it."""
 
 
-class TopologyMismatchError(EmberError):
+class DurableStateError(EmberError):
+    """Durable state (a write-ahead log, a Redis database) does not fit this shard's start."""
+
+
+class TopologyMismatchError(DurableStateError):
     """Durable state (a write-ahead log, a Redis database) belongs to another shard count."""
 
 
@@ -79,7 +83,7 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     StoreCorruptError: grpc.StatusCode.DATA_LOSS,
     CheckpointStateError: grpc.StatusCode.FAILED_PRECONDITION,
     ShardFailedError: grpc.StatusCode.FAILED_PRECONDITION,
-    TopologyMismatchError: grpc.StatusCode.FAILED_PRECONDITION,
+    DurableStateError: grpc.StatusCode.FAILED_PRECONDITION,
     WriteLogLockedError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
 }

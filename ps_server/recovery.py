@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ember.ps_server.checkpoint_format import resolve_checkpoint
 from ember.ps_server.config import ShardConfig
-from ember.ps_server.errors import CheckpointStateError
+from ember.ps_server.errors import CheckpointStateError, DurableStateError
 from ember.ps_server.journal import replay
 from ember.ps_server.server import ParameterServer
 from ember.ps_server.stores import clear_shard
@@ -29,6 +29,7 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
     Raises:
         TopologyMismatchError: the Redis database or the log directory holds
             another shard count's state.
+        DurableStateError: Redis holds this shard's rows but the log is empty.
         WriteLogLockedError: another live process owns this shard's log.
         CheckpointStateError: ``--restore`` names another checkpoint than the
             one the log continues, or the log already holds requests that a
@@ -40,10 +41,11 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
     if marker is not None:
         marker.check_topology()
     if not config.wal:
-        if config.restore:
-            server.checkpoints.restore(server.checkpoints.load_chain(Path(config.restore)))
+        chain = server.checkpoints.load_chain(Path(config.restore)) if config.restore else None
         if marker is not None:
-            marker.start_serving()
+            marker.start_serving()  # a new epoch first: an older process of this shard stops now
+        if chain is not None:
+            server.checkpoints.restore(chain)
         return
     write_log = WriteLog(
         Path(config.wal),
@@ -54,6 +56,17 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
         fault=server.fault,
     )
     write_log.claim()
+    try:
+        _recover_with_log(server, config, write_log)
+    except BaseException:
+        write_log.close()  # releases the log's lock
+        raise
+    server.journal.log = write_log
+
+
+def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: WriteLog) -> None:
+    """Restore the log's base (or ``--restore``), replay the log and open it for appends."""
+    marker = server.store_marker
     base, first_segment = write_log.base()
     requested = resolve_checkpoint(Path(config.restore)) if config.restore else None
     if requested is not None and base is not None and requested != base.resolve():
@@ -66,9 +79,21 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
             f"the write log in {config.wal} holds requests from the very start; replaying them "
             f"onto checkpoint {requested} would apply them twice (move the log away first)"
         )
+    fresh_log = base is None and requested is None and not write_log.segments()
+    if fresh_log and marker is not None and marker.held():
+        raise DurableStateError(
+            f"redis at {marker.url} holds the rows of shard {config.shard} (marker "
+            f"{marker.key.decode()}), but the write-ahead log in {config.wal} is empty: "
+            "recovering from it would delete those rows and rebuild nothing. If that is the "
+            "wrong or an unmounted directory, fix it. To start logging a store that has no log "
+            "yet, take a checkpoint (ember checkpoint) and start with --restore CHECKPOINT "
+            f"--wal {config.wal}"
+        )
     checkpoint = requested or base
     chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
     write_log.verify()
+    if marker is not None:
+        marker.start_serving()  # a new epoch first: an older process of this shard stops now
     clear_shard(config.store, config.shard)
     if chain is not None:
         server.checkpoints.restore(chain)
@@ -76,6 +101,3 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
     write_log.open()
     if requested is not None and base is None:  # the log now continues the restored checkpoint
         write_log.commit_base(requested, first_segment)
-    server.journal.log = write_log
-    if marker is not None:
-        marker.start_serving()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.ps_server.checkpoint_format import (
+    MANIFEST,
     FileEntry,
     Manifest,
     checkpoint_chain,
@@ -112,6 +113,7 @@ class ShardCheckpoints:
             files = write_shard_files(
                 tables, self._server.shard, self._server.num_shards, target, bool(base_id)
             )
+            self._server.fault.check()  # nothing read while the shard failed is a checkpoint
             self._written_checkpoint, self._written_directory = checkpoint_id, target
             return files, [table.spec for table in tables]
         finally:
@@ -123,6 +125,7 @@ class ShardCheckpoints:
         The write log drops the segments the checkpoint covers, and records
         the checkpoint as the one to restore before replaying the rest.
         """
+        self._server.fault.check()
         if checkpoint_id != self._written_checkpoint:
             raise CheckpointStateError(
                 f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
@@ -154,10 +157,15 @@ class ShardCheckpoints:
             resolved = Path(os.path.realpath(path))
         except (ValueError, OSError) as error:
             raise InvalidArgumentError(f"bad checkpoint directory {directory!r}: {error}") from None
-        if resolved != self._root and self._root not in resolved.parents:
+        if self._root not in resolved.parents:
             raise PermissionDeniedError(
-                f"checkpoint directory {directory!r} resolves to {resolved}, outside this "
-                f"shard's checkpoint root {self._root}; refused"
+                f"checkpoint directory {directory!r} resolves to {resolved}, which is not "
+                f"inside this shard's checkpoint root {self._root}; refused"
+            )
+        if (resolved / MANIFEST).exists():
+            raise PermissionDeniedError(
+                f"checkpoint directory {resolved} holds a finished checkpoint; a new "
+                "checkpoint never overwrites one (the write-ahead log may depend on it)"
             )
         return resolved
 

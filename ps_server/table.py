@@ -153,9 +153,9 @@ class Table:
             self.store.flush()
 
     def footprint(self) -> tuple[int, int]:
-        """``(rows, bytes)`` of the store, read under the table's lock (see ``RowStore``)."""
-        with self._lock:
-            return self.store.footprint()
+        """``(rows, bytes)`` of the store, without the table's lock: a Redis key scan must
+        not stall the table's pulls and pushes (stores make ``footprint`` safe beside them)."""
+        return self.store.footprint()
 
     def _read(self, ids: np.ndarray, with_state: bool) -> RowBatch:
         """Rows of ``ids`` (initial rows where absent), state of width 0 unless ``with_state``;

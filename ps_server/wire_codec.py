@@ -21,6 +21,7 @@ _VARINT, _FIXED64, _LEN, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
 _MAX_FIELD_NUMBER = (1 << 29) - 1
 _MAX_GROUP_DEPTH = 100  # protobuf's default nesting limit
 _VARINT_BYTES = 10
+_TAG_AND_LENGTH_BYTES = 5  # protobuf reads tags and lengths as 32-bit varints
 
 
 def _varint(value: int) -> bytes:
@@ -39,10 +40,11 @@ def _malformed(what: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"malformed message: {what}")
 
 
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """A varint of at most 10 bytes; bits past 64 are dropped, as protobuf drops them."""
+def _read_varint(data: memoryview, pos: int, max_bytes: int = _VARINT_BYTES) -> tuple[int, int]:
+    """A varint of at most ``max_bytes`` bytes; bits past 64 are dropped, as protobuf drops
+    them."""
     result = 0
-    for index in range(_VARINT_BYTES):
+    for index in range(max_bytes):
         if pos >= len(data):
             raise _malformed("truncated varint")
         byte = data[pos]
@@ -50,20 +52,20 @@ def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
         result |= (byte & 0x7F) << (7 * index)
         if not byte & 0x80:
             return result & 0xFFFF_FFFF_FFFF_FFFF, pos
-    raise _malformed("varint longer than 10 bytes")
+    raise _malformed(f"varint longer than {max_bytes} bytes")
 
 
 def _field(data: memoryview, pos: int, depth: int) -> tuple[int, int, int | memoryview, int]:
     """``(number, wire type, value, next position)`` of the field at ``pos``; a group's value
     is its bytes, an end-group's None. Rejects exactly what protobuf's parser rejects."""
-    key, pos = _read_varint(data, pos)
+    key, pos = _read_varint(data, pos, _TAG_AND_LENGTH_BYTES)
     number, wire_type = key >> 3, key & 7
     if not 0 < number <= _MAX_FIELD_NUMBER:
         raise _malformed(f"field number {number}")
     if wire_type == _VARINT:
         value, pos = _read_varint(data, pos)
     elif wire_type == _LEN:
-        length, pos = _read_varint(data, pos)
+        length, pos = _read_varint(data, pos, _TAG_AND_LENGTH_BYTES)
         if length > len(data) - pos:
             raise _malformed("field runs past the end")
         value, pos = data[pos : pos + length], pos + length

@@ -1,8 +1,10 @@
 """WriteLog: a shard's write-ahead log, in numbered segment files with group commit.
 
-Files ``<dir>/shard-S-of-N.<segment>.wal``; each record is ``EMWL``, the
-payload length (uint32), the payload's CRC-32 (uint32) and the payload (a
-serialised ``LogRecord``), written with one ``writev``. :meth:`WriteLog.append`
+Files ``<dir>/shard-S-of-N.<segment>.wal``; each record, written with one
+``writev``, is a 16-byte header (``EMW2``, the payload length and the
+payload's CRC-32 as uint32, then the CRC-32 of those 12 bytes), the payload (a
+serialised ``LogRecord``) and the trailer ``EMWE``. The header's own CRC makes
+the length trustworthy; the trailer means a whole record never ends in zeros. :meth:`WriteLog.append`
 hands a record to the OS and returns a ticket; :meth:`WriteLog.sync` makes it
 durable. With fsync ``always`` the caller syncs before acknowledging, and one
 fsync covers every record appended before it (group commit); with
@@ -41,6 +43,7 @@ from pathlib import Path
 from ember.ps_server.durable_files import fsync_directory, write_durably
 from ember.ps_server.errors import (
     DurableFileCorruptError,
+    ShardFailedError,
     TopologyMismatchError,
     WriteLogLockedError,
 )
@@ -49,8 +52,10 @@ from ember.ps_server.wire_codec import Buffer
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"EMWL"
-_HEADER = struct.Struct("<4sII")
+MAGIC = b"EMW2"
+TRAILER = b"EMWE"
+_HEADER = struct.Struct("<4sIII")  # magic, payload length, payload CRC-32, CRC-32 of the first 12
+_FRAMING = _HEADER.size + len(TRAILER)
 FSYNC_POLICIES = ("always", "interval")
 _FILE_OF_SHARD = re.compile(r"^shard-(\d+)-of-(\d+)\.(?:\d{8}\.wal|base\.json)$")
 _BLOCK = 4096  # a crash leaves whole file blocks unwritten: they read back as zeros
@@ -93,6 +98,7 @@ class WriteLog:
         self._appended = 0  # bytes handed to the OS, over all segments
         self._synced = 0  # bytes known durable
         self._fd: int | None = None
+        self._failed: str | None = None  # why the log itself failed (no more writes or fsyncs)
         self._segment = 0
         self._segment_bytes = 0
         self._lock_file = None
@@ -207,7 +213,7 @@ class WriteLog:
         self.claim()
         _, first = self.base()
         self._segment = max([first - 1, *self.segments()]) + 1
-        self._open_segment()
+        self._fd, self._segment_bytes = self._open_segment(self._segment), 0
         if self.fsync == "interval":
             self._syncer = threading.Thread(
                 target=self._sync_periodically, name="ember-wal-sync", daemon=True
@@ -230,12 +236,12 @@ class WriteLog:
         for part in parts:
             crc = zlib.crc32(part, crc)
             length += part.nbytes
-        header = memoryview(_HEADER.pack(MAGIC, length, crc))
+        header = memoryview(_header(length, crc))
         with self._append_lock:
             self.fault.check()
             start = self._segment_bytes
             try:
-                _write_all(self._fd, [header, *parts])
+                _write_all(self._fd, [header, *parts, memoryview(TRAILER)])
             except OSError as error:
                 self._cut_back(start)
                 self._fail(
@@ -244,8 +250,8 @@ class WriteLog:
                     "Fix the disk (free space), then restart the shard: it recovers every "
                     "acknowledged write from the log"
                 )
-            self._segment_bytes += _HEADER.size + length
-            self._appended += _HEADER.size + length
+            self._segment_bytes += _FRAMING + length
+            self._appended += _FRAMING + length
             return self._appended
 
     def sync(self, ticket: int) -> None:
@@ -265,17 +271,25 @@ class WriteLog:
             self._fsync_appended()
 
     def rotate(self) -> int:
-        """Close the current segment durably and start the next; returns its number."""
+        """Close the current segment durably and start the next; returns its number.
+
+        The next segment is open (and its directory entry durable) before the
+        current one is closed, so a failure leaves the log appending where it was.
+        """
         with self._sync_lock, self._append_lock:
             self.fault.check()
             try:
                 os.fsync(self._fd)
+                new_fd = self._open_segment(self._segment + 1)
             except OSError as error:
-                self._fail(self._fsync_failure(error))
+                self._fail(
+                    f"rotating the write-ahead log {self._segment_path(self._segment)} failed "
+                    f"({error}). No write is acknowledged from now on. Check the disk, then "
+                    "restart the shard"
+                )
             os.close(self._fd)
+            self._fd, self._segment, self._segment_bytes = new_fd, self._segment + 1, 0
             self._synced = self._appended
-            self._segment += 1
-            self._open_segment()
             return self._segment
 
     def commit_base(self, checkpoint: Path, segment: int) -> None:
@@ -296,7 +310,7 @@ class WriteLog:
             self._syncer.join()
         with self._sync_lock, self._append_lock:
             if self._fd is not None:
-                if self.fault.reason is None:
+                if self._failed is None:
                     try:
                         os.fsync(self._fd)
                     except OSError as error:
@@ -310,15 +324,25 @@ class WriteLog:
             self._lock_file.close()  # closing drops the flock
             self._lock_file = None
 
-    def _open_segment(self) -> None:
-        path = self._segment_path(self._segment)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._segment_bytes = os.fstat(self._fd).st_size
-        fsync_directory(self.directory)
+    def _open_segment(self, number: int) -> int:
+        """Create segment ``number`` durably (a new, empty file); returns its descriptor."""
+        path = self._segment_path(number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            fsync_directory(self.directory)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def _fsync_appended(self) -> None:
-        """fsync everything appended so far (caller holds the sync lock)."""
-        self.fault.check()
+        """fsync everything appended so far (caller holds the sync lock).
+
+        Runs after a fault of the shard's that is not the log's own (acknowledged
+        records must still become durable), never after the log failed.
+        """
+        if self._failed is not None:
+            self.fault.check()
         with self._append_lock:
             target, handle = self._appended, self._fd
         try:
@@ -334,6 +358,7 @@ class WriteLog:
                     if self._synced < self._appended:
                         self._fsync_appended()
             except Exception as error:  # noqa: BLE001 - a syncer must never die silently
+                self._failed = self._failed or str(error)
                 self.fault.trip(f"write-ahead log fsync thread stopped: {error}")
                 return
 
@@ -345,8 +370,10 @@ class WriteLog:
         )
 
     def _fail(self, reason: str) -> None:
+        """The log itself failed: stop writing and syncing it, and stop the shard."""
+        self._failed = reason
         self.fault.trip(reason)
-        self.fault.check()  # raises ShardFailedError
+        raise ShardFailedError(f"this shard stopped serving: {self.fault.reason}")
 
     def _cut_back(self, size: int) -> None:
         """Best effort: remove a partly written record, so the log ends with a whole one."""
@@ -365,12 +392,12 @@ class WriteLog:
         while offset < len(data):
             problem = _record_problem(data, offset)
             if problem is None:
-                _, length, _ = _HEADER.unpack_from(data, offset)
+                _, length, _, _ = _HEADER.unpack_from(data, offset)
                 yield data[offset + _HEADER.size : offset + _HEADER.size + length]
-                offset += _HEADER.size + length
+                offset += _FRAMING + length
                 continue
             intact = _next_intact_record(data, offset + 1)
-            if last and intact is None and _is_torn_tail(data, offset):
+            if last and _is_torn_tail(data, offset):
                 log.warning(
                     "%s: torn last record at byte %d (%s) ignored; the log is cut there",
                     path, offset, problem,
@@ -405,19 +432,29 @@ def _write_all(fd: int, parts: list[memoryview]) -> None:
             pending[0] = pending[0][written:]
 
 
+def _header(length: int, crc: int) -> bytes:
+    head = struct.pack("<4sII", MAGIC, length, crc)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
 def _record_problem(data: bytes, offset: int) -> str | None:
     """Why the record at ``offset`` is not whole and intact, or None."""
     if len(data) - offset < _HEADER.size:
         return f"{len(data) - offset} bytes left, a header needs {_HEADER.size}"
-    magic, length, crc = _HEADER.unpack_from(data, offset)
+    magic, length, crc, header_crc = _HEADER.unpack_from(data, offset)
+    actual = zlib.crc32(memoryview(data)[offset : offset + 12])
+    if actual != header_crc:
+        return f"header CRC-32 {actual:#010x} does not match the recorded {header_crc:#010x}"
     if magic != MAGIC:
         return f"magic {magic!r}, expected {MAGIC!r}"
-    end = offset + _HEADER.size + length
+    end = offset + _FRAMING + length
     if end > len(data):
         return f"{length}-byte payload runs past the end of the file"
-    actual = zlib.crc32(memoryview(data)[offset + _HEADER.size : end])
+    actual = zlib.crc32(memoryview(data)[offset + _HEADER.size : end - len(TRAILER)])
     if actual != crc:
         return f"CRC-32 {actual:#010x} does not match the recorded {crc:#010x}"
+    if data[end - len(TRAILER) : end] != TRAILER:
+        return f"trailer {bytes(data[end - len(TRAILER) : end])!r}, expected {TRAILER!r}"
     return None
 
 
@@ -432,24 +469,25 @@ def _next_intact_record(data: bytes, start: int) -> int | None:
 
 
 def _is_torn_tail(data: bytes, offset: int) -> bool:
-    """Whether the damaged last record at ``offset`` is what a crash mid-append leaves.
+    """Whether the damaged record at ``offset``, the last in the log, is what a crash
+    mid-append leaves: never something a flipped bit can make of a whole record.
 
-    An append is one write that extends the file: a crash leaves its first
-    bytes (the file ends early), or the file extended over blocks that were
-    never written, which read back as zeros (the record's last block). A
-    record that is whole on disk but fails its checks (a flipped bit, even in
-    its length field) is corruption, not a torn tail: records end with their
-    request id, never with a zero block.
+    An append is one write that extends the file. A crash leaves its first
+    bytes (the file ends early: fewer bytes than a header, or than the length
+    its intact header gives), or the file extended over blocks that were never
+    written and read back as zeros: an all-zero header, or a record whose last
+    block is zeros (a whole record ends with the trailer). Bytes after the
+    damaged record that hold an intact record make it corruption.
     """
     if len(data) - offset < _HEADER.size:
         return True
-    magic, length, crc = _HEADER.unpack_from(data, offset)
-    end = offset + _HEADER.size + length
-    if magic == MAGIC and end > len(data):
-        # Cut short, unless what is there is the whole payload under a damaged length.
-        return zlib.crc32(memoryview(data)[offset + _HEADER.size :]) != crc
-    start, stop = (offset + _HEADER.size, end) if magic == MAGIC else (offset, len(data))
-    if start == stop:
-        return False  # an empty payload has nothing that could be unwritten
-    last_block = max(start, (stop - 1) // _BLOCK * _BLOCK)
-    return data[last_block:stop] == bytes(stop - last_block)
+    _, length, _, header_crc = _HEADER.unpack_from(data, offset)
+    if zlib.crc32(memoryview(data)[offset : offset + 12]) != header_crc:
+        return data[offset:] == bytes(len(data) - offset)  # nothing of it was written
+    end = offset + _FRAMING + length
+    if end > len(data):
+        return True  # the intact header's length says it was cut short
+    if _next_intact_record(data, end) is not None:
+        return False
+    last_block = max(offset + _HEADER.size, (end - 1) // _BLOCK * _BLOCK)
+    return data[last_block:end] == bytes(end - last_block)

@@ -150,9 +150,14 @@ def train(config: TrainConfig) -> dict:
         losses: list[float] = []
         batches = _train_batches(config, data, reader, rank, world)
         start = time.perf_counter()
+        # A file's parts can differ by a batch between ranks; synthetic parts never do.
+        uneven = config.criteo_path is not None and world > 1
         while len(losses) < config.steps:
             batch = next(batches, None)
-            if not _every_rank_has_a_batch(batch is not None, world, device):
+            has_batch = batch is not None
+            if uneven:
+                has_batch = _every_rank_has_a_batch(has_batch, device)
+            if not has_batch:
                 break
             batch = batch.to(device)
             dense_opt.zero_grad()
@@ -347,11 +352,9 @@ def _init_distributed(device: torch.device) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _every_rank_has_a_batch(has_batch: bool, world: int, device: torch.device) -> bool:
+def _every_rank_has_a_batch(has_batch: bool, device: torch.device) -> bool:
     """Whether every rank has a batch for the next step, so that all run the same steps
     (a rank whose part of a file ran out would otherwise leave the others in an all-reduce)."""
-    if world == 1:
-        return has_batch
     flag = torch.tensor([1 if has_batch else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())

@@ -45,11 +45,16 @@ def run(args: argparse.Namespace) -> int:
     cuda = torch.cuda.is_available()
     print(f"CUDA: {'available, ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
           f" (torch built with CUDA {torch.version.cuda or 'none'})")  # fmt: skip
+    missing = []
     for op in OPS:
         loaded = native and hasattr(torch.ops.ember, op)
+        if native and not loaded:
+            missing.append(op)
         cpu = "native" if loaded else "reference (torch)"
         gpu = "native" if loaded and cuda_ops else "reference (torch)"
         print(f"  {op:<18} CPU: {cpu:<18} CUDA: {gpu}")
+    if failure is None and missing and mode == "native":
+        failure = f"the library built but lacks {', '.join(missing)}"
     if failure is not None:
         print(f"ember doctor: the native ops are required (EMBER_KERNELS=native) but missing: "
               f"{failure}", file=sys.stderr)  # fmt: skip

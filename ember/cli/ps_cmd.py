@@ -104,6 +104,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
+    from ember.kernels.loader import KernelBuildError
     from ember.ps_server.errors import EmberError
     from ember.ps_server.servicer import serve_until_signalled
 
@@ -127,6 +128,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         config.validate()
         serve_until_signalled(config, args.ready_file)
-    except (ValueError, OSError, EmberError) as error:
+    except (ValueError, OSError, EmberError, KernelBuildError) as error:
         raise SystemExit(f"ember ps: {error}") from None
     return 0

@@ -105,7 +105,11 @@ class RowStore(Protocol):
         """Write rows held in front of the backing store (tiered: dirty hot rows) through to it."""
 
     def footprint(self) -> tuple[int, int]:
-        """``(rows, bytes)`` held, in one pass (for stats: O(rows) for Redis, a key scan)."""
+        """``(rows, bytes)`` held, in one pass (for stats: O(rows) for Redis, a key scan).
+
+        Unlike the other verbs, safe to call while another thread runs one (stats do not
+        take the table's lock); the figures may then be a moment apart.
+        """
 
     def size(self) -> int:
         """Number of rows held."""

@@ -124,7 +124,12 @@ class RedisShardMarker:
         if expected is None or held == expected:
             return
         with self._lock:
-            if held is None and self._accept_empty and self._expected == expected:
+            current = self._expected
+            if held == current:  # read after another thread wrote a new epoch
+                return
+            if held is None and self._accept_empty:
+                if current != expected:
+                    return  # another thread went on from this emptied store meanwhile
                 log.warning(
                     "redis at %s lost the marker of shard %d: its rows are gone; going on from "
                     "freshly initialised rows (--accept-empty-store)", self.url, self._shard,
@@ -147,6 +152,10 @@ class RedisShardMarker:
             )
         self._fault.trip(reason)
         self._fault.check()
+
+    def held(self) -> bool:
+        """Whether the database holds this shard's marker (its rows were served from it)."""
+        return guarded(self.url, lambda: self._client.get(self.key)) is not None
 
     def _write_new(self) -> None:
         value = json.dumps(

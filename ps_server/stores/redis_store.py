@@ -8,17 +8,24 @@ of MSETs when it needs several, so Redis applies a batch entirely or not at
 all (deletes likewise). MGET and MSET are packed by numpy (:mod:`resp`), not
 argument by argument. A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
-call reconnects. Every pipeline also reads the shard's marker
-(:mod:`redis_marker`), so a Redis that lost its rows is noticed at once.
-Deletes scan keys by their fixed prefix and keep only the keys of exactly the
-expected shape: no glob ever reaches into the id bytes.
+call reconnects.
+
+With the shard's marker (:mod:`redis_marker`), every read carries a ``GET``
+of it in the same pipeline, and every write is a transaction conditional on
+it: ``WATCH`` the marker and read it (with the rows, for a read-then-write),
+then ``MULTI`` .. ``EXEC``, which Redis aborts if the marker changed in
+between. So a Redis that lost its rows, or another process that took this
+shard over, is noticed before anything is written. Scans check the marker
+when they end. Deletes scan keys by their fixed prefix and keep only the
+keys of exactly the expected shape: no glob ever reaches into the id bytes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import redis
@@ -26,7 +33,14 @@ import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
-from ember.ps_server.stores.resp import pack, pack_mget, pack_mset, run_packed
+from ember.ps_server.stores.resp import (
+    pack,
+    pack_mget,
+    pack_mset,
+    pooled_connection,
+    run_on,
+    run_packed,
+)
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
     HEADER_BYTES,
@@ -125,14 +139,12 @@ class RedisStore:
         """Write the rows of distinct ``ids`` (upsert) in one transaction."""
         if len(ids) == 0:
             return
-        self._set(
-            ids,
-            encode_records(
-                RowBatch(
-                    rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous()
-                )
-            ),
+        values = encode_records(
+            RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
         )
+        with self._session() as connection:
+            self._watch(connection, [])
+            self._write(connection, self._mset_commands(ids, values))
 
     def update(
         self,
@@ -145,7 +157,22 @@ class RedisStore:
 
         Absent rows are made by ``create`` first; without it KeyError, nothing changed.
         """
-        values = self._get(ids)
+        with self._session() as connection:
+            values = self._watch(connection, ids)
+            self._write(
+                connection,
+                self._mset_commands(ids, self._stepped(ids, values, grads, optimizer, create)),
+            )
+
+    def _stepped(
+        self,
+        ids: np.ndarray,
+        values: list[bytes | None],
+        grads: torch.Tensor,
+        optimizer: RowOptimizer,
+        create: RowFactory | None,
+    ) -> np.ndarray:
+        """The value records of ``ids`` after one step from ``values`` (absent: ``create``)."""
         if None in values:
             missing = [i for i, value in enumerate(values) if value is None]
             if create is None:
@@ -165,12 +192,11 @@ class RedisStore:
             records.weights.copy_(weights)
             records.state.copy_(state)
             stepped.append(records.final())
-        self._set(ids, np.concatenate(stepped) if len(stepped) > 1 else stepped[0])
+        return np.concatenate(stepped) if len(stepped) > 1 else stepped[0]
 
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids`` in one transaction."""
-        keys = self._keys(ids)
-        self._call(lambda: delete_keys(self._redis, keys, self._batch))
+        self._delete(self._keys(ids))
 
     def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
         """Every row of this table on this shard (SCAN, then MGET per chunk)."""
@@ -180,8 +206,7 @@ class RedisStore:
 
     def clear(self) -> None:
         """Delete every row of this table on this shard."""
-        keys = self._scan_keys()
-        self._call(lambda: delete_keys(self._redis, keys, self._batch))
+        self._delete(self._scan_keys())
 
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
@@ -191,13 +216,19 @@ class RedisStore:
         return len(self._scan_keys())
 
     def _scan_keys(self) -> list[bytes]:
-        """Every row key of this table on this shard: the prefix, then exactly 8 id bytes."""
+        """Every row key of this table on this shard: the prefix, then exactly 8 id bytes.
+
+        The marker is checked after the scan, so a scan of an emptied Redis (which
+        finds nothing, so reads no row) is noticed.
+        """
         size = len(self._prefix) + 8
-        return [
+        keys = [
             key
             for key in self._call(lambda: scan_prefix(self._redis, self._prefix))
             if len(key) == size and key.startswith(self._prefix)
         ]
+        self._check_marker()
+        return keys
 
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
@@ -214,40 +245,87 @@ class RedisStore:
         blob = records.tobytes()
         return [blob[i : i + size] for i in range(0, len(blob), size)]
 
-    def _set(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Write the value records of ``ids``: one MSET, or MULTI/EXEC around several."""
-        if len(ids) == 0:
-            return
-        commands = [
+    def _mset_commands(self, ids: np.ndarray, values: np.ndarray) -> list[bytes]:
+        """MSETs of the value records of ``ids``, at most ``batch_keys`` keys each."""
+        return [
             pack_mset(
                 self._prefix, ids[start : start + self._batch], values[start : start + self._batch]
             )
             for start in range(0, len(ids), self._batch)
         ]
-        if len(commands) > 1:
-            commands = [pack(b"MULTI"), *commands, pack(b"EXEC")]
-        self._run(commands)
 
-    def _get(self, ids: np.ndarray) -> list[bytes | None]:
-        """The value of each id (None where absent): pipelined MGETs."""
-        if len(ids) == 0:
-            return []
-        commands = [
+    def _mget_commands(self, ids: np.ndarray) -> list[bytes]:
+        return [
             pack_mget(self._prefix, ids[start : start + self._batch])
             for start in range(0, len(ids), self._batch)
         ]
-        replies = self._run(commands)
-        return replies[0] if len(replies) == 1 else [v for reply in replies for v in reply]
 
-    def _run(self, commands: list[bytes]) -> list:
-        """Send packed ``commands`` behind a read of the shard's marker; their replies."""
+    def _get(self, ids: np.ndarray) -> list[bytes | None]:
+        """The value of each id (None where absent): pipelined MGETs behind a marker read."""
+        if len(ids) == 0:
+            return []
+        commands = self._mget_commands(ids)
         if self._marker is None:
-            return self._call(lambda: run_packed(self._redis, commands))
+            return _joined(self._call(lambda: run_packed(self._redis, commands)))
         held, *replies = self._call(
             lambda: run_packed(self._redis, [self._marker.command(), *commands])
         )
         self._marker.verify(held)
-        return replies
+        return _joined(replies)
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Any]:
+        """One pooled connection for a read-then-write; connection failures are
+        StoreUnavailableError, and any error drops the connection."""
+        with redis_errors(self.url), pooled_connection(self._redis) as connection:
+            yield connection
+
+    def _watch(self, connection: Any, ids: np.ndarray) -> list[bytes | None]:
+        """WATCH the marker and check it, reading the values of ``ids`` in the same pipeline."""
+        commands = self._mget_commands(ids) if len(ids) else []
+        if self._marker is None:
+            return _joined(run_on(connection, commands)) if commands else []
+        _, held, *replies = run_on(
+            connection, [pack(b"WATCH", self._marker.key), self._marker.command(), *commands]
+        )
+        self._marker.verify(held)
+        return _joined(replies)
+
+    def _write(self, connection: Any, commands: list[bytes]) -> None:
+        """Run write ``commands`` all or none: one command alone, several as MULTI/EXEC;
+        with a marker always a transaction, aborted by Redis if the watched marker changed."""
+        if not commands:
+            return
+        if self._marker is None and len(commands) == 1:
+            run_on(connection, commands)
+            return
+        *_, applied = run_on(connection, [pack(b"MULTI"), *commands, pack(b"EXEC")])
+        if applied is None:  # the marker changed since WATCH: nothing was written
+            self._marker.verify(
+                self._call(lambda: run_packed(self._redis, [self._marker.command()]))[0]
+            )
+            raise StoreUnavailableError(f"redis at {self.url}: a write was aborted; retry it")
+        for reply in applied:
+            if isinstance(reply, Exception):
+                raise reply
+
+    def _delete(self, keys: list[bytes]) -> None:
+        """Delete ``keys`` in one transaction, conditional on the marker."""
+        with self._session() as connection:
+            self._watch(connection, [])
+            self._write(
+                connection,
+                [
+                    pack(b"DEL", *keys[start : start + self._batch])
+                    for start in range(0, len(keys), self._batch)
+                ],
+            )
+
+    def _check_marker(self) -> None:
+        if self._marker is not None:
+            self._marker.verify(
+                self._call(lambda: run_packed(self._redis, [self._marker.command()]))[0]
+            )
 
     def _call(self, operation: Callable[[], T]) -> T:
         return guarded(self.url, operation)
@@ -266,14 +344,28 @@ def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
         raise ValueError(f"bad redis URL {redact(url)}: {error}") from error
 
 
-def guarded(url: str, operation: Callable[[], T]) -> T:
-    """Run ``operation``; a lost connection or refused login raises StoreUnavailableError."""
+@contextlib.contextmanager
+def redis_errors(url: str) -> Iterator[None]:
+    """A lost connection or a refused login inside the block raises StoreUnavailableError."""
     try:
-        return operation()
+        yield
     except redis.AuthenticationError as error:
         raise StoreUnavailableError(f"redis at {url} refused the credentials: {error}") from error
     except (redis.ConnectionError, redis.TimeoutError) as error:
         raise StoreUnavailableError(f"redis at {url} is unreachable: {error}") from error
+
+
+def guarded(url: str, operation: Callable[[], T]) -> T:
+    """Run ``operation`` under :func:`redis_errors`."""
+    with redis_errors(url):
+        return operation()
+
+
+def _joined(replies: list[list[bytes | None]]) -> list[bytes | None]:
+    """The values of several MGET replies, in order."""
+    if len(replies) == 1:
+        return replies[0]
+    return [value for reply in replies for value in reply]
 
 
 def scan_prefix(client: redis.Redis, prefix: bytes) -> list[bytes]:
@@ -281,30 +373,36 @@ def scan_prefix(client: redis.Redis, prefix: bytes) -> list[bytes]:
     return list(client.scan_iter(match=prefix + b"*", count=10_000))
 
 
-def delete_keys(client: redis.Redis, keys: list[bytes], batch: int = DEFAULT_BATCH_KEYS) -> None:
-    """Delete ``keys`` all or none: one DEL, or a MULTI/EXEC of several."""
-    if not keys:
-        return
-    with client.pipeline(transaction=len(keys) > batch) as pipe:
-        for start in range(0, len(keys), batch):
-            pipe.delete(*keys[start : start + batch])
-        pipe.execute()
-
-
-def clear_shard_rows(url: str, shard: int) -> int:
+def clear_shard_rows(url: str, shard: int, batch: int = 10_000) -> int:
     """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many.
 
-    Keys are matched by their exact shape, from the end: ``ember:`` + a table
-    name (which holds no ``:``) + ``:s<shard>:`` + exactly 8 id bytes. Rows of
-    other shards stay whatever their id bytes hold.
+    Keys are matched by their exact shape: ``ember:`` + a table name (which
+    holds no ``:``) + ``:s<shard>:`` + exactly 8 id bytes, anchored at the end
+    (Redis's ``?`` is one byte), and checked again here; rows of other shards
+    stay whatever their id bytes hold. Keys are scanned and deleted in
+    batches, so memory stays bounded however many rows there are (a restart
+    that fails halfway simply deletes the rest next time).
     """
-    client, tag = connect(url), f":s{shard}:".encode()
-    keys = [
-        key
-        for key in guarded(redact(url), lambda: scan_prefix(client, b"ember:"))
-        if len(key) > len(b"ember:") + len(tag) + 8
-        and key[-8 - len(tag) : -8] == tag
-        and b":" not in key[len(b"ember:") : -8 - len(tag)]
-    ]
-    guarded(redact(url), lambda: delete_keys(client, keys))
-    return len(keys)
+    tag = f":s{shard}:".encode()
+    pattern = b"ember:*" + tag + b"?" * 8
+
+    def exact(key: bytes) -> bool:
+        return key[-8 - len(tag) : -8] == tag and b":" not in key[len(b"ember:") : -8 - len(tag)]
+
+    client = connect(url)
+    deleted = 0
+    try:
+        with redis_errors(redact(url)):
+            pending: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=batch):
+                if exact(key):
+                    pending.append(key)
+                if len(pending) >= batch:
+                    client.delete(*pending)
+                    deleted, pending = deleted + len(pending), []
+            if pending:
+                client.delete(*pending)
+                deleted += len(pending)
+    finally:
+        client.close()
+    return deleted

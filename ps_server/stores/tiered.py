@@ -7,17 +7,38 @@ first, dirty ones written back to the cold store in one transaction, so a
 failure of the cold store leaves both tiers as they were. A single request
 wider than ``capacity`` is admitted whole; the tier shrinks back to capacity
 at the next request that needs room.
+
+The tier's own state (the memory store and the per-slot use, dirty and
+held-cold flags) changes under the store's lock, so ``footprint`` (stats)
+may run beside pushes without the table's lock, and the cold store's key
+scan runs outside any lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import torch
 from ember.kernels.optim import RowOptimizer
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, RowStore
 from ember.ps_server.stores.memory import InMemoryStore
+
+Method = TypeVar("Method", bound=Callable)
+
+
+def _locked(method: Method) -> Method:
+    """Run ``method`` under the store's lock."""
+
+    @functools.wraps(method)
+    def run(self: TieredStore, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 class TieredStore:
@@ -42,6 +63,7 @@ class TieredStore:
         self._cold = cold
         self._hot = InMemoryStore(self.dim, self.state_width, capacity=min(capacity, 1 << 16))
         self._headroom = max(1, int(capacity * headroom))
+        self._lock = threading.RLock()
         self._clock = 0
         # Per hot slot: last use (clock), written since admitted, held by the cold store.
         self._last_use = torch.zeros(0, dtype=torch.int64)
@@ -49,9 +71,12 @@ class TieredStore:
         self._in_cold = torch.zeros(0, dtype=torch.bool)
 
     def footprint(self) -> tuple[int, int]:
-        """``(rows, bytes)``: rows as :meth:`size` counts them, bytes of both tiers; one cold scan."""
+        """``(rows, bytes)``: rows as :meth:`size` counts them, bytes of both tiers; one cold
+        scan, outside the lock (safe beside other calls; a moment's rows may be counted twice)."""
+        with self._lock:
+            hot_rows, hot_bytes = self._hot_only(), self._hot.nbytes
         cold_rows, cold_bytes = self._cold.footprint()
-        return cold_rows + self._hot_only(), self._hot.nbytes + cold_bytes
+        return cold_rows + hot_rows, hot_bytes + cold_bytes
 
     @property
     def resident(self) -> int:
@@ -60,13 +85,14 @@ class TieredStore:
 
     def size(self) -> int:
         """Rows held: all of the cold store's plus hot rows not yet written to it."""
-        return self._cold.size() + self._hot_only()
+        return self.footprint()[0]
 
     def _hot_only(self) -> int:
         """Hot rows the cold store does not hold yet."""
         _, slots = self._hot_items()
         return int((~self._in_cold[slots]).sum())
 
+    @_locked
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed), admitting cold rows."""
         self._admit(np.unique(ids), create=None)
@@ -77,6 +103,7 @@ class TieredStore:
         found, rows = self.fetch(ids, with_state=False)
         return found, rows.versions.masked_fill_(torch.from_numpy(~found), 0)
 
+    @_locked
     def absent(self, ids: np.ndarray) -> np.ndarray:
         """True where neither tier holds the row."""
         absent = self._hot.absent(ids)
@@ -84,6 +111,7 @@ class TieredStore:
             absent[absent] = self._cold.absent(ids[absent])
         return absent
 
+    @_locked
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows of distinct ``ids`` into the memory tier (dirty until written back)."""
         slots = self._hot.locate(ids)
@@ -95,6 +123,7 @@ class TieredStore:
         self._mark(slots, dirty=True)
         self._in_cold[slots[torch.from_numpy(new)]] = torch.from_numpy(in_cold)
 
+    @_locked
     def update(
         self,
         ids: np.ndarray,
@@ -109,6 +138,7 @@ class TieredStore:
         self._hot.update(ids, grads, optimizer)
         self._mark(slots, dirty=True)
 
+    @_locked
     def evict(self, ids: np.ndarray) -> None:
         """Drop the rows of distinct ``ids`` from both tiers."""
         self._cold.evict(ids)
@@ -124,11 +154,13 @@ class TieredStore:
             elif cold_only.any():
                 yield ids[cold_only], rows.select(cold_only)
 
+    @_locked
     def clear(self) -> None:
         """Drop every row from both tiers."""
         self._cold.clear()
         self._hot.clear()
 
+    @_locked
     def flush(self) -> None:
         """Write every dirty hot row to the cold store (the rows stay resident)."""
         ids, slots = self._hot_items()

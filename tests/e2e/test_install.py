@@ -101,7 +101,8 @@ def run_image_steps(context: Path, env: dict[str, str]) -> list[str]:
         elif keyword == "RUN" and arguments.startswith("apt-get"):
             continue  # system packages: this machine has g++ already
         elif keyword == "RUN":
-            # The CPU torch lies on this machine's disk; the PyTorch index is not reachable.
+            # The PyTorch CPU index is not reachable from CI; pip's own configuration here
+            # finds the same CPU build of torch 2.13.0 on this machine's disk instead.
             _run(arguments, context, {**env, "TORCH_INDEX_URL": ""})
             ran.append(arguments)
     return ran

@@ -5,6 +5,7 @@ Redis when the shard dies: recovery deletes them and rebuilds the shard from
 its checkpoint and log, so no replayed push lands on top of itself.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -15,6 +16,7 @@ from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.pushers import PATIENT, StepPusher, expected_rows, step_grads
+from tests.support.redis_server import RedisServer, require_redis_server
 
 SPEC = TableSpec("crash", dim=8, optimizer=OptimizerSpec(OptimizerKind.ADAM, lr=0.05))
 OWNED_IDS = [np.arange(0, 48, dtype=np.int64), np.arange(50_000, 50_048, dtype=np.int64)]
@@ -31,7 +33,7 @@ STEPS = 50
     ],
 )
 def test_sigkill_while_pushing_loses_no_acknowledged_push_and_applies_none_twice(
-    request, tmp_path, store, fsync, checkpoint
+    tmp_path, store, fsync, checkpoint
 ):
     spec = dataclasses.replace(SPEC, name=f"crash_{store}_{fsync}_{checkpoint}")
     extra = [
@@ -42,8 +44,16 @@ def test_sigkill_while_pushing_loses_no_acknowledged_push_and_applies_none_twice
         "--checkpoint-root",
         str(tmp_path),
     ]
-    if store == "tiered":
-        extra += ["--store", f"tiered+{request.getfixturevalue('redis_server').url}?capacity=32"]
+    with contextlib.ExitStack() as own:
+        if store == "tiered":  # a database of its own: its shards' markers are this cluster's
+            require_redis_server()
+            (tmp_path / "redis").mkdir()
+            redis_url = own.enter_context(RedisServer(tmp_path / "redis")).url
+            extra += ["--store", f"tiered+{redis_url}?capacity=32"]
+        _crash_and_recover(tmp_path, spec, extra, fsync, checkpoint)
+
+
+def _crash_and_recover(tmp_path, spec, extra, fsync, checkpoint) -> None:
     with (
         LocalCluster(2, extra_args=extra) as cluster,
         PSClient(cluster.endpoints, PATIENT) as client,

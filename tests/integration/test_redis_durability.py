@@ -11,7 +11,7 @@ import torch
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
 from ember.ps_server.config import ClientConfig
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, ShardFailedError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
@@ -164,3 +164,65 @@ def test_a_second_process_of_the_same_shard_on_one_redis_stops_the_first(own_red
             assert newer.pull_with_versions(SPEC.name, torch.arange(4))[1].eq(1).all()
             with pytest.raises(PSClientError, match="FAILED_PRECONDITION.*rewritten by another"):
                 client.pull(SPEC.name, torch.arange(4))
+
+
+def test_a_write_is_conditional_on_the_marker_it_read(own_redis):
+    """Another process takes the shard over between a push's read and its write: Redis aborts
+    the write (WATCH), and the shard stops instead of overwriting the new owner's rows."""
+    from ember.kernels.optim import state_width
+    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.stores import RowBatch, open_marker, open_store
+
+    fault = ShardFault()
+    marker = open_marker(own_redis.url, 0, 1, fault)
+    marker.start_serving()
+    width = state_width(SPEC.optimizer.kind, SPEC.dim)
+    store = open_store(own_redis.url, SPEC.name, 0, SPEC.dim, width, marker=marker)
+
+    def create_while_another_process_starts(ids):
+        open_marker(own_redis.url, 0, 1, ShardFault()).start_serving()
+        return RowBatch(torch.zeros(len(ids), SPEC.dim), torch.zeros(len(ids), width),
+                        torch.zeros(len(ids), dtype=torch.int64))  # fmt: skip
+
+    ids = np.arange(5, dtype=np.int64)
+    with pytest.raises(ShardFailedError, match="rewritten by another process"):
+        store.update(
+            ids, torch.ones(5, SPEC.dim), SPEC.optimizer, create_while_another_process_starts
+        )
+    assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
+    assert fault.reason is not None
+
+
+def test_a_checkpoint_of_an_emptied_redis_is_refused_and_keeps_the_log(own_redis, tmp_path):
+    """A scan of an emptied Redis finds no row and so reads none: the marker is checked
+    around scans, so the checkpoint fails instead of committing empty files."""
+    extra = [
+        "--store", own_redis.url, "--wal", str(tmp_path / "wal"),
+        "--checkpoint-root", str(tmp_path),
+    ]  # fmt: skip
+    with LocalCluster(1, extra_args=extra) as cluster, PSClient(cluster.endpoints, FAST) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(100), torch.ones(100, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).flushall()
+        with pytest.raises(PSClientError, match="lost this shard's marker"):
+            client.checkpoint(tmp_path / "ckpt")
+        segments = sorted(p.name for p in (tmp_path / "wal").glob("*.wal"))
+        assert segments[0].endswith("00000001.wal")  # the log that can rebuild the rows is kept
+        cluster.restart_shard(0)  # with the log: Redis is rebuilt
+        assert client.pull_with_versions(SPEC.name, torch.arange(100))[1].eq(1).all()
+
+
+def test_an_empty_log_over_a_redis_holding_the_shards_rows_is_refused(own_redis, tmp_path):
+    """An unmounted or mistyped --wal directory must not delete the rows Redis holds."""
+    with (
+        LocalCluster(1, extra_args=["--store", own_redis.url]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(50), torch.ones(50, SPEC.dim))
+    raw = redis.Redis.from_url(own_redis.url)
+    keys = sorted(raw.keys(b"ember:*"))
+    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "empty-wal")]
+    with pytest.raises(ClusterError, match="holds the rows of shard 0.*log in .* is empty"):
+        LocalCluster(1, extra_args=extra).start()
+    assert len(keys) == 50 and sorted(raw.keys(b"ember:*")) == keys

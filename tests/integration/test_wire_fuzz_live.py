@@ -60,7 +60,7 @@ def _apply_to(reference: ParameterServer, method: str, data: bytes) -> set[int]:
         reference.push_batch([(r.table, r.ids, r.grads, r.request_id) for r in batch])
         return {i for r in batch for i in np.frombuffer(r.ids, dtype="<i8").tolist()}
     r = pb.AssignRequest.FromString(data)
-    reference.assign(r.table, r.ids, r.values, r.state, r.request_id)
+    reference.assign(r.table, r.ids, r.values, r.state, r.request_id, r.versions)
     return set(np.frombuffer(r.ids, dtype="<i8").tolist())
 
 

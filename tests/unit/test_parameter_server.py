@@ -234,20 +234,17 @@ def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
     assert [s.counters.pull_requests for s in server.stats()] == [1, 0]  # nothing read
 
 
-def test_stats_read_a_tables_store_under_the_tables_lock():
-    """A tiered store's footprint walks slot arrays that pushes grow: unlocked, a dirty flag
-    set by a push could be lost with the array it was set in."""
+def test_stats_do_not_wait_for_a_tables_lock():
+    """Sizes of a Redis-backed table cost a key scan: under the table's lock, every pull
+    and push would stall behind a monitor's Stats."""
     server = _server()
     (table,) = server.tables().values()
-    seen = []
-
-    def footprint():
-        seen.append(table._lock.locked())
-        return 0, 0
-
-    table.store.footprint = footprint
-    server.stats()
-    assert seen == [True]
+    answered = threading.Event()
+    with table._lock:  # a long push in progress
+        reader = threading.Thread(target=lambda: server.stats() and answered.set())
+        reader.start()
+        assert answered.wait(30), "stats waited for the table's lock"
+    reader.join(30)
 
 
 def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
@@ -255,6 +252,8 @@ def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
     root.mkdir()
     outside.mkdir()
     (root / "escape").symlink_to(outside)
+    (root / "finished").mkdir()
+    (root / "finished" / "manifest.json").write_text("{}")
     unrooted = _server()
     unrooted.checkpoints.pause("c0", 10)
     with pytest.raises(PermissionDeniedError, match="without --checkpoint-root"):
@@ -266,6 +265,8 @@ def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
             (root / "escape" / "c", PermissionDeniedError),
             ("/etc/ember-ckpt", PermissionDeniedError),
             ("relative/dir", InvalidArgumentError),
+            (root, PermissionDeniedError),  # the root itself holds checkpoints, is none
+            (root / "finished", PermissionDeniedError),  # never overwrite a finished one
             (str(root) + "/bad\0name", InvalidArgumentError),
         ]
     ):

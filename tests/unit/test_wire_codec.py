@@ -8,6 +8,7 @@ from ember.ps_server.wire_codec import (
     encode_push_request,
     push_log_record,
 )
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,11 +90,15 @@ def test_unknown_fields_are_skipped():
         (bytes([(7 << 3) | 5, 1, 2, 3]), "truncated fixed-width"),
         (bytes([(7 << 3) | 0]) + b"\xff" * 10 + b"\x01", "longer than 10 bytes"),
         (bytes([(7 << 3) | 6]), "wire type 6"),
+        (bytes([0x8A, 0x80, 0x80, 0x80, 0x80, 0x00, 1]) + b"t", "longer than 5 bytes"),  # tag
+        (bytes([0x0A, 0x81, 0x80, 0x80, 0x80, 0x80, 0x00]) + b"t", "longer than 5 bytes"),  # len
     ],
 )
-def test_malformed_push_requests_raise_invalid_argument(data, message):
+def test_malformed_push_requests_raise_invalid_argument_as_protobuf_refuses_them(data, message):
     with pytest.raises(InvalidArgumentError, match=message):
         decode_push_request(data)
+    with pytest.raises(DecodeError):
+        pb.PushRequest.FromString(data)
 
 
 def test_well_formed_unknown_groups_are_skipped_as_protobuf_skips_them():

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import zlib
 
 import numpy as np
 import pytest
@@ -82,7 +83,8 @@ def test_a_checkpoint_base_drops_the_segments_it_covers(tmp_path):
     assert reopened.segments() == [segment] and list(reopened.replay()) == [b"after"]
 
 
-HEADER = 12  # magic, length, CRC-32
+HEADER = 16  # magic, length, payload CRC-32, header CRC-32
+FRAMING = HEADER + 4  # and the trailer
 
 
 def _three_records(directory):
@@ -96,7 +98,7 @@ def _three_records(directory):
 
 def test_a_torn_last_record_of_every_length_is_dropped_with_a_warning(tmp_path, caplog):
     segment, data = _three_records(tmp_path)
-    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    last = len(data) - (FRAMING + len(b"charlie:request-7"))
     for cut in range(last + 1, len(data)):  # a crash after any byte of the last append
         segment.write_bytes(bytes(data[:cut]))
         caplog.clear()
@@ -109,7 +111,7 @@ def test_a_torn_last_record_of_every_length_is_dropped_with_a_warning(tmp_path, 
 def test_a_last_record_whose_payload_never_reached_the_disk_is_dropped(tmp_path):
     """The file grew (header and length written) but the payload's blocks read back as zeros."""
     segment, data = _three_records(tmp_path)
-    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    last = len(data) - (FRAMING + len(b"charlie:request-7"))
     data[last + HEADER :] = bytes(len(data) - last - HEADER)
     segment.write_bytes(bytes(data))
     assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"alpha", b"bravo-bravo"]
@@ -118,7 +120,7 @@ def test_a_last_record_whose_payload_never_reached_the_disk_is_dropped(tmp_path)
 @pytest.mark.parametrize("byte", range(HEADER))
 def test_a_bit_flip_in_any_header_field_of_a_middle_record_stops_the_start(tmp_path, byte):
     segment, data = _three_records(tmp_path)
-    middle = HEADER + len(b"alpha")
+    middle = FRAMING + len(b"alpha")
     for bit in (0, 3, 7):  # flips make lengths smaller, larger and past the end of the file
         damaged = bytearray(data)
         damaged[middle + byte] ^= 1 << bit
@@ -130,16 +132,49 @@ def test_a_bit_flip_in_any_header_field_of_a_middle_record_stops_the_start(tmp_p
         assert segment.read_bytes() == bytes(damaged)  # refused, not "repaired"
 
 
-@pytest.mark.parametrize("byte", [4, 5, 8, HEADER + 3])
+@pytest.mark.parametrize("byte", [4, 5, 8, 12, HEADER + 3, FRAMING + 16])
 def test_a_damaged_but_whole_last_record_is_corruption_not_a_torn_tail(tmp_path, byte):
-    """A flipped bit in the last record's length (past the end) or CRC or payload stops the
-    start: a whole record on disk is not what a crash mid-append leaves."""
+    """A flipped bit in the last record's length (past the end), CRCs, payload or trailer
+    stops the start: a whole record on disk is not what a crash mid-append leaves."""
     segment, data = _three_records(tmp_path)
-    last = len(data) - (HEADER + len(b"charlie:request-7"))
+    last = len(data) - (FRAMING + len(b"charlie:request-7"))
     data[last + byte] ^= 0x10
     segment.write_bytes(bytes(data))
     with pytest.raises(DurableFileCorruptError, match=rf"record at byte {last}.*truncate"):
         list(WriteLog(tmp_path, 1, 3).replay())
+
+
+def test_a_flipped_bit_in_a_last_record_whose_payload_ends_in_zeros_is_corruption(tmp_path):
+    """An Assign record ends with its versions (little-endian int64: zero high bytes), so
+    only the trailer keeps a whole record from ending in a zero block."""
+    log = open_log(tmp_path)
+    last = b"assign-versions" + bytes(7)
+    # The first record's size puts a file block boundary 3 bytes into the last one's zeros.
+    first = 4096 + 3 + len(write_log.TRAILER) - 2 * FRAMING - len(last)
+    log.sync(log.append(b"f" * first))
+    log.sync(log.append(last))
+    log.close()
+    (segment,) = tmp_path.glob("*.wal")
+    data = bytearray(segment.read_bytes())
+    assert len(data) == 4096 + 3 + 4 and data[4096:4099] == bytes(3)
+    data[len(data) - FRAMING - len(last) + HEADER + 2] ^= 0x04  # early in the payload
+    segment.write_bytes(bytes(data))
+    with pytest.raises(DurableFileCorruptError, match="CRC-32"):
+        list(WriteLog(tmp_path, 1, 3).replay())
+
+
+def test_a_torn_record_whose_partial_payload_holds_a_whole_frame_is_still_torn(tmp_path):
+    """Clients choose gradient bytes: a record cut short inside a payload that embeds an
+    intact-looking frame is a torn tail (its intact header says how long it really is)."""
+    log = open_log(tmp_path)
+    log.sync(log.append(b"first"))
+    embedded = write_log._header(5, zlib.crc32(b"fake!")) + b"fake!" + write_log.TRAILER
+    log.sync(log.append(b"x" * 64 + embedded + b"y" * 64))
+    log.close()
+    (segment,) = tmp_path.glob("*.wal")
+    data = segment.read_bytes()
+    segment.write_bytes(data[: len(data) - 40])  # cut after the embedded frame
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"first"]
 
 
 def test_a_damaged_record_before_the_end_is_refused_naming_file_offset_and_checksum(tmp_path):
@@ -306,3 +341,41 @@ def test_a_log_directory_of_another_shard_count_is_refused(tmp_path, file_name):
     with pytest.raises(TopologyMismatchError):
         list(WriteLog(tmp_path, 0, 3).replay())
     WriteLog(tmp_path, 1, 2).claim()  # its own shard count is fine (the refusal left no lock)
+
+
+def test_a_rotation_that_cannot_open_the_next_segment_stops_the_log_where_it_was(
+    tmp_path, monkeypatch
+):
+    log = open_log(tmp_path)
+    log.sync(log.append(b"before"))
+    real_open = os.open
+
+    def no_more_files(path, flags, *rest, **kwargs):
+        if str(path).endswith(".wal"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, *rest, **kwargs)
+
+    monkeypatch.setattr(write_log.os, "open", no_more_files)
+    with pytest.raises(ShardFailedError, match="rotating the write-ahead log.*Too many open"):
+        log.rotate()
+    monkeypatch.undo()
+    with pytest.raises(ShardFailedError):
+        log.append(b"after")  # refused, not written through a stale descriptor
+    log.close()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"before"]
+
+
+def test_a_fault_elsewhere_in_the_shard_still_lets_acknowledged_records_become_durable(
+    tmp_path, monkeypatch
+):
+    log = open_log(tmp_path, fsync="interval")
+    log.append(b"acknowledged under interval")
+    log.fault.trip("redis lost this shard's marker")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(write_log.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    log.close()
+    assert synced  # the final fsync ran
+    with pytest.raises(ShardFailedError):
+        log.append(b"refused after the fault")
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"acknowledged under interval"]

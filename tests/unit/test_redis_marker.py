@@ -1,0 +1,82 @@
+"""The shard marker's decisions, over an in-process stand-in for the Redis client."""
+
+import json
+import threading
+
+import pytest
+from ember.ps_server.errors import ShardFailedError, StoreCorruptError, TopologyMismatchError
+from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.stores.redis_marker import RedisShardMarker
+
+
+class DictRedis:
+    """GET, SET and SCAN over a dict; ``set`` hands the GIL over, as a network call does."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def set(self, key: bytes, value: bytes) -> None:
+        for _ in range(100):
+            threading.Event().wait(0)  # let other threads run mid-write
+        self.data[key] = value
+
+    def scan_iter(self, match: bytes, count: int):
+        return [key for key in list(self.data) if key.startswith(match.rstrip(b"*"))]
+
+
+def marker(redis: DictRedis, accept_empty: bool = False, shard: int = 0, shards: int = 2):
+    fault = ShardFault()
+    return RedisShardMarker(redis, "redis://test", shard, shards, fault, accept_empty), fault
+
+
+def test_a_lost_marker_stops_the_shard_and_a_new_epoch_stops_the_old_process():
+    redis = DictRedis()
+    first, first_fault = marker(redis)
+    first.start_serving()
+    first.verify(redis.get(first.key))  # as read with a store's commands
+    second, _ = marker(redis)
+    second.start_serving()  # a second process of the same shard
+    with pytest.raises(ShardFailedError, match="rewritten by another process"):
+        first.verify(redis.get(first.key))
+    assert "rewritten" in first_fault.reason
+    redis.data.clear()
+    with pytest.raises(ShardFailedError, match="lost this shard's marker"):
+        second.verify(redis.get(second.key))
+
+
+def test_concurrent_requests_that_find_the_store_emptied_go_on_once_it_is_accepted():
+    redis = DictRedis()
+    accepting, fault = marker(redis, accept_empty=True)
+    accepting.start_serving()
+    redis.data.clear()  # Redis restarted empty; every request's pipeline read no marker
+    start = threading.Barrier(16)
+
+    def request() -> None:
+        start.wait()
+        accepting.verify(None)
+
+    threads = [threading.Thread(target=request) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert fault.reason is None
+    assert redis.get(accepting.key) is not None
+    accepting.verify(redis.get(accepting.key))
+
+
+def test_a_database_of_another_shard_count_or_with_a_garbled_marker_is_refused():
+    redis = DictRedis()
+    old, _ = marker(redis, shard=0, shards=1)
+    old.start_serving()
+    new, _ = marker(redis, shard=1, shards=2)
+    with pytest.raises(TopologyMismatchError, match="rows of a 1-shard cluster.*shard 1 of 2"):
+        new.check_topology()
+    redis.data[old.key] = b"not json"
+    with pytest.raises(StoreCorruptError, match="marker ember-shard:0 is unreadable"):
+        new.check_topology()
+    redis.data[old.key] = json.dumps({"format": "ember-shard-marker/1", "num_shards": 2}).encode()
+    new.check_topology()  # the same count is fine
