@@ -68,19 +68,20 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     """Restore the log's base (or ``--restore``), replay the log and open it for appends."""
     marker = server.store_marker
     base, first_segment = write_log.base()
+    started = bool(write_log.segments())  # a segment, even empty: the log began here
+    records = write_log.verify()  # reads every record (cutting a torn tail), changes nothing else
     requested = resolve_checkpoint(Path(config.restore)) if config.restore else None
     if requested is not None and base is not None and requested != base.resolve():
         raise CheckpointStateError(
             f"--restore {requested} is not the checkpoint the write log in {config.wal} "
             f"continues ({base}); restore without --wal, or start without --restore"
         )
-    if requested is not None and base is None and write_log.segments():
+    if requested is not None and base is None and records:
         raise CheckpointStateError(
             f"the write log in {config.wal} holds requests from the very start; replaying them "
             f"onto checkpoint {requested} would apply them twice (move the log away first)"
         )
-    fresh_log = base is None and requested is None and not write_log.segments()
-    if fresh_log and marker is not None and marker.held():
+    if base is None and requested is None and not started and marker and marker.held():
         raise DurableStateError(
             f"redis at {marker.url} holds the rows of shard {config.shard} (marker "
             f"{marker.key.decode()}), but the write-ahead log in {config.wal} is empty: "
@@ -91,13 +92,14 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
         )
     checkpoint = requested or base
     chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
-    write_log.verify()
+    # The log's new segment exists before the marker: a start that dies from here on
+    # leaves a log that has begun, so the next start rebuilds instead of refusing.
+    write_log.open()
     if marker is not None:
         marker.start_serving()  # a new epoch first: an older process of this shard stops now
-    clear_shard(config.store, config.shard)
+    clear_shard(config.store, config.shard, marker)
     if chain is not None:
         server.checkpoints.restore(chain)
     replay(server, write_log)
-    write_log.open()
     if requested is not None and base is None:  # the log now continues the restored checkpoint
         write_log.commit_base(requested, first_segment)

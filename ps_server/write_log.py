@@ -53,6 +53,7 @@ from ember.ps_server.wire_codec import Buffer
 log = logging.getLogger(__name__)
 
 MAGIC = b"EMW2"
+OLD_MAGIC = b"EMWL"  # the first format: no header CRC, no trailer
 TRAILER = b"EMWE"
 _HEADER = struct.Struct("<4sIII")  # magic, payload length, payload CRC-32, CRC-32 of the first 12
 _FRAMING = _HEADER.size + len(TRAILER)
@@ -98,7 +99,7 @@ class WriteLog:
         self._appended = 0  # bytes handed to the OS, over all segments
         self._synced = 0  # bytes known durable
         self._fd: int | None = None
-        self._failed: str | None = None  # why the log itself failed (no more writes or fsyncs)
+        self._fsync_failed = False  # after a failed fsync, another proves nothing: none more
         self._segment = 0
         self._segment_bytes = 0
         self._lock_file = None
@@ -255,41 +256,44 @@ class WriteLog:
             return self._appended
 
     def sync(self, ticket: int) -> None:
-        """Return once the record of ``ticket`` is durable (under ``interval``, at once).
+        """Return once the record of ``ticket`` is durable (under ``interval``, at once);
+        the caller acknowledges it then.
 
         Raises:
-            ShardFailedError: the fsync failed, or the log failed earlier.
+            ShardFailedError: the shard has failed (this log's write or fsync, or anything
+                else): nothing is acknowledged after a failure.
         """
-        if self._synced >= ticket:
-            return
-        if self.fsync != "always":
-            self.fault.check()
+        self.fault.check()
+        if self._synced >= ticket or self.fsync != "always":
             return
         with self._sync_lock:
-            if self._synced >= ticket:  # another request's fsync covered this one
-                return
-            self._fsync_appended()
+            if self._synced < ticket:  # else another request's fsync covered this one
+                self._fsync_appended()
+        self.fault.check()
 
     def rotate(self) -> int:
         """Close the current segment durably and start the next; returns its number.
 
-        The next segment is open (and its directory entry durable) before the
-        current one is closed, so a failure leaves the log appending where it was.
+        The current segment is fsynced (a failure stops the log: see :meth:`sync`)
+        and the next one created before anything is switched, so a next segment that
+        cannot be created fails only this rotation (and its checkpoint): appends go
+        on in the current segment.
+
+        Raises:
+            ShardFailedError: the fsync failed, or the log failed earlier.
+            OSError: the next segment could not be created.
         """
         with self._sync_lock, self._append_lock:
             self.fault.check()
             try:
                 os.fsync(self._fd)
-                new_fd = self._open_segment(self._segment + 1)
             except OSError as error:
-                self._fail(
-                    f"rotating the write-ahead log {self._segment_path(self._segment)} failed "
-                    f"({error}). No write is acknowledged from now on. Check the disk, then "
-                    "restart the shard"
-                )
-            os.close(self._fd)
-            self._fd, self._segment, self._segment_bytes = new_fd, self._segment + 1, 0
+                self._fail(self._fsync_failure(error), fsync_failed=True)
             self._synced = self._appended
+            new_fd = self._open_segment(self._segment + 1)
+            old_fd, self._fd = self._fd, new_fd
+            self._segment, self._segment_bytes = self._segment + 1, 0
+            _close_quietly(old_fd, self._segment_path(self._segment - 1))
             return self._segment
 
     def commit_base(self, checkpoint: Path, segment: int) -> None:
@@ -310,13 +314,13 @@ class WriteLog:
             self._syncer.join()
         with self._sync_lock, self._append_lock:
             if self._fd is not None:
-                if self._failed is None:
+                if not self._fsync_failed:
                     try:
                         os.fsync(self._fd)
                     except OSError as error:
                         self.fault.trip(self._fsync_failure(error))
-                os.close(self._fd)
-                self._fd = None
+                fd, self._fd = self._fd, None
+                _close_quietly(fd, self._segment_path(self._segment))
         self._release_lock()
 
     def _release_lock(self) -> None:
@@ -338,17 +342,17 @@ class WriteLog:
     def _fsync_appended(self) -> None:
         """fsync everything appended so far (caller holds the sync lock).
 
-        Runs after a fault of the shard's that is not the log's own (acknowledged
-        records must still become durable), never after the log failed.
+        Runs after a fault of the shard's, even a failed append (acknowledged records
+        must still become durable), but never again after an fsync failed.
         """
-        if self._failed is not None:
+        if self._fsync_failed:
             self.fault.check()
         with self._append_lock:
             target, handle = self._appended, self._fd
         try:
             os.fsync(handle)
         except OSError as error:
-            self._fail(self._fsync_failure(error))
+            self._fail(self._fsync_failure(error), fsync_failed=True)
         self._synced = max(self._synced, target)
 
     def _sync_periodically(self) -> None:
@@ -358,7 +362,7 @@ class WriteLog:
                     if self._synced < self._appended:
                         self._fsync_appended()
             except Exception as error:  # noqa: BLE001 - a syncer must never die silently
-                self._failed = self._failed or str(error)
+                self._fsync_failed = True
                 self.fault.trip(f"write-ahead log fsync thread stopped: {error}")
                 return
 
@@ -369,9 +373,10 @@ class WriteLog:
             "acknowledged from now on. Check the disk, then restart the shard"
         )
 
-    def _fail(self, reason: str) -> None:
-        """The log itself failed: stop writing and syncing it, and stop the shard."""
-        self._failed = reason
+    def _fail(self, reason: str, fsync_failed: bool = False) -> None:
+        """The log itself failed: stop the shard (no more appends); after a failed fsync
+        stop fsyncing too."""
+        self._fsync_failed = self._fsync_failed or fsync_failed
         self.fault.trip(reason)
         raise ShardFailedError(f"this shard stopped serving: {self.fault.reason}")
 
@@ -388,6 +393,12 @@ class WriteLog:
     def _read_segment(self, number: int, last: bool) -> Iterator[bytes]:
         path = self._segment_path(number)
         data = path.read_bytes()
+        if data.startswith(OLD_MAGIC):
+            raise DurableFileCorruptError(
+                f"{path}: written by an earlier Ember in the previous log format ({OLD_MAGIC!r}); "
+                "replay it with that version, take a checkpoint, and start this version with "
+                "--restore and an empty --wal directory"
+            )
         offset = 0
         while offset < len(data):
             problem = _record_problem(data, offset)
@@ -418,6 +429,14 @@ class WriteLog:
                 f"file to {offset} bytes and delete later segments), or start from a checkpoint "
                 "with an empty --wal directory"
             )
+
+
+def _close_quietly(fd: int, path: Path) -> None:
+    """Close a segment whose records are already fsynced (a close error loses nothing)."""
+    try:
+        os.close(fd)
+    except OSError as error:
+        log.error("closing %s: %s", path, error)
 
 
 def _write_all(fd: int, parts: list[memoryview]) -> None:
@@ -475,15 +494,20 @@ def _is_torn_tail(data: bytes, offset: int) -> bool:
     An append is one write that extends the file. A crash leaves its first
     bytes (the file ends early: fewer bytes than a header, or than the length
     its intact header gives), or the file extended over blocks that were never
-    written and read back as zeros: an all-zero header, or a record whose last
-    block is zeros (a whole record ends with the trailer). Bytes after the
+    written and read back as zeros: a header whose blocks (all but a first one
+    it shares with the previous record) are zeros to the end of the file, or a
+    record whose last block is zeros (a whole record ends with the trailer). Bytes after the
     damaged record that hold an intact record make it corruption.
     """
     if len(data) - offset < _HEADER.size:
         return True
     _, length, _, header_crc = _HEADER.unpack_from(data, offset)
     if zlib.crc32(memoryview(data)[offset : offset + 12]) != header_crc:
-        return data[offset:] == bytes(len(data) - offset)  # nothing of it was written
+        # Unwritten from the header's last block on (the header may straddle a block whose
+        # first part was written with the previous record).
+        boundary = -(-offset // _BLOCK) * _BLOCK
+        start = boundary if boundary < offset + _HEADER.size else offset
+        return data[start:] == bytes(len(data) - start)
     end = offset + _FRAMING + length
     if end > len(data):
         return True  # the intact header's length says it was cut short

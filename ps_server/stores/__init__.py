@@ -92,13 +92,14 @@ def open_marker(
     )
 
 
-def clear_shard(url: str, shard: int) -> int:
-    """Delete every row of ``shard`` that the store at ``url`` keeps outside this process."""
+def clear_shard(url: str, shard: int, marker: RedisShardMarker | None = None) -> int:
+    """Delete every row of ``shard`` that the store at ``url`` keeps outside this process
+    (with the shard's ``marker``: only while this process's epoch of it holds)."""
     if url in ("", "memory"):
         return 0
     from ember.ps_server.stores.redis_store import clear_shard_rows
 
-    return clear_shard_rows(_redis_url(url)[0], shard)
+    return clear_shard_rows(_redis_url(url)[0], shard, marker)
 
 
 def _redis_url(url: str) -> tuple[str, int | None]:

@@ -110,31 +110,40 @@ class RedisShardMarker:
                 _parse(self.key, held, self.url)
             self._write_new()
 
+    @property
+    def expected(self) -> bytes | None:
+        """The marker value this process wrote (None until :meth:`start_serving`): read it
+        before sending a read, and hand it to :meth:`verify` with what the read found."""
+        return self._expected
+
     def command(self) -> bytes:
-        """The packed ``GET`` of the marker, to send ahead of a store's commands."""
+        """The packed ``GET`` of the marker, to send with a store's commands."""
         return pack(b"GET", self.key)
 
-    def verify(self, held: bytes | None) -> None:
-        """Check the marker's value as read with a store's commands.
+    def verify(self, held: bytes | None, expected: bytes | None) -> None:
+        """Check the marker's value ``held`` as a read found it, ``expected`` being
+        :attr:`expected` when the read was sent.
+
+        With ``--accept-empty-store``, the first read to find the marker gone writes a new
+        epoch; reads sent before that (they saw the same loss) then pass.
 
         Raises:
             ShardFailedError: the marker is gone or another process's (the shard stops serving).
         """
-        expected = self._expected
         if expected is None or held == expected:
             return
         with self._lock:
             current = self._expected
-            if held == current:  # read after another thread wrote a new epoch
+            if held == current:  # sent before, read after, another thread's new epoch
                 return
             if held is None and self._accept_empty:
-                if current != expected:
-                    return  # another thread went on from this emptied store meanwhile
-                log.warning(
-                    "redis at %s lost the marker of shard %d: its rows are gone; going on from "
-                    "freshly initialised rows (--accept-empty-store)", self.url, self._shard,
-                )  # fmt: skip
-                self._write_new()
+                if current == expected:  # the first to see this loss
+                    log.warning(
+                        "redis at %s lost the marker of shard %d: its rows are gone; going on "
+                        "from freshly initialised rows (--accept-empty-store)",
+                        self.url, self._shard,
+                    )  # fmt: skip
+                    self._write_new()
                 return
         if held is None:
             reason = (

@@ -10,13 +10,13 @@ argument by argument. A lost connection raises
 :class:`StoreUnavailableError` naming the URL (password redacted); the next
 call reconnects.
 
-With the shard's marker (:mod:`redis_marker`), every read carries a ``GET``
-of it in the same pipeline, and every write is a transaction conditional on
-it: ``WATCH`` the marker and read it (with the rows, for a read-then-write),
-then ``MULTI`` .. ``EXEC``, which Redis aborts if the marker changed in
-between. So a Redis that lost its rows, or another process that took this
+With the shard's marker (:mod:`redis_marker`), every read sends a ``GET`` of
+it after the MGETs in the same pipeline, and every write is a small Lua
+script (:data:`IF_MARKER_HOLDS`) that runs the MSET or DEL only while the
+marker still holds the value this process wrote, atomically, in the same one
+round trip. So a Redis that lost its rows, or another process that took this
 shard over, is noticed before anything is written. Scans check the marker
-when they end. Deletes scan keys by their fixed prefix and keep only the
+when they end. (The server must allow scripts: ACL users need ``@scripting``.) Deletes scan keys by their fixed prefix and keep only the
 keys of exactly the expected shape: no glob ever reaches into the id bytes.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import redis
@@ -33,14 +33,7 @@ import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
-from ember.ps_server.stores.resp import (
-    pack,
-    pack_mget,
-    pack_mset,
-    pooled_connection,
-    run_on,
-    run_packed,
-)
+from ember.ps_server.stores.resp import pack, pack_keyed, run_packed
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
     HEADER_BYTES,
@@ -56,6 +49,19 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DEFAULT_BATCH_KEYS = 65_536  # keys per MGET / MSET: well under 2^18, one command for most requests
+
+MARKER_CHANGED = "EMBER_MARKER_CHANGED"
+IF_MARKER_HOLDS = b"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('EMBER_MARKER_CHANGED')
+end
+for i = 3, #ARGV, 4096 do
+  redis.call(ARGV[2], unpack(ARGV, i, math.min(i + 4095, #ARGV)))
+end
+return 1
+"""
+"""Runs ARGV[2] (MSET or DEL) on ARGV[3..] (in calls of 4,096 arguments, whole pairs for
+MSET) only if the marker KEYS[1] holds ARGV[1]; else an error naming MARKER_CHANGED."""
 
 
 def redact(url: str) -> str:
@@ -106,6 +112,7 @@ class RedisStore:
         self._value_bytes = HEADER_BYTES + 4 * (dim + state_width)
         self._marker = marker
         self._redis = connect(url, timeout_s)
+        self._writes = MarkedWrites(self._redis, self.url, marker)
         self._call(self._redis.ping)
 
     def footprint(self) -> tuple[int, int]:
@@ -136,15 +143,13 @@ class RedisStore:
         return ~self.fetch_versions(ids)[0]
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
-        """Write the rows of distinct ``ids`` (upsert) in one transaction."""
+        """Write the rows of distinct ``ids`` (upsert), all or none."""
         if len(ids) == 0:
             return
         values = encode_records(
             RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
         )
-        with self._session() as connection:
-            self._watch(connection, [])
-            self._write(connection, self._mset_commands(ids, values))
+        self._write_values(ids, values)
 
     def update(
         self,
@@ -153,16 +158,12 @@ class RedisStore:
         optimizer: RowOptimizer,
         create: RowFactory | None = None,
     ) -> None:
-        """One optimizer step on the rows of distinct ``ids``: one read, one transaction.
+        """One optimizer step on the rows of distinct ``ids``: one read, one write.
 
         Absent rows are made by ``create`` first; without it KeyError, nothing changed.
         """
-        with self._session() as connection:
-            values = self._watch(connection, ids)
-            self._write(
-                connection,
-                self._mset_commands(ids, self._stepped(ids, values, grads, optimizer, create)),
-            )
+        values = self._get(ids)
+        self._write_values(ids, self._stepped(ids, values, grads, optimizer, create))
 
     def _stepped(
         self,
@@ -195,40 +196,56 @@ class RedisStore:
         return np.concatenate(stepped) if len(stepped) > 1 else stepped[0]
 
     def evict(self, ids: np.ndarray) -> None:
-        """Delete the rows of ``ids`` in one transaction."""
-        self._delete(self._keys(ids))
+        """Delete the rows of ``ids``, all or none."""
+        self._writes.run(
+            [
+                pack_keyed(
+                    self._writes.head(b"DEL"), self._prefix, ids[start : start + self._batch]
+                )
+                for start in range(0, len(ids), self._batch)
+            ]
+        )
 
     def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
-        """Every row of this table on this shard (SCAN, then MGET per chunk)."""
-        keys = self._scan_keys()
-        for start in range(0, len(keys), chunk_rows):
-            yield self._read_keys(keys[start : start + chunk_rows])
+        """Every row of this table on this shard (SCAN, then MGET per chunk of keys).
+
+        A key SCAN may name twice (Redis rehashing meanwhile) comes out twice.
+        """
+        for keys in self._scanned_keys(chunk_rows):
+            yield self._read_keys(keys)
 
     def clear(self) -> None:
-        """Delete every row of this table on this shard."""
-        self._delete(self._scan_keys())
+        """Delete every row of this table on this shard (in batches: a restore, which
+        calls it, is refused whole when it fails, and then deletes the rest)."""
+        for keys in self._scanned_keys(self._batch):
+            self._writes.run([pack(*self._writes.head(b"DEL"), *keys)])
 
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
 
     def size(self) -> int:
         """Rows held (a SCAN over this table's keys on this shard: O(rows), for stats)."""
-        return len(self._scan_keys())
+        return sum(len(keys) for keys in self._scanned_keys(self._batch))
 
-    def _scan_keys(self) -> list[bytes]:
-        """Every row key of this table on this shard: the prefix, then exactly 8 id bytes.
+    def _scanned_keys(self, chunk: int) -> Iterator[list[bytes]]:
+        """This table's row keys on this shard (the prefix, then exactly 8 id bytes), in
+        lists of up to ``chunk``, as SCAN finds them.
 
-        The marker is checked after the scan, so a scan of an emptied Redis (which
-        finds nothing, so reads no row) is noticed.
+        The marker is checked once the scan is done, so a scan of an emptied Redis
+        (which finds nothing, so reads no row) is noticed.
         """
         size = len(self._prefix) + 8
-        keys = [
-            key
-            for key in self._call(lambda: scan_prefix(self._redis, self._prefix))
-            if len(key) == size and key.startswith(self._prefix)
-        ]
+        pending: list[bytes] = []
+        with redis_errors(self.url):
+            for key in self._redis.scan_iter(match=self._prefix + b"*", count=10_000):
+                if len(key) == size and key.startswith(self._prefix):
+                    pending.append(key)
+                if len(pending) == chunk:
+                    yield pending
+                    pending = []
+        if pending:
+            yield pending
         self._check_marker()
-        return keys
 
     def _read_keys(self, keys: list[bytes]) -> tuple[np.ndarray, RowBatch]:
         """The ids and rows behind ``keys`` (keys deleted since the SCAN are skipped)."""
@@ -237,98 +254,105 @@ class RedisStore:
         found, rows = self.fetch(ids)
         return (ids, rows) if found.all() else (ids[found], rows.select(found))
 
-    def _keys(self, ids: np.ndarray) -> list[bytes]:
-        size = len(self._prefix) + 8
-        records = np.empty(len(ids), dtype=[("prefix", f"S{len(self._prefix)}"), ("id", "<i8")])
-        records["prefix"] = self._prefix
-        records["id"] = ids
-        blob = records.tobytes()
-        return [blob[i : i + size] for i in range(0, len(blob), size)]
-
-    def _mset_commands(self, ids: np.ndarray, values: np.ndarray) -> list[bytes]:
-        """MSETs of the value records of ``ids``, at most ``batch_keys`` keys each."""
-        return [
-            pack_mset(
-                self._prefix, ids[start : start + self._batch], values[start : start + self._batch]
-            )
-            for start in range(0, len(ids), self._batch)
-        ]
-
-    def _mget_commands(self, ids: np.ndarray) -> list[bytes]:
-        return [
-            pack_mget(self._prefix, ids[start : start + self._batch])
-            for start in range(0, len(ids), self._batch)
-        ]
-
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
-        """The value of each id (None where absent): pipelined MGETs behind a marker read."""
+        """The value of each id (None where absent): pipelined MGETs, then a read of the
+        marker, so rows read from a store emptied before they were read are noticed."""
         if len(ids) == 0:
             return []
-        commands = self._mget_commands(ids)
+        commands = [
+            pack_keyed([b"MGET"], self._prefix, ids[start : start + self._batch])
+            for start in range(0, len(ids), self._batch)
+        ]
         if self._marker is None:
             return _joined(self._call(lambda: run_packed(self._redis, commands)))
-        held, *replies = self._call(
-            lambda: run_packed(self._redis, [self._marker.command(), *commands])
+        expected = self._marker.expected
+        *replies, held = self._call(
+            lambda: run_packed(self._redis, [*commands, self._marker.command()])
         )
-        self._marker.verify(held)
+        self._marker.verify(held, expected)
         return _joined(replies)
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[Any]:
-        """One pooled connection for a read-then-write; connection failures are
-        StoreUnavailableError, and any error drops the connection."""
-        with redis_errors(self.url), pooled_connection(self._redis) as connection:
-            yield connection
-
-    def _watch(self, connection: Any, ids: np.ndarray) -> list[bytes | None]:
-        """WATCH the marker and check it, reading the values of ``ids`` in the same pipeline."""
-        commands = self._mget_commands(ids) if len(ids) else []
-        if self._marker is None:
-            return _joined(run_on(connection, commands)) if commands else []
-        _, held, *replies = run_on(
-            connection, [pack(b"WATCH", self._marker.key), self._marker.command(), *commands]
+    def _write_values(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Write the value records of ``ids``, all or none."""
+        head = self._writes.head(b"MSET")
+        self._writes.run(
+            [
+                pack_keyed(
+                    head,
+                    self._prefix,
+                    ids[start : start + self._batch],
+                    values[start : start + self._batch],
+                )
+                for start in range(0, len(ids), self._batch)
+            ]
         )
-        self._marker.verify(held)
-        return _joined(replies)
-
-    def _write(self, connection: Any, commands: list[bytes]) -> None:
-        """Run write ``commands`` all or none: one command alone, several as MULTI/EXEC;
-        with a marker always a transaction, aborted by Redis if the watched marker changed."""
-        if not commands:
-            return
-        if self._marker is None and len(commands) == 1:
-            run_on(connection, commands)
-            return
-        *_, applied = run_on(connection, [pack(b"MULTI"), *commands, pack(b"EXEC")])
-        if applied is None:  # the marker changed since WATCH: nothing was written
-            self._marker.verify(
-                self._call(lambda: run_packed(self._redis, [self._marker.command()]))[0]
-            )
-            raise StoreUnavailableError(f"redis at {self.url}: a write was aborted; retry it")
-        for reply in applied:
-            if isinstance(reply, Exception):
-                raise reply
-
-    def _delete(self, keys: list[bytes]) -> None:
-        """Delete ``keys`` in one transaction, conditional on the marker."""
-        with self._session() as connection:
-            self._watch(connection, [])
-            self._write(
-                connection,
-                [
-                    pack(b"DEL", *keys[start : start + self._batch])
-                    for start in range(0, len(keys), self._batch)
-                ],
-            )
 
     def _check_marker(self) -> None:
-        if self._marker is not None:
-            self._marker.verify(
-                self._call(lambda: run_packed(self._redis, [self._marker.command()]))[0]
-            )
+        self._writes.check_marker()
 
     def _call(self, operation: Callable[[], T]) -> T:
         return guarded(self.url, operation)
+
+
+class MarkedWrites:
+    """Writes to one Redis database that take effect only while this process's epoch of
+    the shard's marker holds there (each one the :data:`IF_MARKER_HOLDS` script), or plain
+    writes without a marker.
+
+    Args:
+        client: the database.
+        url: its URL, password redacted (for messages).
+        marker: the shard's marker (None: writes are not conditional).
+    """
+
+    def __init__(self, client: redis.Redis, url: str, marker: RedisShardMarker | None) -> None:
+        self._redis, self._url, self._marker = client, url, marker
+
+    def head(self, command: bytes) -> list[bytes]:
+        """The arguments that come before a write's keys: ``command`` itself, or, once the
+        marker is armed, the script that runs it only if the marker is unchanged."""
+        expected = None if self._marker is None else self._marker.expected
+        if expected is None:
+            return [command]
+        return [b"EVAL", IF_MARKER_HOLDS, b"1", self._marker.key, expected, command]
+
+    def run(self, commands: list[bytes]) -> None:
+        """Run write ``commands`` (built on :meth:`head`) all or none: one alone, several
+        as MULTI/EXEC.
+
+        Raises:
+            ShardFailedError: the marker changed since it was read (nothing was written).
+            StoreUnavailableError: Redis is unreachable, or (an emptied store accepted
+                meanwhile) the write should be retried.
+        """
+        if not commands:
+            return
+        batch = [pack(b"MULTI"), *commands, pack(b"EXEC")] if len(commands) > 1 else commands
+        try:
+            replies = guarded(self._url, lambda: run_packed(self._redis, batch))
+        except redis.ResponseError as error:
+            if MARKER_CHANGED not in str(error):
+                raise
+            self._lost_marker()
+        if len(commands) > 1:
+            for reply in replies[-1]:
+                if isinstance(reply, Exception):
+                    if MARKER_CHANGED in str(reply):
+                        self._lost_marker()
+                    raise reply
+
+    def check_marker(self) -> None:
+        """Read the marker now and check it (see ``RedisShardMarker.verify``)."""
+        if self._marker is not None:
+            expected = self._marker.expected
+            held = guarded(self._url, lambda: run_packed(self._redis, [self._marker.command()]))[0]
+            self._marker.verify(held, expected)
+
+    def _lost_marker(self) -> None:
+        self.check_marker()
+        raise StoreUnavailableError(
+            f"redis at {self._url}: a write found this shard's marker changed; retry it"
+        )
 
 
 def row_key_prefix(table: str, shard: int) -> bytes:
@@ -368,12 +392,9 @@ def _joined(replies: list[list[bytes | None]]) -> list[bytes | None]:
     return [value for reply in replies for value in reply]
 
 
-def scan_prefix(client: redis.Redis, prefix: bytes) -> list[bytes]:
-    """Every key that starts with ``prefix`` (of glob-free characters), by SCAN."""
-    return list(client.scan_iter(match=prefix + b"*", count=10_000))
-
-
-def clear_shard_rows(url: str, shard: int, batch: int = 10_000) -> int:
+def clear_shard_rows(
+    url: str, shard: int, marker: RedisShardMarker | None = None, batch: int = 10_000
+) -> int:
     """Delete the rows of every table of ``shard`` at the Redis ``url``; returns how many.
 
     Keys are matched by their exact shape: ``ember:`` + a table name (which
@@ -381,7 +402,8 @@ def clear_shard_rows(url: str, shard: int, batch: int = 10_000) -> int:
     (Redis's ``?`` is one byte), and checked again here; rows of other shards
     stay whatever their id bytes hold. Keys are scanned and deleted in
     batches, so memory stays bounded however many rows there are (a restart
-    that fails halfway simply deletes the rest next time).
+    that fails halfway simply deletes the rest next time). With the shard's
+    ``marker`` each batch is deleted only while this process's epoch holds.
     """
     tag = f":s{shard}:".encode()
     pattern = b"ember:*" + tag + b"?" * 8
@@ -390,19 +412,18 @@ def clear_shard_rows(url: str, shard: int, batch: int = 10_000) -> int:
         return key[-8 - len(tag) : -8] == tag and b":" not in key[len(b"ember:") : -8 - len(tag)]
 
     client = connect(url)
+    writes = MarkedWrites(client, redact(url), marker)
     deleted = 0
     try:
+        pending: list[bytes] = []
         with redis_errors(redact(url)):
-            pending: list[bytes] = []
-            for key in client.scan_iter(match=pattern, count=batch):
-                if exact(key):
+            keys = client.scan_iter(match=pattern, count=batch)
+            for key in (*keys, None):  # None: the end, to delete what is pending
+                if key is not None and exact(key):
                     pending.append(key)
-                if len(pending) >= batch:
-                    client.delete(*pending)
+                if pending and (key is None or len(pending) >= batch):
+                    writes.run([pack(*writes.head(b"DEL"), *pending)])
                     deleted, pending = deleted + len(pending), []
-            if pending:
-                client.delete(*pending)
-                deleted += len(pending)
     finally:
         client.close()
     return deleted

@@ -124,10 +124,11 @@ def test_wheel_and_image_steps_install_build_and_serve(tmp_path):
         "sh docker/install.sh ember",
     ]
 
-    # The wheel built from the checkout, installed over it.
-    dist = tmp_path / "dist"
+    # The wheel built from the checkout (a copy: a build leaves build/ in its source tree).
+    source, dist = tmp_path / "source", tmp_path / "dist"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*LOCAL_ONLY))
     _run(
-        [python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), str(REPO)],
+        [python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), str(source)],
         elsewhere,
         env,
     )

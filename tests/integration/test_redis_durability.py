@@ -226,3 +226,48 @@ def test_an_empty_log_over_a_redis_holding_the_shards_rows_is_refused(own_redis,
     with pytest.raises(ClusterError, match="holds the rows of shard 0.*log in .* is empty"):
         LocalCluster(1, extra_args=extra).start()
     assert len(keys) == 50 and sorted(raw.keys(b"ember:*")) == keys
+
+
+def test_a_read_checks_the_marker_after_its_rows(own_redis, monkeypatch):
+    """A flush between a marker read and a row read would hand out nothing-found as fresh
+    rows: the marker is read after the rows, in the same pipeline."""
+    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.stores import open_marker, open_store
+    from ember.ps_server.stores import redis_store
+
+    marker = open_marker(own_redis.url, 0, 1, ShardFault())
+    marker.start_serving()
+    store = open_store(own_redis.url, SPEC.name, 0, SPEC.dim, 0, marker=marker)
+    sent = []
+    real = redis_store.run_packed
+    monkeypatch.setattr(
+        redis_store,
+        "run_packed",
+        lambda client, commands: sent.append(commands) or real(client, commands),
+    )
+    store.fetch(np.arange(3, dtype=np.int64))
+    (pipeline,) = sent
+    assert pipeline[0].startswith(b"*4\r\n$4\r\nMGET") and pipeline[-1] == marker.command()
+
+
+def test_a_first_start_that_dies_midway_does_not_block_the_next(own_redis, tmp_path, monkeypatch):
+    """A new cluster's first start with --wal writes its marker, then dies (Redis blinked):
+    the log has begun, so the next start rebuilds rather than refusing as if rows were lost."""
+    from ember.ps_server import recovery
+    from ember.ps_server.config import ShardConfig
+    from ember.ps_server.errors import StoreUnavailableError
+    from ember.ps_server.server import ParameterServer
+
+    config = ShardConfig(store=own_redis.url, wal=str(tmp_path / "wal"))
+
+    def blink(url, shard, marker):
+        raise StoreUnavailableError("redis blinked")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(recovery, "clear_shard", blink)
+        with pytest.raises(StoreUnavailableError):
+            recovery.recover(ParameterServer(0, 1, store=own_redis.url), config)
+    assert redis.Redis.from_url(own_redis.url).get(b"ember-shard:0") is not None
+    server = ParameterServer(0, 1, store=own_redis.url)
+    recovery.recover(server, config)  # not refused
+    server.journal.close()

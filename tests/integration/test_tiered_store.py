@@ -145,3 +145,16 @@ def test_concurrent_stats_pushes_and_evictions_lose_no_update(redis_server, tabl
         assert found.all()
         expected = initial_rows(spec, ids).double().numpy() - SGD.lr * total
         np.testing.assert_allclose(rows.weights.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_footprint_reads_the_tier_under_its_lock_and_scans_redis_outside_it(
+    redis_server, table_name
+):
+    store, cold = tiered(redis_server.url, table_name, capacity=8)
+    store.insert(np.arange(4, dtype=np.int64), rows_for(np.arange(4, dtype=np.int64)))
+    seen = {}
+    hot_only, cold_footprint = store._hot_only, cold.footprint
+    store._hot_only = lambda: seen.setdefault("tier", store._lock._is_owned()) and hot_only()
+    store._cold.footprint = lambda: seen.setdefault("scan", store._lock._is_owned()) or (0, 0)
+    assert store.footprint()[0] == 4 and cold_footprint() == (0, 0)
+    assert seen == {"tier": True, "scan": False}

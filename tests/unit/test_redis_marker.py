@@ -14,6 +14,7 @@ class DictRedis:
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
+        self.sets = 0
 
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
@@ -22,6 +23,7 @@ class DictRedis:
         for _ in range(100):
             threading.Event().wait(0)  # let other threads run mid-write
         self.data[key] = value
+        self.sets += 1
 
     def scan_iter(self, match: bytes, count: int):
         return [key for key in list(self.data) if key.startswith(match.rstrip(b"*"))]
@@ -36,27 +38,28 @@ def test_a_lost_marker_stops_the_shard_and_a_new_epoch_stops_the_old_process():
     redis = DictRedis()
     first, first_fault = marker(redis)
     first.start_serving()
-    first.verify(redis.get(first.key))  # as read with a store's commands
+    first.verify(redis.get(first.key), first.expected)  # as read with a store's commands
     second, _ = marker(redis)
     second.start_serving()  # a second process of the same shard
     with pytest.raises(ShardFailedError, match="rewritten by another process"):
-        first.verify(redis.get(first.key))
+        first.verify(redis.get(first.key), first.expected)
     assert "rewritten" in first_fault.reason
     redis.data.clear()
     with pytest.raises(ShardFailedError, match="lost this shard's marker"):
-        second.verify(redis.get(second.key))
+        second.verify(redis.get(second.key), second.expected)
 
 
 def test_concurrent_requests_that_find_the_store_emptied_go_on_once_it_is_accepted():
     redis = DictRedis()
     accepting, fault = marker(redis, accept_empty=True)
     accepting.start_serving()
+    sent_with = accepting.expected  # every request's read went out before any rewrite
     redis.data.clear()  # Redis restarted empty; every request's pipeline read no marker
     start = threading.Barrier(16)
 
     def request() -> None:
         start.wait()
-        accepting.verify(None)
+        accepting.verify(None, sent_with)
 
     threads = [threading.Thread(target=request) for _ in range(16)]
     for thread in threads:
@@ -64,8 +67,10 @@ def test_concurrent_requests_that_find_the_store_emptied_go_on_once_it_is_accept
     for thread in threads:
         thread.join(30)
     assert fault.reason is None
-    assert redis.get(accepting.key) is not None
-    accepting.verify(redis.get(accepting.key))
+    assert redis.sets == 2  # start_serving, then exactly one new epoch for this one loss
+    accepting.verify(redis.get(accepting.key), accepting.expected)
+    accepting.verify(None, accepting.expected)  # a later, second loss: another new epoch
+    assert redis.sets == 3 and fault.reason is None
 
 
 def test_a_database_of_another_shard_count_or_with_a_garbled_marker_is_refused():
