@@ -232,8 +232,7 @@ def test_a_read_checks_the_marker_after_its_rows(own_redis, monkeypatch):
     """A flush between a marker read and a row read would hand out nothing-found as fresh
     rows: the marker is read after the rows, in the same pipeline."""
     from ember.ps_server.shard_fault import ShardFault
-    from ember.ps_server.stores import open_marker, open_store
-    from ember.ps_server.stores import redis_store
+    from ember.ps_server.stores import open_marker, open_store, redis_store
 
     marker = open_marker(own_redis.url, 0, 1, ShardFault())
     marker.start_serving()
