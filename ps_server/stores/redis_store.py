@@ -11,13 +11,15 @@ argument by argument. A lost connection raises
 call reconnects.
 
 With the shard's marker (:mod:`redis_marker`), every read sends a ``GET`` of
-it after the MGETs in the same pipeline, and every write is a small Lua
-script (:data:`IF_MARKER_HOLDS`) that runs the MSET or DEL only while the
-marker still holds the value this process wrote, atomically, in the same one
-round trip. So a Redis that lost its rows, or another process that took this
-shard over, is noticed before anything is written. Scans check the marker
-when they end. (The server must allow scripts: ACL users need ``@scripting``.) Deletes scan keys by their fixed prefix and keep only the
-keys of exactly the expected shape: no glob ever reaches into the id bytes.
+it after the MGETs in the same pipeline, and every write is a transaction
+conditional on it: ``WATCH`` the marker and read it (with the rows, for a
+read-then-write), then ``MULTI`` .. ``EXEC``, which Redis aborts if the marker
+changed in between. So a Redis that lost its rows, or another process that
+took this shard over, is noticed before anything is written. Scans check the
+marker when they end. Deletes scan keys by their fixed prefix and keep only
+the keys of exactly the expected shape: no glob ever reaches into the id
+bytes. (Users restricted by ACLs need ``@transaction``; proxies must pass
+WATCH/MULTI through.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import redis
@@ -33,7 +35,7 @@ import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
-from ember.ps_server.stores.resp import pack, pack_keyed, run_packed
+from ember.ps_server.stores.resp import pack, pack_keyed, pooled_connection, run_on, run_packed
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
     HEADER_BYTES,
@@ -49,19 +51,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DEFAULT_BATCH_KEYS = 65_536  # keys per MGET / MSET: well under 2^18, one command for most requests
-
-MARKER_CHANGED = "EMBER_MARKER_CHANGED"
-IF_MARKER_HOLDS = b"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return redis.error_reply('EMBER_MARKER_CHANGED')
-end
-for i = 3, #ARGV, 4096 do
-  redis.call(ARGV[2], unpack(ARGV, i, math.min(i + 4095, #ARGV)))
-end
-return 1
-"""
-"""Runs ARGV[2] (MSET or DEL) on ARGV[3..] (in calls of 4,096 arguments, whole pairs for
-MSET) only if the marker KEYS[1] holds ARGV[1]; else an error naming MARKER_CHANGED."""
 
 
 def redact(url: str) -> str:
@@ -149,7 +138,8 @@ class RedisStore:
         values = encode_records(
             RowBatch(rows.weights.contiguous(), rows.state.contiguous(), rows.versions.contiguous())
         )
-        self._write_values(ids, values)
+        with self._writes.transaction() as transaction:
+            transaction.write(self._mset_commands(ids, values))
 
     def update(
         self,
@@ -162,8 +152,10 @@ class RedisStore:
 
         Absent rows are made by ``create`` first; without it KeyError, nothing changed.
         """
-        values = self._get(ids)
-        self._write_values(ids, self._stepped(ids, values, grads, optimizer, create))
+        with self._writes.transaction() as transaction:
+            values = _joined(transaction.read(self._mget_commands(ids))) if len(ids) else []
+            stepped = self._stepped(ids, values, grads, optimizer, create)
+            transaction.write(self._mset_commands(ids, stepped))
 
     def _stepped(
         self,
@@ -197,14 +189,12 @@ class RedisStore:
 
     def evict(self, ids: np.ndarray) -> None:
         """Delete the rows of ``ids``, all or none."""
-        self._writes.run(
-            [
-                pack_keyed(
-                    self._writes.head(b"DEL"), self._prefix, ids[start : start + self._batch]
-                )
-                for start in range(0, len(ids), self._batch)
-            ]
-        )
+        commands = [
+            pack_keyed([b"DEL"], self._prefix, ids[start : start + self._batch])
+            for start in range(0, len(ids), self._batch)
+        ]
+        with self._writes.transaction() as transaction:
+            transaction.write(commands)
 
     def dump(self, chunk_rows: int = DUMP_CHUNK_ROWS) -> Iterator[tuple[np.ndarray, RowBatch]]:
         """Every row of this table on this shard (SCAN, then MGET per chunk of keys).
@@ -218,7 +208,8 @@ class RedisStore:
         """Delete every row of this table on this shard (in batches: a restore, which
         calls it, is refused whole when it fails, and then deletes the rest)."""
         for keys in self._scanned_keys(self._batch):
-            self._writes.run([pack(*self._writes.head(b"DEL"), *keys)])
+            with self._writes.transaction() as transaction:
+                transaction.write([pack(b"DEL", *keys)])
 
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
@@ -254,15 +245,29 @@ class RedisStore:
         found, rows = self.fetch(ids)
         return (ids, rows) if found.all() else (ids[found], rows.select(found))
 
+    def _mget_commands(self, ids: np.ndarray) -> list[bytes]:
+        return [
+            pack_keyed([b"MGET"], self._prefix, ids[start : start + self._batch])
+            for start in range(0, len(ids), self._batch)
+        ]
+
+    def _mset_commands(self, ids: np.ndarray, values: np.ndarray) -> list[bytes]:
+        return [
+            pack_keyed(
+                [b"MSET"],
+                self._prefix,
+                ids[start : start + self._batch],
+                values[start : start + self._batch],
+            )
+            for start in range(0, len(ids), self._batch)
+        ]
+
     def _get(self, ids: np.ndarray) -> list[bytes | None]:
         """The value of each id (None where absent): pipelined MGETs, then a read of the
         marker, so rows read from a store emptied before they were read are noticed."""
         if len(ids) == 0:
             return []
-        commands = [
-            pack_keyed([b"MGET"], self._prefix, ids[start : start + self._batch])
-            for start in range(0, len(ids), self._batch)
-        ]
+        commands = self._mget_commands(ids)
         if self._marker is None:
             return _joined(self._call(lambda: run_packed(self._redis, commands)))
         expected = self._marker.expected
@@ -272,21 +277,6 @@ class RedisStore:
         self._marker.verify(held, expected)
         return _joined(replies)
 
-    def _write_values(self, ids: np.ndarray, values: np.ndarray) -> None:
-        """Write the value records of ``ids``, all or none."""
-        head = self._writes.head(b"MSET")
-        self._writes.run(
-            [
-                pack_keyed(
-                    head,
-                    self._prefix,
-                    ids[start : start + self._batch],
-                    values[start : start + self._batch],
-                )
-                for start in range(0, len(ids), self._batch)
-            ]
-        )
-
     def _check_marker(self) -> None:
         self._writes.check_marker()
 
@@ -295,9 +285,8 @@ class RedisStore:
 
 
 class MarkedWrites:
-    """Writes to one Redis database that take effect only while this process's epoch of
-    the shard's marker holds there (each one the :data:`IF_MARKER_HOLDS` script), or plain
-    writes without a marker.
+    """Transactions on one Redis database that commit only while this process's epoch of
+    the shard's marker holds there (WATCH, then MULTI/EXEC), or plain writes without one.
 
     Args:
         client: the database.
@@ -308,38 +297,14 @@ class MarkedWrites:
     def __init__(self, client: redis.Redis, url: str, marker: RedisShardMarker | None) -> None:
         self._redis, self._url, self._marker = client, url, marker
 
-    def head(self, command: bytes) -> list[bytes]:
-        """The arguments that come before a write's keys: ``command`` itself, or, once the
-        marker is armed, the script that runs it only if the marker is unchanged."""
-        expected = None if self._marker is None else self._marker.expected
-        if expected is None:
-            return [command]
-        return [b"EVAL", IF_MARKER_HOLDS, b"1", self._marker.key, expected, command]
-
-    def run(self, commands: list[bytes]) -> None:
-        """Run write ``commands`` (built on :meth:`head`) all or none: one alone, several
-        as MULTI/EXEC.
-
-        Raises:
-            ShardFailedError: the marker changed since it was read (nothing was written).
-            StoreUnavailableError: Redis is unreachable, or (an emptied store accepted
-                meanwhile) the write should be retried.
-        """
-        if not commands:
-            return
-        batch = [pack(b"MULTI"), *commands, pack(b"EXEC")] if len(commands) > 1 else commands
-        try:
-            replies = guarded(self._url, lambda: run_packed(self._redis, batch))
-        except redis.ResponseError as error:
-            if MARKER_CHANGED not in str(error):
-                raise
-            self._lost_marker()
-        if len(commands) > 1:
-            for reply in replies[-1]:
-                if isinstance(reply, Exception):
-                    if MARKER_CHANGED in str(reply):
-                        self._lost_marker()
-                    raise reply
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """One connection for a read-then-write (or a write): see :class:`Transaction`.
+        Connection failures are StoreUnavailableError; any error drops the connection."""
+        with redis_errors(self._url), pooled_connection(self._redis) as connection:
+            transaction = Transaction(connection, self._url, self._marker)
+            yield transaction
+            transaction.end()
 
     def check_marker(self) -> None:
         """Read the marker now and check it (see ``RedisShardMarker.verify``)."""
@@ -348,11 +313,64 @@ class MarkedWrites:
             held = guarded(self._url, lambda: run_packed(self._redis, [self._marker.command()]))[0]
             self._marker.verify(held, expected)
 
-    def _lost_marker(self) -> None:
-        self.check_marker()
-        raise StoreUnavailableError(
-            f"redis at {self._url}: a write found this shard's marker changed; retry it"
+
+class Transaction:
+    """A read, then a write all or none, on one connection (from :meth:`MarkedWrites.transaction`).
+
+    With an armed marker, :meth:`read` WATCHes it and reads it after the rows, and
+    :meth:`write` runs MULTI/EXEC, which Redis aborts if the marker changed since the
+    WATCH; a write with no read first WATCHes and checks the marker itself.
+    """
+
+    def __init__(self, connection: Any, url: str, marker: RedisShardMarker | None) -> None:
+        self._connection, self._url = connection, url
+        self._marker = marker if marker is not None and marker.expected is not None else None
+        self._watching = False
+
+    def read(self, commands: list[bytes]) -> list[Any]:
+        """The replies of read ``commands``, with the marker watched and checked."""
+        if self._marker is None:
+            return run_on(self._connection, commands) if commands else []
+        expected = self._marker.expected
+        _, *replies, held = run_on(
+            self._connection, [pack(b"WATCH", self._marker.key), *commands, self._marker.command()]
         )
+        self._watching = True
+        self._marker.verify(held, expected)
+        return replies
+
+    def write(self, commands: list[bytes]) -> None:
+        """Run write ``commands`` all or none (one alone; several, or any under a marker,
+        as MULTI/EXEC).
+
+        Raises:
+            ShardFailedError: the marker changed since it was read (nothing was written).
+            StoreUnavailableError: an emptied store was accepted meanwhile: retry.
+        """
+        if not commands:
+            return
+        if self._marker is not None and not self._watching:
+            self.read([])
+        if self._marker is None and len(commands) == 1:
+            run_on(self._connection, commands)
+            return
+        *_, applied = run_on(self._connection, [pack(b"MULTI"), *commands, pack(b"EXEC")])
+        self._watching = False  # EXEC ends the WATCH, whether it ran or not
+        if applied is None:  # the marker changed since WATCH: nothing was written
+            held = run_on(self._connection, [self._marker.command()])[0]
+            self._marker.verify(held, self._marker.expected)
+            raise StoreUnavailableError(
+                f"redis at {self._url}: a write found this shard's marker changed; retry it"
+            )
+        for reply in applied:
+            if isinstance(reply, Exception):
+                raise reply
+
+    def end(self) -> None:
+        """Drop a WATCH no write ended, before the connection goes back to the pool."""
+        if self._watching:
+            run_on(self._connection, [pack(b"UNWATCH")])
+            self._watching = False
 
 
 def row_key_prefix(table: str, shard: int) -> bytes:
@@ -422,7 +440,8 @@ def clear_shard_rows(
                 if key is not None and exact(key):
                     pending.append(key)
                 if pending and (key is None or len(pending) >= batch):
-                    writes.run([pack(*writes.head(b"DEL"), *pending)])
+                    with writes.transaction() as transaction:
+                        transaction.write([pack(b"DEL", *pending)])
                     deleted, pending = deleted + len(pending), []
     finally:
         client.close()

@@ -9,6 +9,8 @@ and reads their replies (parsed by redis-py's parser, hiredis when present).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -43,18 +45,28 @@ def pack_keyed(
     return b"*%d\r\n" % (len(head) + per_id * len(ids)) + arguments + rows.tobytes()
 
 
-def run_packed(client: redis.Redis, commands: list[bytes]) -> list[Any]:
-    """Send ``commands`` in one write on one connection; their replies in order.
-
-    A connection that fails mid-way is dropped (never reused half-read).
-    """
+@contextlib.contextmanager
+def pooled_connection(client: redis.Redis) -> Iterator[Any]:
+    """One connection of ``client``'s pool, for several exchanges (a WATCH, then its
+    transaction). Any error drops it, so a half-read connection is never reused."""
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
-        connection.send_packed_command(commands)
-        return [connection.read_response() for _ in commands]
+        yield connection
     except BaseException:
         connection.disconnect()
         raise
     finally:
         pool.release(connection)
+
+
+def run_on(connection: Any, commands: list[bytes]) -> list[Any]:
+    """Send ``commands`` in one write on ``connection``; their replies in order."""
+    connection.send_packed_command(commands)
+    return [connection.read_response() for _ in commands]
+
+
+def run_packed(client: redis.Redis, commands: list[bytes]) -> list[Any]:
+    """Send ``commands`` in one write on one pooled connection; their replies in order."""
+    with pooled_connection(client) as connection:
+        return run_on(connection, commands)
