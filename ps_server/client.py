@@ -72,6 +72,11 @@ class PSClient:
         self._topology_checked = False
 
     @property
+    def shard_rpc(self) -> ShardRPC:
+        """The channels to the shards, for other clients of the same cluster (StepClient)."""
+        return self._rpc
+
+    @property
     def num_shards(self) -> int:
         """Number of shards this client routes to."""
         return len(self.endpoints)
@@ -94,7 +99,7 @@ class PSClient:
             PSClientError: ALREADY_EXISTS if a different spec has that name.
         """
         spec.validate()
-        self._ensure_topology()
+        self.ensure_topology()
         request = pb.CreateTableRequest(spec=spec.to_proto())
         self._rpc.run([ShardCall(k, "CreateTable", request) for k in range(self.num_shards)])
         self._specs[spec.name] = spec
@@ -356,10 +361,10 @@ class PSClient:
         (``root`` must be a path every shard can write; this client's
         ``timeout_s`` must cover the slowest shard's write).
         """
-        self._ensure_topology()
+        self.ensure_topology()
         return take_checkpoint(self._rpc, Path(root), incremental, lease_s)[0]
 
-    def _ensure_topology(self) -> None:
+    def ensure_topology(self) -> None:
         """Check once that endpoint k reports shard k of len(endpoints)."""
         if self._topology_checked:
             return
@@ -378,7 +383,7 @@ class PSClient:
         self, table: str, ids: np.ndarray, bytes_per_row: int
     ) -> list[tuple[int, np.ndarray]]:
         """(shard, positions into ids) pairs, each small enough for one message."""
-        self._ensure_topology()
+        self.ensure_topology()
         rows_per_message = max(
             1, (self.config.max_message_bytes - REQUEST_OVERHEAD_BYTES) // bytes_per_row
         )

@@ -21,7 +21,8 @@ class ShardConfig:
         num_shards: number of shards in the cluster.
         host: address to bind.
         port: port to bind; 0 picks a free one (reported in the ready file).
-        workers: gRPC handler threads.
+        workers: gRPC handler threads. A step request that waits for other ranks
+            (see the .proto's clocks) holds one while it waits.
         max_message_bytes: largest request or reply.
         dedup_window: recent push request ids remembered per table.
         torch_threads: intra-op threads of the shard's tensor ops. Shard work
@@ -49,7 +50,7 @@ class ShardConfig:
     num_shards: int = 1
     host: str = "127.0.0.1"
     port: int = 0
-    workers: int = 8
+    workers: int = 32
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     dedup_window: int = 65536
     torch_threads: int = 1

@@ -69,6 +69,10 @@ class WriteLogLockedError(EmberError):
     """Another live process holds this shard's write-ahead log."""
 
 
+class ClockTimeoutError(EmberError):
+    """A request waited past its deadline for other ranks of its job (named in the message)."""
+
+
 class PermissionDeniedError(EmberError):
     """A control request names something outside what this shard may touch."""
 
@@ -86,6 +90,7 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     DurableStateError: grpc.StatusCode.FAILED_PRECONDITION,
     WriteLogLockedError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    ClockTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ember.ps_server.errors import TableExistsError
+from ember.ps_server.proto_wire import Buffer
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import pb
-from ember.ps_server.wire_codec import Buffer
 from ember.ps_server.write_log import WriteLog
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ def replay(server: ParameterServer, write_log: WriteLog) -> int:
         elif entry == "assign":
             a = record.assign
             server.assign(a.table, a.ids, a.values, a.state, a.request_id, a.versions)
+        elif entry == "step":
+            server.steps.replay(record.step)
         count += 1
     log.info("replayed %d logged requests from %s", count, write_log.directory)
     return count

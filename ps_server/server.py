@@ -26,6 +26,7 @@ from ember.ps_server.journal import WriteJournal
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard_checkpoint import ShardCheckpoints
 from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.steps import StepService
 from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.table import Table, TableCounters
 from ember.ps_server.table_spec import TableSpec
@@ -127,6 +128,7 @@ class ParameterServer:
         self.gate = WriteGate()
         self.journal = WriteJournal()
         self.checkpoints = ShardCheckpoints(self, checkpoint_root)
+        self.steps = StepService(self)
 
     def create_table(self, spec: TableSpec) -> bool:
         """Create a table; returns False if an identical one exists.
@@ -187,8 +189,8 @@ class ParameterServer:
         validated = []
         for table, ids, with_state in requests:
             words = 2 + (self._table(table).store.state_width if with_state else 0)
-            validated.append((*self._check_pull(table, ids, words), words, with_state))
-        self._check_batch_reply_size(
+            validated.append((*self.checked_read(table, ids, words), words, with_state))
+        self.check_reply_size(
             [(target, len(ids), target.spec.dim + words) for target, ids, words, _ in validated]
         )
         replies = []
@@ -221,11 +223,11 @@ class ParameterServer:
         self.fault.check()
         validated = []
         for table, ids, held_versions, bound in requests:
-            target, id_array = self._check_pull(table, ids, words_per_row=_STALE_WORDS_PER_ROW)
+            target, id_array = self.checked_read(table, ids, words_per_row=_STALE_WORDS_PER_ROW)
             validated.append(
                 (target, id_array, decode_versions(held_versions, len(id_array)), bound)
             )
-        self._check_batch_reply_size(
+        self.check_reply_size(
             [(t, len(ids), t.spec.dim + _STALE_WORDS_PER_ROW) for t, ids, _, _ in validated]
         )
         replies = []
@@ -241,10 +243,10 @@ class ParameterServer:
             )
         return replies
 
-    def _check_pull(
+    def checked_read(
         self, table: str, ids: bytes | memoryview, words_per_row: int = 2
     ) -> tuple[Table, np.ndarray]:
-        """Validate a pull of packed ``ids`` (table, ids, reply size, ownership) without reading.
+        """The table and ids of a read, validated (ids, reply size, ownership); nothing read.
 
         ``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats.
         """
@@ -283,9 +285,19 @@ class ParameterServer:
     def _validate_push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
     ) -> tuple[Table, np.ndarray, np.ndarray, str]:
-        target = self._table(table)
         if not request_id:
             raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
+        return (*self.checked_grads(table, ids, grads), request_id)
+
+    def checked_grads(
+        self, table: str, ids: bytes | memoryview, grads: bytes | memoryview
+    ) -> tuple[Table, np.ndarray, np.ndarray]:
+        """The table, ids and gradient rows of a write, validated (nothing applied).
+
+        Raises:
+            InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
+        """
+        target = self._table(table)
         id_array = decode_ids(ids)
         grad_rows = decode_rows(grads, len(id_array), target.spec.dim, "grads")
         self._check_owned(table, id_array)
@@ -295,7 +307,7 @@ class ParameterServer:
                 f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
                 f"{int(id_array[bad])}); nothing was applied"
             )
-        return target, id_array, grad_rows, request_id
+        return target, id_array, grad_rows
 
     def assign(
         self,
@@ -384,8 +396,12 @@ class ParameterServer:
                 f"over this shard's limit of {self.max_message_bytes}; split the ids into smaller requests"
             )
 
-    def _check_batch_reply_size(self, parts: list[tuple[Table, int, int]]) -> None:
-        """Refuse a batch whose replies ``(table, rows, words per row)`` together pass the limit."""
+    def check_reply_size(self, parts: list[tuple[Table, int, int]]) -> None:
+        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit.
+
+        Raises:
+            MessageTooLargeError: they do (a single reply is checked by :meth:`checked_read`).
+        """
         if len(parts) < 2:
             return
         reply_bytes = _REPLY_OVERHEAD_BYTES + sum(

@@ -22,6 +22,14 @@ from ember.ps_server.errors import EmberError, InvalidArgumentError, status_code
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.recovery import recover
 from ember.ps_server.server import ParameterServer, PullStaleReply
+from ember.ps_server.step_codec import (
+    LookupRequestView,
+    UpdateRequestView,
+    decode_lookup_request,
+    decode_update_request,
+    encode_lookup_response,
+    encode_update_response,
+)
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire_codec import PushRequestView, decode_push_request, encode_pull_reply
@@ -32,9 +40,13 @@ from grpc_reflection.v1alpha import reflection
 log = logging.getLogger(__name__)
 
 
-# Methods whose payloads skip the generated classes (see wire_codec).
-_RAW_REQUESTS = {"Push": decode_push_request}
-_RAW_REPLIES = frozenset({"Pull"})
+# Methods whose payloads skip the generated classes (see wire_codec, step_codec).
+_RAW_REQUESTS = {
+    "Push": decode_push_request,
+    "Lookup": decode_lookup_request,
+    "Update": decode_update_request,
+}
+_RAW_REPLIES = frozenset({"Pull", "Lookup", "Update"})
 
 
 def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
@@ -218,6 +230,16 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     ) -> pb.CommitCheckpointResponse:
         self.server.checkpoints.commit(request.checkpoint_id)
         return pb.CommitCheckpointResponse()
+
+    def Lookup(self, request: LookupRequestView, context: grpc.ServicerContext) -> bytes:
+        """Takes the LookupRequest as decoded by the step codec; returns the serialised reply."""
+        rows, watermark = self.server.steps.lookup(request)
+        return encode_lookup_response(rows, watermark)
+
+    def Update(self, request: UpdateRequestView, context: grpc.ServicerContext) -> bytes:
+        """Takes the UpdateRequest as decoded by the step codec; returns the serialised reply."""
+        duplicate, refreshed, watermark = self.server.steps.update(request)
+        return encode_update_response(duplicate, refreshed, watermark)
 
 
 def _pull_stale_response(reply: PullStaleReply) -> pb.PullStaleResponse:

@@ -19,6 +19,7 @@ import grpc
 from ember.ps_server.config import ClientConfig, message_size_options
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.fanout import FanOut
+from ember.ps_server.step_codec import decode_lookup_response, decode_update_response
 from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire_codec import decode_pull_reply
 
@@ -28,15 +29,18 @@ REQUEST_OVERHEAD_BYTES = 4096
 
 @dataclasses.dataclass(frozen=True)
 class ShardCall:
-    """One RPC: the shard's index, the method name and the request."""
+    """One RPC: the shard's index, the method name and the request; ``extra_wait_s`` is
+    added to the configured deadline (for a request the shard may hold that long)."""
 
     shard: int
     method: str
     request: Any
+    extra_wait_s: float = 0.0
 
 
 class _DataPathStub(pb_grpc.ParameterServerStub):
-    """The generated stub with Pull replies and Push requests on the zero-copy codecs."""
+    """The generated stub with the data path (Pull replies, Push requests, Lookup and
+    Update both ways) on the zero-copy codecs."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         super().__init__(channel)
@@ -49,6 +53,16 @@ class _DataPathStub(pb_grpc.ParameterServerStub):
             f"/{SERVICE_NAME}/Push",
             request_serializer=None,  # already encoded by encode_push_request
             response_deserializer=pb.PushResponse.FromString,
+        )
+        self.Lookup = channel.unary_unary(
+            f"/{SERVICE_NAME}/Lookup",
+            request_serializer=None,  # encoded by encode_lookup_request
+            response_deserializer=decode_lookup_response,
+        )
+        self.Update = channel.unary_unary(
+            f"/{SERVICE_NAME}/Update",
+            request_serializer=None,  # encoded by encode_update_request
+            response_deserializer=decode_update_response,
         )
 
 
@@ -154,7 +168,8 @@ class ShardRPC:
 
     def _invoker(self, call: ShardCall) -> Callable[[], Any]:
         method = getattr(self._stubs[call.shard], call.method)
-        return functools.partial(method, call.request, timeout=self.config.timeout_s)
+        timeout = self.config.timeout_s + call.extra_wait_s
+        return functools.partial(method, call.request, timeout=timeout)
 
     def _client_error(self, call: ShardCall, error: grpc.RpcError, attempts: int) -> PSClientError:
         details = error.details() or ""

@@ -47,8 +47,8 @@ from ember.ps_server.errors import (
     TopologyMismatchError,
     WriteLogLockedError,
 )
+from ember.ps_server.proto_wire import Buffer
 from ember.ps_server.shard_fault import ShardFault
-from ember.ps_server.wire_codec import Buffer
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,15 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class UpdateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPDATE_MODE_UNSPECIFIED: _ClassVar[UpdateMode]
+    EXACT: _ClassVar[UpdateMode]
+    ASYNC: _ClassVar[UpdateMode]
+UPDATE_MODE_UNSPECIFIED: UpdateMode
+EXACT: UpdateMode
+ASYNC: UpdateMode
+
 class Initializer(_message.Message):
     __slots__ = ("kind", "scale", "seed")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -319,12 +328,100 @@ class CommitCheckpointResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class StepClock(_message.Message):
+    __slots__ = ("job", "world", "rank", "clock", "mode", "wait_ms")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    world: int
+    rank: int
+    clock: int
+    mode: UpdateMode
+    wait_ms: int
+    def __init__(self, job: _Optional[str] = ..., world: _Optional[int] = ..., rank: _Optional[int] = ..., clock: _Optional[int] = ..., mode: _Optional[_Union[UpdateMode, str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class TableIds(_message.Message):
+    __slots__ = ("table", "ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+
+class TableGrads(_message.Message):
+    __slots__ = ("table", "ids", "grads")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    grads: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("tables", "clock")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableIds]
+    clock: StepClock
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("values", "watermark")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[bytes]
+    watermark: int
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ...) -> None: ...
+
+class UpdateRequest(_message.Message):
+    __slots__ = ("tables", "clock", "refresh")
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    REFRESH_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
+    clock: StepClock
+    refresh: _containers.RepeatedCompositeFieldContainer[TableIds]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ...) -> None: ...
+
+class RefreshedRows(_message.Message):
+    __slots__ = ("positions", "values")
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    positions: bytes
+    values: bytes
+    def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
+
+class UpdateResponse(_message.Message):
+    __slots__ = ("duplicate", "refreshed", "watermark")
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    REFRESHED_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    refreshed: _containers.RepeatedCompositeFieldContainer[RefreshedRows]
+    watermark: int
+    def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ...) -> None: ...
+
 class LogRecord(_message.Message):
-    __slots__ = ("create_table", "push", "assign")
+    __slots__ = ("create_table", "push", "assign", "step")
     CREATE_TABLE_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     create_table: CreateTableRequest
     push: PushBatchRequest
     assign: AssignRequest
-    def __init__(self, create_table: _Optional[_Union[CreateTableRequest, _Mapping]] = ..., push: _Optional[_Union[PushBatchRequest, _Mapping]] = ..., assign: _Optional[_Union[AssignRequest, _Mapping]] = ...) -> None: ...
+    step: StepApplied
+    def __init__(self, create_table: _Optional[_Union[CreateTableRequest, _Mapping]] = ..., push: _Optional[_Union[PushBatchRequest, _Mapping]] = ..., assign: _Optional[_Union[AssignRequest, _Mapping]] = ..., step: _Optional[_Union[StepApplied, _Mapping]] = ...) -> None: ...
+
+class StepApplied(_message.Message):
+    __slots__ = ("clock", "tables")
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    clock: StepClock
+    tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
+    def __init__(self, clock: _Optional[_Union[StepClock, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ...) -> None: ...

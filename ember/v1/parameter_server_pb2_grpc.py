@@ -104,6 +104,16 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.FromString,
                 _registered_method=True)
+        self.Lookup = channel.unary_unary(
+                '/ember.v1.ParameterServer/Lookup',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.LookupRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.LookupResponse.FromString,
+                _registered_method=True)
+        self.Update = channel.unary_unary(
+                '/ember.v1.ParameterServer/Update',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -193,6 +203,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lookup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Update(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +287,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.CommitCheckpoint,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.SerializeToString,
+            ),
+            'Lookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lookup,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.LookupRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.LookupResponse.SerializeToString,
+            ),
+            'Update': grpc.unary_unary_rpc_method_handler(
+                    servicer.Update,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +677,60 @@ class ParameterServer:
             '/ember.v1.ParameterServer/CommitCheckpoint',
             ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.CommitCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/Lookup',
+            ember_dot_v1_dot_parameter__server__pb2.LookupRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.LookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Update(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/Update',
+            ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,137 @@
+"""The proto3 wire format, read and written directly: varints, tags and fields.
+
+The zero-copy codecs (:mod:`wire_codec`, :mod:`step_codec`) build on these.
+Reading rejects exactly what protobuf's own parser (upb) rejects, so a codec
+accepts a message if and only if the generated classes would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from ember.ps_server.errors import InvalidArgumentError
+
+VARINT, FIXED64, LEN, _START_GROUP, _END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5
+_MAX_FIELD_NUMBER = (1 << 29) - 1
+_MAX_GROUP_DEPTH = 100  # protobuf's default nesting limit
+_VARINT_BYTES = 10
+_TAG_AND_LENGTH_BYTES = 5  # protobuf reads tags and lengths as 32-bit varints
+
+
+def varint(value: int) -> bytes:
+    """The varint encoding of a non-negative ``value``."""
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _malformed(what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"malformed message: {what}")
+
+
+def read_varint(data: memoryview, pos: int, max_bytes: int = _VARINT_BYTES) -> tuple[int, int]:
+    """A varint of at most ``max_bytes`` bytes; bits past 64 are dropped, as protobuf drops
+    them."""
+    result = 0
+    for index in range(max_bytes):
+        if pos >= len(data):
+            raise _malformed("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << (7 * index)
+        if not byte & 0x80:
+            return result & 0xFFFF_FFFF_FFFF_FFFF, pos
+    raise _malformed(f"varint longer than {max_bytes} bytes")
+
+
+def _field(data: memoryview, pos: int, depth: int) -> tuple[int, int, int | memoryview, int]:
+    """``(number, wire type, value, next position)`` of the field at ``pos``; a group's value
+    is its bytes, an end-group's None. Rejects exactly what protobuf's parser rejects."""
+    key, pos = read_varint(data, pos, _TAG_AND_LENGTH_BYTES)
+    number, wire_type = key >> 3, key & 7
+    if not 0 < number <= _MAX_FIELD_NUMBER:
+        raise _malformed(f"field number {number}")
+    if wire_type == VARINT:
+        value, pos = read_varint(data, pos)
+    elif wire_type == LEN:
+        length, pos = read_varint(data, pos, _TAG_AND_LENGTH_BYTES)
+        if length > len(data) - pos:
+            raise _malformed("field runs past the end")
+        value, pos = data[pos : pos + length], pos + length
+    elif wire_type in (FIXED64, FIXED32):
+        width = 8 if wire_type == FIXED64 else 4
+        if width > len(data) - pos:
+            raise _malformed("truncated fixed-width field")
+        value, pos = int.from_bytes(data[pos : pos + width], "little"), pos + width
+    elif wire_type == _START_GROUP:
+        if depth >= _MAX_GROUP_DEPTH:
+            raise _malformed("groups nested too deeply")
+        start = pos
+        while True:
+            if pos >= len(data):
+                raise _malformed(f"group {number} is not closed")
+            inner, inner_type, _, pos = _field(data, pos, depth + 1)
+            if inner_type == _END_GROUP:
+                if inner != number:
+                    raise _malformed(f"group {number} closed as group {inner}")
+                break
+        value = data[start:pos]
+    elif wire_type == _END_GROUP:
+        value = None
+    else:
+        raise _malformed(f"unsupported wire type {wire_type}")
+    return number, wire_type, value, pos
+
+
+def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of every field; LEN values are memoryviews."""
+    pos = 0
+    while pos < len(data):
+        number, wire_type, value, pos = _field(data, pos, depth=0)
+        if wire_type == _END_GROUP:
+            raise _malformed(f"group {number} closed but never opened")
+        yield number, wire_type, value
+
+
+def uint32(value: int) -> int:
+    """A varint read as protobuf reads a ``uint32``: its low 32 bits."""
+    return value & 0xFFFF_FFFF
+
+
+def len_field(number: int, payload_length: int) -> bytes:
+    return varint((number << 3) | LEN) + varint(payload_length)
+
+
+EMPTY = memoryview(b"")
+Buffer = bytes | memoryview | np.ndarray
+
+
+def bytes_view(buffer: Buffer) -> memoryview:
+    """A C-contiguous ``buffer`` as a flat memoryview of bytes."""
+    view = memoryview(buffer)
+    return view.cast("B") if view.nbytes else EMPTY
+
+
+def utf8(value: memoryview, field: str) -> str:
+    """A string field's text; InvalidArgumentError if it is not UTF-8 (proto3 requires it)."""
+    try:
+        return str(value, "utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgumentError(f"malformed message: {field} is not valid UTF-8") from None
+
+
+def int64(value: int) -> int:
+    """A varint read as protobuf reads an ``int64``: two's complement of 64 bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def int64_varint(value: int) -> bytes:
+    """An ``int64`` as its varint (a negative one takes ten bytes)."""
+    return varint(value & 0xFFFF_FFFF_FFFF_FFFF)

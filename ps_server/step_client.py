@@ -1,0 +1,221 @@
+"""StepClient: a trainer's step data plane, Lookup and clocked Update (see the .proto).
+
+One Lookup and one Update per shard per step carry every table: ids are
+routed to their shards, each shard's part encoded by the zero-copy step
+codec, and replies scattered back into the caller's order as they arrive.
+With a :class:`StepJob`, updates carry the rank's step clock and go to every
+shard, even one that gets no rows this step, so that every shard's clock
+advances; lookups may name the clock they need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from ember.kernels.rows import scatter_rows
+from ember.ps_server.client import PSClient
+from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
+from ember.ps_server.routing import positions_by_shard, shard_of
+from ember.ps_server.shard_rpc import ShardCall
+from ember.ps_server.step_codec import (
+    LookupResponseView,
+    StepClockView,
+    UpdateResponseView,
+    encode_lookup_request,
+    encode_update_request,
+)
+from ember.ps_server.wire import encode_ids, readonly_tensor
+
+MODES = ("exact", "async")
+_MODE_NUMBERS = {"exact": 1, "async": 2}  # ember.v1.UpdateMode
+
+
+@dataclasses.dataclass(frozen=True)
+class StepJob:
+    """Who a trainer rank is, for the shards' step clocks.
+
+    Attributes:
+        name: the job's name, new for every run (clocks are deduplication keys).
+        world: ranks in the job.
+        rank: this rank, 0 .. world-1.
+        mode: ``exact`` (the shard sums every rank's gradients of a clock into one
+            optimizer step per row: N ranks equal one process on their union) or
+            ``async`` (each rank's update is its own optimizer step).
+        wait_s: how long a shard may hold a request for the other ranks before it
+            fails, naming the ranks it waited for.
+    """
+
+    name: str
+    world: int = 1
+    rank: int = 0
+    mode: str = "exact"
+    wait_s: float = 60.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if not 0 < len(self.name) <= 128 or not self.name.isprintable():
+            raise ValueError(f"job name must be 1..128 printable characters, got {self.name!r}")
+        if self.world < 1 or not 0 <= self.rank < self.world:
+            raise ValueError(f"rank must be in 0..world-1, got rank {self.rank} of {self.world}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not 0.001 <= self.wait_s <= 3600:
+            raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
+
+    def clock(self, step: int) -> StepClockView:
+        """This rank's clock ``step`` as the wire carries it."""
+        return StepClockView(
+            self.name, self.world, self.rank, step, _MODE_NUMBERS[self.mode],
+            max(1, round(self.wait_s * 1000)),
+        )  # fmt: skip
+
+
+class StepClient:
+    """Lookups and updates of whole steps, over the channels of ``client``.
+
+    Args:
+        client: a connected PSClient whose tables exist.
+        job: this rank's job (None: lookups without clocks, no updates).
+
+    Example:
+        >>> steps = StepClient(client, StepJob("run-7f3a", world=2, rank=0))  # doctest: +SKIP
+        >>> rows = steps.lookup({"user": ids}, clock=4)       # every rank's clock 4 applied
+        >>> steps.update({"user": (ids, grads)}, clock=5)     # returns once clock 5 is applied
+    """
+
+    def __init__(self, client: PSClient, job: StepJob | None = None) -> None:
+        if job is not None:
+            job.validate()
+        self.client, self.job = client, job
+        client.ensure_topology()
+
+    def lookup(
+        self, requests: Mapping[str, Any], clock: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Rows of each table's ids, in the caller's order (duplicates allowed), read once every
+        rank's updates up to ``clock`` are applied (needs a job; None: at once).
+
+        Raises:
+            ValueError: bad ids, or a clock without a job.
+            PSClientError: a shard refused, failed or timed out waiting for other ranks
+                (DEADLINE_EXCEEDED, naming them).
+        """
+        clock_view = self._clock(clock) if clock is not None else None
+        out: dict[str, torch.Tensor] = {}
+        per_shard: list[list[tuple[str, np.ndarray]]] = [[] for _ in range(self.client.num_shards)]
+        for table, ids in requests.items():
+            id_array = as_id_array(ids)
+            out[table] = torch.empty(len(id_array), self.client.dim(table), dtype=torch.float32)
+            for shard, positions in enumerate(self._route(table, id_array)):
+                if len(positions):
+                    per_shard[shard].append((table, positions, id_array[positions]))
+        calls, entries = [], []
+        for shard, items in enumerate(per_shard):
+            if items:
+                request = encode_lookup_request(
+                    [(table, encode_ids(ids)) for table, _, ids in items], clock_view
+                )
+                calls.append(ShardCall(shard, "Lookup", request, self._wait_s(clock_view)))
+                entries.append(items)
+
+        def place(index: int, reply: LookupResponseView) -> None:
+            for (table, positions, _), values in zip(entries[index], reply.values, strict=True):
+                rows = readonly_tensor(values, torch.float32).view(len(positions), -1)
+                scatter_rows(out[table], torch.from_numpy(positions), rows)
+
+        self.client.shard_rpc.run(calls, on_reply=place)
+        return out
+
+    def update(
+        self,
+        updates: Mapping[str, tuple[Any, Any]],
+        clock: int,
+        refresh: Mapping[str, Any] | None = None,
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Send this rank's step ``clock``: ``{table: (ids, grads)}`` to every shard (duplicate
+        ids summed); returns when every shard applied the clock (in exact mode, once every
+        rank's update is in).
+
+        Args:
+            updates: each table's ids and gradients [len(ids), dim].
+            clock: the step, 0, 1, 2, ... (each exactly once; a repeat is a no-op).
+            refresh: rows already read for the next step, ``{table: distinct ids}``.
+
+        Returns:
+            ``{table: (positions, rows)}``: the positions into ``refresh[table]`` of the
+            rows this clock changed, with their rows once it is applied.
+
+        Raises:
+            ValueError: bad ids or gradients, or no job (nothing sent).
+            PSClientError: a shard refused or failed, or timed out waiting for other
+                ranks (DEADLINE_EXCEEDED, naming them).
+        """
+        clock_view = self._clock(clock)
+        per_shard_updates: list[list] = [[] for _ in range(self.client.num_shards)]
+        for table, (ids, grads) in updates.items():
+            id_array = as_id_array(ids)
+            dim = self.client.dim(table)
+            unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
+            summed_rows = summed.numpy()
+            for shard, positions in enumerate(self._route(table, unique_ids)):
+                if len(positions):
+                    per_shard_updates[shard].append(
+                        (table, encode_ids(unique_ids[positions]), summed_rows[positions])
+                    )
+        per_shard_refresh: list[list] = [[] for _ in range(self.client.num_shards)]
+        refreshed: dict[str, tuple[list, list]] = {}
+        for table, ids in (refresh or {}).items():
+            id_array = as_id_array(ids)
+            refreshed[table] = ([], [])
+            for shard, positions in enumerate(self._route(table, id_array)):
+                if len(positions):
+                    per_shard_refresh[shard].append((table, positions, id_array[positions]))
+        calls = [
+            ShardCall(
+                shard,
+                "Update",
+                encode_update_request(
+                    per_shard_updates[shard],
+                    clock_view,
+                    [(table, encode_ids(ids)) for table, _, ids in per_shard_refresh[shard]],
+                ),
+                self._wait_s(clock_view),
+            )
+            for shard in range(self.client.num_shards)
+        ]
+
+        def collect(shard: int, reply: UpdateResponseView) -> None:
+            for (table, positions, _), (found, values) in zip(
+                per_shard_refresh[shard], reply.refreshed, strict=True
+            ):
+                where = np.frombuffer(found, dtype="<i8")
+                refreshed[table][0].append(positions[where])
+                refreshed[table][1].append(
+                    readonly_tensor(values, torch.float32).view(len(where), -1).clone()
+                )
+
+        self.client.shard_rpc.run(calls, on_reply=collect)
+        return {
+            table: (
+                torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),
+                torch.cat(rows) if rows else torch.empty(0, self.client.dim(table)),
+            )
+            for table, (found, rows) in refreshed.items()
+        }
+
+    def _route(self, table: str, ids: np.ndarray) -> list[np.ndarray]:
+        return positions_by_shard(
+            shard_of(table, ids, self.client.num_shards), self.client.num_shards
+        )
+
+    def _clock(self, step: int) -> StepClockView:
+        if self.job is None:
+            raise ValueError("a clocked lookup or an update needs a StepJob")
+        return self.job.clock(step)
+
+    def _wait_s(self, clock: StepClockView | None) -> float:
+        return 0.0 if clock is None else clock.wait_ms / 1000.0

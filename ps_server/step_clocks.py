@@ -1,0 +1,161 @@
+"""StepClocks: the clocks of training jobs on one shard, and the waits on them.
+
+Per job: its world size and update mode, each rank's highest applied clock,
+the updates buffered for clocks not yet applied (EXACT mode: until every
+rank's is in), and which rows each recent clock changed (for refreshes). The
+watermark is the lowest applied clock over the ranks. Requests wait on a
+job's condition, never poll, and give up at their deadline naming the ranks
+the job waits for. Jobs are kept for the most recent :data:`MAX_JOBS`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.step_codec import StepClockView
+from ember.ps_server.wire import pb
+
+MAX_JOBS = 64
+MAX_WAIT_MS = 3_600_000
+MAX_JOB_CHARS = 128
+REMEMBERED_CLOCKS = 8  # clocks whose changed rows are kept for refreshes
+MODES = {pb.EXACT: "exact", pb.ASYNC: "async"}
+
+
+@dataclasses.dataclass
+class Job:
+    """One job's clock state on this shard (guarded by its condition)."""
+
+    name: str
+    world: int
+    mode: int
+    applied: list[int]
+    pending: dict[int, dict[int, Any]] = dataclasses.field(default_factory=dict)
+    changed: collections.OrderedDict[int, dict[str, np.ndarray]] = dataclasses.field(
+        default_factory=collections.OrderedDict
+    )
+    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+    waiters: int = 0
+
+    @property
+    def watermark(self) -> int:
+        """The highest clock up to which every rank's updates are applied (-1: none)."""
+        return min(self.applied)
+
+    def wait(self, ready, deadline: float, what: str, needed: int) -> None:
+        """Wait on the condition (held by the caller) until ``ready()``.
+
+        Raises:
+            ClockTimeoutError: the deadline passed; names the ranks behind ``needed``.
+        """
+        self.waiters += 1
+        self.cond.notify_all()  # for await_waiters
+        try:
+            while not ready():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.cond.wait(remaining):
+                    if ready():
+                        return
+                    delivered = self.pending.get(needed, {})
+                    behind = [
+                        r for r, clock in enumerate(self.applied)
+                        if clock < needed and r not in delivered
+                    ]  # fmt: skip
+                    raise ClockTimeoutError(
+                        f"job {self.name!r}: gave up waiting for {what}: rank(s) "
+                        f"{', '.join(map(str, behind)) or 'none'} have not delivered clock "
+                        f"{needed} (applied clocks by rank: {self.applied}); a rank has died or "
+                        "fallen behind"
+                    )
+        finally:
+            self.waiters -= 1
+
+    def await_waiters(self, count: int, timeout_s: float) -> bool:
+        """Wait until ``count`` requests wait on this job (tests, diagnostics); False on timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.waiters >= count, timeout_s)
+
+    def remember_changed(self, clock: int, changed: dict[str, np.ndarray]) -> None:
+        """Record the rows ``clock`` changed (per table), forgetting the oldest clocks."""
+        self.changed[clock] = changed
+        while len(self.changed) > REMEMBERED_CLOCKS:
+            self.changed.popitem(last=False)
+
+
+class StepClocks:
+    """The jobs of one shard, by name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
+
+    def job(self, clock: StepClockView) -> Job:
+        """The job ``clock`` names, created on first use.
+
+        Raises:
+            InvalidArgumentError: a bad job name, world, rank, mode or wait, or one that
+                disagrees with what the job was started with.
+        """
+        check_clock(clock)
+        with self._lock:
+            job = self._jobs.get(clock.job)
+            if job is None:
+                job = Job(clock.job, clock.world, clock.mode, [-1] * clock.world)
+                self._jobs[clock.job] = job
+                self._forget_idle()
+            self._jobs.move_to_end(clock.job)
+        if (job.world, job.mode) != (clock.world, clock.mode):
+            raise InvalidArgumentError(
+                f"job {clock.job!r} runs {job.world} rank(s) in {MODES[job.mode]} mode; this "
+                f"request says {clock.world} in {MODES.get(clock.mode, clock.mode)} mode"
+            )
+        return job
+
+    def snapshot(self) -> dict[str, dict]:
+        """Every job's world, mode and applied clocks (for checkpoints)."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return {
+            job.name: {"world": job.world, "mode": job.mode, "applied": list(job.applied)}
+            for job in jobs
+        }
+
+    def restore(self, jobs: dict[str, dict]) -> None:
+        """Replace every job's clocks by a :meth:`snapshot` (nothing pending)."""
+        with self._lock:
+            self._jobs = collections.OrderedDict(
+                (name, Job(name, state["world"], state["mode"], list(state["applied"])))
+                for name, state in jobs.items()
+            )
+
+    def _forget_idle(self) -> None:
+        """Drop the least recently used idle jobs beyond MAX_JOBS (caller holds the lock)."""
+        for name in list(self._jobs)[: max(0, len(self._jobs) - MAX_JOBS)]:
+            job = self._jobs[name]
+            if not job.pending and not job.waiters:
+                del self._jobs[name]
+
+
+def check_clock(clock: StepClockView) -> None:
+    """Raise InvalidArgumentError unless ``clock`` names a job, rank, mode and wait soundly."""
+    if not 0 < len(clock.job) <= MAX_JOB_CHARS or not clock.job.isprintable():
+        raise InvalidArgumentError(
+            f"clock.job must be 1..{MAX_JOB_CHARS} printable characters, got {clock.job[:40]!r}"
+        )
+    if clock.world < 1 or not 0 <= clock.rank < clock.world:
+        raise InvalidArgumentError(
+            f"clock.rank must be in 0..world-1 with world >= 1, got rank {clock.rank} of "
+            f"{clock.world}"
+        )
+    if clock.mode not in MODES:
+        raise InvalidArgumentError(f"clock.mode must be EXACT or ASYNC, got {clock.mode}")
+    if not 0 < clock.wait_ms <= MAX_WAIT_MS:
+        raise InvalidArgumentError(
+            f"clock.wait_ms must be in 1..{MAX_WAIT_MS}, got {clock.wait_ms}"
+        )

@@ -1,0 +1,289 @@
+"""Zero-copy codecs of the step data plane: Lookup and Update, both ways.
+
+A step's lookup and update carry every table of one shard in one message, so
+they are the largest messages of training. As :mod:`wire_codec` does for Pull
+and Push, these codecs read and write the proto3 wire format directly:
+decoding returns memoryviews into the received bytes, encoding joins the
+payloads into the message in one copy. They accept exactly what the
+generated classes accept (a repeated ``clock`` message is merged field by
+field, as protobuf merges it); the tests compare both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from ember.ps_server.proto_wire import (
+    EMPTY,
+    LEN,
+    VARINT,
+    Buffer,
+    bytes_view,
+    fields,
+    int64,
+    int64_varint,
+    len_field,
+    uint32,
+    utf8,
+    varint,
+)
+
+
+@dataclasses.dataclass
+class StepClockView:
+    """A StepClock (see the .proto): which job, rank and clock a request belongs to."""
+
+    job: str = ""
+    world: int = 0
+    rank: int = 0
+    clock: int = 0
+    mode: int = 0
+    wait_ms: int = 0
+
+
+@dataclasses.dataclass
+class TableIdsView:
+    """One table's ids (a view into the received bytes)."""
+
+    table: str
+    ids: memoryview
+
+
+@dataclasses.dataclass
+class TableGradsView:
+    """One table's ids and gradients (views into the received bytes)."""
+
+    table: str
+    ids: memoryview
+    grads: memoryview
+
+
+@dataclasses.dataclass
+class LookupRequestView:
+    """A decoded LookupRequest; ``clock`` is None when the request carries none."""
+
+    tables: list[TableIdsView]
+    clock: StepClockView | None
+
+
+@dataclasses.dataclass
+class UpdateRequestView:
+    """A decoded UpdateRequest."""
+
+    tables: list[TableGradsView]
+    clock: StepClockView | None
+    refresh: list[TableIdsView]
+
+
+@dataclasses.dataclass
+class LookupResponseView:
+    """A decoded LookupResponse: each table's rows, in request order."""
+
+    values: list[memoryview]
+    watermark: int
+
+
+@dataclasses.dataclass
+class UpdateResponseView:
+    """A decoded UpdateResponse: per refresh entry, ``(positions, values)``."""
+
+    duplicate: bool
+    refreshed: list[tuple[memoryview, memoryview]]
+    watermark: int
+
+
+# ---- encoding -----------------------------------------------------------------
+
+
+def _message(number: int, parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    return [len_field(number, sum(len(part) for part in parts)), *parts]
+
+
+def _string(number: int, text: str) -> list[bytes]:
+    data = text.encode()
+    return [len_field(number, len(data)), data] if data else []
+
+
+def _payload(number: int, buffer: Buffer) -> list[bytes | memoryview]:
+    view = bytes_view(buffer)
+    return [len_field(number, len(view)), view] if len(view) else []
+
+
+def _scalar(number: int, value: int, encode=varint) -> list[bytes]:
+    return [varint(number << 3), encode(value)] if value else []
+
+
+def _clock(number: int, clock: StepClockView | None) -> list[bytes | memoryview]:
+    if clock is None:
+        return []
+    return _message(
+        number,
+        [
+            *_string(1, clock.job),
+            *_scalar(2, clock.world),
+            *_scalar(3, clock.rank),
+            *_scalar(4, clock.clock, int64_varint),
+            *_scalar(5, clock.mode),
+            *_scalar(6, clock.wait_ms),
+        ],
+    )
+
+
+def _table_ids(number: int, table: str, ids: Buffer) -> list[bytes | memoryview]:
+    return _message(number, [*_string(1, table), *_payload(2, ids)])
+
+
+def encode_lookup_request(
+    tables: Sequence[tuple[str, Buffer]], clock: StepClockView | None
+) -> bytes:
+    """Serialise a LookupRequest of ``(table, ids)`` entries."""
+    parts = [part for table, ids in tables for part in _table_ids(1, table, ids)]
+    return b"".join([*parts, *_clock(2, clock)])
+
+
+def encode_update_request(
+    tables: Sequence[tuple[str, Buffer, Buffer]],
+    clock: StepClockView | None,
+    refresh: Sequence[tuple[str, Buffer]] = (),
+) -> bytes:
+    """Serialise an UpdateRequest of ``(table, ids, grads)`` entries and refresh ``(table, ids)``."""
+    parts = [
+        part
+        for table, ids, grads in tables
+        for part in _message(1, [*_string(1, table), *_payload(2, ids), *_payload(3, grads)])
+    ]
+    refreshes = [part for table, ids in refresh for part in _table_ids(3, table, ids)]
+    return b"".join([*parts, *_clock(2, clock), *refreshes])
+
+
+def encode_lookup_response(values: Sequence[Buffer], watermark: int) -> bytes:
+    """Serialise a LookupResponse."""
+    parts = [part for rows in values for part in _len_entry(1, rows)]
+    return b"".join([*parts, *_scalar(2, watermark, int64_varint)])
+
+
+def encode_update_response(
+    duplicate: bool, refreshed: Sequence[tuple[Buffer, Buffer]], watermark: int
+) -> bytes:
+    """Serialise an UpdateResponse."""
+    parts = _scalar(1, int(duplicate))
+    for positions, values in refreshed:
+        parts += _message(2, [*_payload(1, positions), *_payload(2, values)])
+    return b"".join([*parts, *_scalar(3, watermark, int64_varint)])
+
+
+def _len_entry(number: int, buffer: Buffer) -> list[bytes | memoryview]:
+    """A repeated bytes entry: written even when empty (it holds a place in the list)."""
+    view = bytes_view(buffer)
+    return [len_field(number, len(view)), view]
+
+
+# ---- decoding -----------------------------------------------------------------
+
+
+def _decode_clock(data: memoryview, clock: StepClockView) -> StepClockView:
+    """``clock`` with the fields of ``data`` merged in (protobuf merges a repeated message)."""
+    for number, wire_type, value in fields(data):
+        if number == 1 and wire_type == LEN:
+            clock.job = utf8(value, "clock.job")
+        elif wire_type != VARINT:
+            continue
+        elif number == 2:
+            clock.world = uint32(value)
+        elif number == 3:
+            clock.rank = uint32(value)
+        elif number == 4:
+            clock.clock = int64(value)
+        elif number == 5:
+            clock.mode = _int32(value)
+        elif number == 6:
+            clock.wait_ms = uint32(value)
+    return clock
+
+
+def _int32(value: int) -> int:
+    value &= 0xFFFF_FFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _decode_table_ids(data: memoryview) -> TableIdsView:
+    entry = TableIdsView(table="", ids=EMPTY)
+    for number, wire_type, value in fields(data):
+        if wire_type == LEN and number == 1:
+            entry.table = utf8(value, "table")
+        elif wire_type == LEN and number == 2:
+            entry.ids = value
+    return entry
+
+
+def _decode_table_grads(data: memoryview) -> TableGradsView:
+    entry = TableGradsView(table="", ids=EMPTY, grads=EMPTY)
+    for number, wire_type, value in fields(data):
+        if wire_type != LEN:
+            continue
+        if number == 1:
+            entry.table = utf8(value, "table")
+        elif number == 2:
+            entry.ids = value
+        elif number == 3:
+            entry.grads = value
+    return entry
+
+
+def decode_lookup_request(data: bytes) -> LookupRequestView:
+    """Parse a serialised LookupRequest without copying its payloads."""
+    request = LookupRequestView(tables=[], clock=None)
+    for number, wire_type, value in fields(memoryview(data)):
+        if wire_type != LEN:
+            continue
+        if number == 1:
+            request.tables.append(_decode_table_ids(value))
+        elif number == 2:
+            request.clock = _decode_clock(value, request.clock or StepClockView())
+    return request
+
+
+def decode_update_request(data: bytes) -> UpdateRequestView:
+    """Parse a serialised UpdateRequest without copying its payloads."""
+    request = UpdateRequestView(tables=[], clock=None, refresh=[])
+    for number, wire_type, value in fields(memoryview(data)):
+        if wire_type != LEN:
+            continue
+        if number == 1:
+            request.tables.append(_decode_table_grads(value))
+        elif number == 2:
+            request.clock = _decode_clock(value, request.clock or StepClockView())
+        elif number == 3:
+            request.refresh.append(_decode_table_ids(value))
+    return request
+
+
+def decode_lookup_response(data: bytes) -> LookupResponseView:
+    """Parse a serialised LookupResponse without copying its rows."""
+    response = LookupResponseView(values=[], watermark=0)
+    for number, wire_type, value in fields(memoryview(data)):
+        if number == 1 and wire_type == LEN:
+            response.values.append(value)
+        elif number == 2 and wire_type == VARINT:
+            response.watermark = int64(value)
+    return response
+
+
+def decode_update_response(data: bytes) -> UpdateResponseView:
+    """Parse a serialised UpdateResponse without copying its rows."""
+    response = UpdateResponseView(duplicate=False, refreshed=[], watermark=0)
+    for number, wire_type, value in fields(memoryview(data)):
+        if number == 1 and wire_type == VARINT:
+            response.duplicate = bool(value)
+        elif number == 2 and wire_type == LEN:
+            positions, values = EMPTY, EMPTY
+            for inner, inner_type, payload in fields(value):
+                if inner_type == LEN and inner == 1:
+                    positions = payload
+                elif inner_type == LEN and inner == 2:
+                    values = payload
+            response.refreshed.append((positions, values))
+        elif number == 3 and wire_type == VARINT:
+            response.watermark = int64(value)
+    return response

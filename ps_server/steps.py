@@ -1,0 +1,219 @@
+"""StepService: the step data plane of one shard, Lookup and clocked Update.
+
+A step's lookup and update carry every table the step touches on this shard.
+Updates carry the rank's step clock (see the .proto): in EXACT mode the
+shard buffers each rank's update of a clock and, once every rank's is in,
+applies their summed gradients as one optimizer step per row, as one write
+(logged as one record); in ASYNC mode each update is applied when the rank's
+previous clock has been. A lookup that names a clock waits until the job's
+watermark reaches it. An update's answer carries the refresh rows its clock
+changed, read once the clock is applied.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.id_arrays import sum_duplicates
+from ember.ps_server.step_clocks import Job, StepClocks
+from ember.ps_server.step_codec import (
+    LookupRequestView,
+    StepClockView,
+    TableGradsView,
+    TableIdsView,
+    UpdateRequestView,
+)
+from ember.ps_server.wire import pb
+
+if TYPE_CHECKING:
+    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.table import Table
+
+# A validated update of one table: the table, its ids and gradient rows.
+TableUpdate = tuple["Table", np.ndarray, np.ndarray]
+
+
+class StepService:
+    """Lookup and Update on the tables of ``server``."""
+
+    def __init__(self, server: ParameterServer) -> None:
+        self._server = server
+        self.clocks = StepClocks()
+
+    def lookup(self, request: LookupRequestView) -> tuple[list[np.ndarray], int]:
+        """Rows of every table of ``request`` in order, once its clock is reached.
+
+        Returns:
+            ``(rows per table, the job's watermark or -1)``.
+        """
+        self._server.fault.check()
+        reads = self._checked_reads(request.tables, "lookup")
+        self._server.check_reply_size([(t, len(ids), t.spec.dim) for t, ids in reads])
+        watermark = -1
+        if request.clock is not None:
+            needed = request.clock.clock
+            if needed < -1:
+                raise InvalidArgumentError(f"a lookup's clock must be >= -1, got {needed}")
+            job = self.clocks.job(request.clock)
+            with job.cond:
+                job.wait(
+                    lambda: job.watermark >= needed, _deadline(request.clock),
+                    f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
+                )  # fmt: skip
+                watermark = job.watermark
+        return [target.pull(ids).weights.numpy() for target, ids in reads], watermark
+
+    def update(
+        self, request: UpdateRequestView
+    ) -> tuple[bool, list[tuple[np.ndarray, np.ndarray]], int]:
+        """Apply one rank's update of one clock (see the module docstring).
+
+        Returns:
+            ``(duplicate, (positions, rows) per refresh entry, the job's watermark)``.
+
+        Raises:
+            InvalidArgumentError: a malformed request (nothing buffered or applied).
+            ClockTimeoutError: the other ranks did not deliver in time (nothing applied).
+        """
+        self._server.fault.check()
+        clock = request.clock
+        if clock is None or clock.clock < 0:
+            raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
+        updates = self._checked_updates(request.tables)
+        refresh = self._checked_reads(request.refresh, "refresh")
+        self._server.check_reply_size([(t, len(ids), t.spec.dim + 2) for t, ids in refresh])
+        job = self.clocks.job(clock)
+        rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
+        with job.cond:
+            if step <= job.applied[rank]:
+                return True, self._refreshed(job, step, refresh), job.watermark
+            if job.mode == pb.EXACT:
+                job.pending.setdefault(step, {}).setdefault(rank, updates)
+                self._apply_complete_clocks(job)
+                job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
+            else:
+                job.wait(
+                    lambda: job.applied[rank] >= step - 1, deadline,
+                    f"clock {step - 1} of rank {rank}", step - 1,
+                )  # fmt: skip
+                if step <= job.applied[rank]:  # a retry of this update won the race
+                    return True, self._refreshed(job, step, refresh), job.watermark
+                self._apply(job, clock, updates)
+                job.applied[rank] = step
+                job.cond.notify_all()
+            return False, self._refreshed(job, step, refresh), job.watermark
+
+    def replay(self, record: pb.StepApplied) -> None:
+        """Apply a logged clock again at recovery (no log record is written)."""
+        c = record.clock
+        clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
+        job = self.clocks.job(clock)
+        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
+        with job.cond:
+            if job.mode == pb.EXACT and clock.clock > job.watermark:
+                self._write(job, clock, updates, log=False)
+                job.applied = [clock.clock] * job.world
+            elif job.mode == pb.ASYNC and clock.clock > job.applied[clock.rank]:
+                self._write(job, clock, updates, log=False)
+                job.applied[clock.rank] = clock.clock
+
+    def _apply_complete_clocks(self, job: Job) -> None:
+        """Apply, in order, every next clock whose updates from all ranks are in."""
+        while len(job.pending.get(job.watermark + 1, ())) == job.world:
+            step = job.watermark + 1
+            by_rank = job.pending[step]
+            merged: dict[str, list[TableUpdate]] = {}
+            for rank in range(job.world):
+                for update in by_rank[rank]:
+                    merged.setdefault(update[0].spec.name, []).append(update)
+            updates = [
+                (parts[0][0], np.concatenate([p[1] for p in parts]),
+                 np.concatenate([p[2] for p in parts]))
+                for parts in merged.values()
+            ]  # fmt: skip
+            clock = StepClockView(job.name, job.world, 0, step, job.mode, 1)
+            self._apply(job, clock, updates)  # raises with the clock still pending
+            del job.pending[step]
+            job.applied = [step] * job.world
+            job.cond.notify_all()
+
+    def _apply(self, job: Job, clock: StepClockView, updates: list[TableUpdate]) -> None:
+        self._write(job, clock, updates, log=True)
+
+    def _write(self, job: Job, clock: StepClockView, updates: list[TableUpdate], log: bool) -> None:
+        """One optimizer step per distinct row of ``updates``, logged as one record; the rows
+        are remembered as changed by ``clock`` (for refreshes)."""
+        request_id = f"{job.name}@{clock.clock}" + (
+            f"#{clock.rank}" if job.mode == pb.ASYNC else ""
+        )
+        summed = []
+        for target, ids, grads in updates:
+            unique_ids, rows = sum_duplicates(ids, torch.from_numpy(np.ascontiguousarray(grads)))
+            summed.append((target, unique_ids, rows))
+
+        def record() -> list[bytes]:
+            applied = pb.StepApplied(
+                clock=pb.StepClock(
+                    job=job.name, world=job.world, rank=clock.rank, clock=clock.clock,
+                    mode=job.mode, wait_ms=1,
+                ),
+                tables=[
+                    pb.TableGrads(table=t.spec.name, ids=i.astype("<i8").tobytes(),
+                                  grads=g.numpy().tobytes())
+                    for t, i, g in summed
+                ],
+            )  # fmt: skip
+            return [pb.LogRecord(step=applied).SerializeToString()]
+
+        server = self._server
+        if log:
+            with server.gate.writing(), server.journal.record(record):
+                for target, ids, grads in summed:
+                    target.push(ids, grads, request_id)
+        else:
+            for target, ids, grads in summed:
+                target.push(ids, grads, request_id)
+        job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
+
+    def _refreshed(
+        self, job: Job, step: int, refresh: list[tuple[Table, np.ndarray]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per refresh entry, the positions of its ids that clock ``step`` changed, with
+        their rows as they are now (all of them if the clock is no longer remembered)."""
+        changed = job.changed.get(step)
+        replies = []
+        for target, ids in refresh:
+            if changed is None:
+                positions = np.arange(len(ids), dtype=np.int64)
+            else:
+                touched = changed.get(target.spec.name, np.empty(0, dtype=np.int64))
+                positions = np.flatnonzero(np.isin(ids, touched)).astype(np.int64)
+            replies.append((positions, target.pull(ids[positions]).weights.numpy()))
+        return replies
+
+    def _checked_reads(self, entries: list[TableIdsView], what: str) -> list:
+        _distinct_tables(entries, what)
+        return [self._server.checked_read(e.table, e.ids) for e in entries]
+
+    def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
+        _distinct_tables(entries, "update")
+        return [
+            (target, ids.copy(), grads.copy())
+            for target, ids, grads in (
+                self._server.checked_grads(e.table, e.ids, e.grads) for e in entries
+            )
+        ]
+
+
+def _distinct_tables(entries: list, what: str) -> None:
+    names = [entry.table for entry in entries]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"a {what} names a table more than once: {sorted(names)}")
+
+
+def _deadline(clock: StepClockView) -> float:
+    return time.monotonic() + clock.wait_ms / 1000.0

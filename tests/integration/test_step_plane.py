@@ -1,0 +1,103 @@
+"""The step data plane against real shards: clocked lookups and exact updates of 2 ranks."""
+
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.client import PSClient
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.step_client import StepClient, StepJob
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+
+from tests.support.reference import ReferenceRow
+
+ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
+
+
+def spec(name: str) -> TableSpec:
+    return TableSpec(name, dim=4, optimizer=ADAM)
+
+
+def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gradient(
+    cluster, table_name
+):
+    tables = [spec(table_name + ".a"), spec(table_name + ".b")]
+    ids = torch.arange(0, 300, 3)
+    steps = 3
+    grads = {
+        (rank, step, t.name): torch.randn(len(ids), 4, generator=torch.Generator().manual_seed(
+            rank * 100 + step * 10 + n))
+        for rank in range(2) for step in range(steps) for n, t in enumerate(tables)
+    }  # fmt: skip
+    seen, errors = {}, []
+
+    def rank_loop(rank: int) -> None:
+        try:
+            with PSClient(cluster.endpoints) as client:
+                for t in tables:
+                    client.create_table(t)
+                steps_client = StepClient(
+                    client, StepJob(table_name, world=2, rank=rank, wait_s=30)
+                )
+                for step in range(steps):
+                    rows = steps_client.lookup({t.name: ids for t in tables}, clock=step - 1)
+                    seen[(rank, step)] = rows
+                    steps_client.update(
+                        {t.name: (ids, grads[(rank, step, t.name)]) for t in tables}, step
+                    )
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank_loop, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    for n, t in enumerate(tables):
+        reference = [ReferenceRow(r, ADAM) for r in initial_rows(t, ids.numpy()).numpy()]
+        for step in range(steps):
+            for rank in range(2):  # both ranks read the same rows: every rank's earlier clocks
+                np.testing.assert_allclose(
+                    seen[(rank, step)][t.name].numpy(), np.stack([r.w for r in reference]),
+                    rtol=1e-5, atol=1e-6,
+                )  # fmt: skip
+            summed = grads[(0, step, t.name)] + grads[(1, step, t.name)]
+            for row, grad in zip(reference, summed.numpy()):
+                row.apply(grad)
+        with PSClient(cluster.endpoints) as client:
+            rows, versions = client.pull_with_versions(t.name, ids)
+        assert versions.eq(steps).all()  # one step per clock, not one per rank
+        np.testing.assert_allclose(
+            rows.numpy(), np.stack([r.w for r in reference]), rtol=1e-5, atol=1e-6
+        )
+
+
+def test_an_update_hands_back_the_refresh_rows_its_clock_changed_from_every_shard(
+    cluster, table_name
+):
+    t = spec(table_name)
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        ids, later = torch.arange(0, 40, 2), torch.tensor([38, 1, 0, 7, 20])
+        refreshed = steps.update({t.name: (ids, torch.ones(len(ids), 4))}, 0, {t.name: later})
+        positions, rows = refreshed[t.name]
+        order = torch.argsort(positions)
+        assert positions[order].tolist() == [0, 2, 4]  # 38, 0 and 20 changed; 1 and 7 did not
+        assert torch.equal(rows[order], client.pull(t.name, later[[0, 2, 4]]))
+
+
+def test_a_rank_that_never_arrives_fails_the_others_within_the_wait_naming_it(cluster, table_name):
+    t = spec(table_name)
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=3, rank=0, wait_s=0.5))
+        with pytest.raises(PSClientError) as failed:
+            steps.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0)
+        assert failed.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "rank(s) 1, 2 have not delivered clock 0" in failed.value.details
+        assert client.pull_with_versions(t.name, torch.arange(4))[1].eq(0).all()  # not in part

@@ -1,0 +1,159 @@
+"""The step codecs match the generated classes both ways, and reject what protobuf rejects."""
+
+import random
+
+import numpy as np
+from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.step_codec import (
+    StepClockView,
+    decode_lookup_request,
+    decode_lookup_response,
+    decode_update_request,
+    decode_update_response,
+    encode_lookup_request,
+    encode_lookup_response,
+    encode_update_request,
+    encode_update_response,
+)
+from ember.ps_server.wire import pb
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.mutations import mutated
+
+names = st.text(max_size=12)
+blobs = st.binary(max_size=200)
+clocks = st.none() | st.builds(
+    StepClockView,
+    job=names,
+    world=st.integers(0, 2**32 - 1),
+    rank=st.integers(0, 2**32 - 1),
+    clock=st.integers(-(2**63), 2**63 - 1),
+    mode=st.sampled_from([0, 1, 2]),
+    wait_ms=st.integers(0, 2**32 - 1),
+)
+
+
+def _pb_clock(clock):
+    if clock is None:
+        return None
+    return pb.StepClock(
+        job=clock.job, world=clock.world, rank=clock.rank, clock=clock.clock, mode=clock.mode,
+        wait_ms=clock.wait_ms,
+    )  # fmt: skip
+
+
+def _view_clock(message, present):
+    if not present:
+        return None
+    c = message.clock
+    return StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
+
+
+@settings(max_examples=80, deadline=None)
+@given(tables=st.lists(st.tuples(names, blobs), max_size=4), clock=clocks)
+def test_lookup_requests_match_the_generated_code_both_ways(tables, clock):
+    encoded = encode_lookup_request(tables, clock)
+    parsed = pb.LookupRequest.FromString(encoded)
+    assert [(t.table, t.ids) for t in parsed.tables] == tables
+    assert _view_clock(parsed, parsed.HasField("clock")) == clock
+    generated = pb.LookupRequest(
+        tables=[pb.TableIds(table=t, ids=i) for t, i in tables], clock=_pb_clock(clock)
+    ).SerializeToString()
+    view = decode_lookup_request(generated)
+    assert [(t.table, bytes(t.ids)) for t in view.tables] == tables and view.clock == clock
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    tables=st.lists(st.tuples(names, blobs, blobs), max_size=4),
+    clock=clocks,
+    refresh=st.lists(st.tuples(names, blobs), max_size=3),
+)
+def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh):
+    encoded = encode_update_request(tables, clock, refresh)
+    parsed = pb.UpdateRequest.FromString(encoded)
+    assert [(t.table, t.ids, t.grads) for t in parsed.tables] == tables
+    assert [(t.table, t.ids) for t in parsed.refresh] == refresh
+    assert _view_clock(parsed, parsed.HasField("clock")) == clock
+    generated = pb.UpdateRequest(
+        tables=[pb.TableGrads(table=t, ids=i, grads=g) for t, i, g in tables],
+        clock=_pb_clock(clock),
+        refresh=[pb.TableIds(table=t, ids=i) for t, i in refresh],
+    ).SerializeToString()
+    view = decode_update_request(generated)
+    assert [(t.table, bytes(t.ids), bytes(t.grads)) for t in view.tables] == tables
+    assert [(t.table, bytes(t.ids)) for t in view.refresh] == refresh and view.clock == clock
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(blobs, max_size=4),
+    watermark=st.integers(-(2**63), 2**63 - 1),
+    duplicate=st.booleans(),
+    refreshed=st.lists(st.tuples(blobs, blobs), max_size=3),
+)
+def test_responses_match_the_generated_code_both_ways(values, watermark, duplicate, refreshed):
+    parsed = pb.LookupResponse.FromString(encode_lookup_response(values, watermark))
+    assert list(parsed.values) == values and parsed.watermark == watermark
+    view = decode_lookup_response(
+        pb.LookupResponse(values=values, watermark=watermark).SerializeToString()
+    )
+    assert [bytes(v) for v in view.values] == values and view.watermark == watermark
+    encoded = encode_update_response(duplicate, refreshed, watermark)
+    parsed = pb.UpdateResponse.FromString(encoded)
+    assert parsed.duplicate == duplicate and parsed.watermark == watermark
+    assert [(r.positions, r.values) for r in parsed.refreshed] == refreshed
+    view = decode_update_response(
+        pb.UpdateResponse(
+            duplicate=duplicate,
+            refreshed=[pb.RefreshedRows(positions=p, values=v) for p, v in refreshed],
+            watermark=watermark,
+        ).SerializeToString()
+    )
+    assert view.duplicate == duplicate and view.watermark == watermark
+    assert [(bytes(p), bytes(v)) for p, v in view.refreshed] == refreshed
+
+
+def test_a_repeated_clock_is_merged_field_by_field_as_protobuf_merges_it():
+    first = pb.UpdateRequest(clock=pb.StepClock(job="j", world=2, clock=5)).SerializeToString()
+    second = pb.UpdateRequest(clock=pb.StepClock(rank=1, clock=6)).SerializeToString()
+    merged = pb.UpdateRequest.FromString(first + second).clock
+    view = decode_update_request(first + second).clock
+    assert (view.job, view.world, view.rank, view.clock) == (
+        merged.job, merged.world, merged.rank, merged.clock,
+    ) == ("j", 2, 1, 6)  # fmt: skip
+
+
+def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them():
+    rng = random.Random(11)
+    clock = StepClockView(job="job-1", world=2, rank=1, clock=7, mode=1, wait_ms=5000)
+    ids = np.arange(4, dtype="<i8")
+    grads = np.ones((4, 2), "<f4")
+    cases = [
+        (encode_lookup_request([("a", ids), ("b", ids[:2])], clock), decode_lookup_request,
+         pb.LookupRequest),
+        (encode_update_request([("a", ids, grads)], clock, [("a", ids)]), decode_update_request,
+         pb.UpdateRequest),
+        (encode_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
+        (encode_update_response(True, [(ids, grads)], 3), decode_update_response,
+         pb.UpdateResponse),
+    ]  # fmt: skip
+    for valid, ours, message in cases:
+        outcomes = set()
+        for _ in range(1500):
+            data = mutated(valid, rng)
+            try:
+                message.FromString(data)
+                expected = True
+            except DecodeError:
+                expected = False
+            try:
+                ours(data)
+                accepted = True
+            except InvalidArgumentError:
+                accepted = False
+            assert accepted == expected, (message.__name__, data.hex())
+            outcomes.add(accepted)
+        assert outcomes == {True, False}

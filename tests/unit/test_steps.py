@@ -1,0 +1,176 @@
+"""The step data plane on one shard, in process: clocks, exact sums, waits, refreshes."""
+
+import threading
+
+import numpy as np
+import pytest
+from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.step_codec import (
+    StepClockView,
+    decode_lookup_request,
+    decode_update_request,
+    encode_lookup_request,
+    encode_update_request,
+)
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import pb
+
+from tests.support.reference import ReferenceRow
+
+ADAM = TableSpec("emb", dim=3, optimizer=OptimizerSpec(OptimizerKind.ADAM, lr=0.1))
+OTHER = TableSpec("other", dim=2, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
+
+
+def shard() -> ParameterServer:
+    server = ParameterServer(0, 1)
+    server.create_table(ADAM)
+    server.create_table(OTHER)
+    return server
+
+
+def clock(step, rank=0, world=2, mode=pb.EXACT, job="job-a", wait_ms=20_000):
+    return StepClockView(job, world, rank, step, mode, wait_ms)
+
+
+def update(server, step, ids, grads, rank=0, refresh=(), **kwargs):
+    request = encode_update_request(
+        [("emb", np.asarray(ids, "<i8"), np.asarray(grads, "<f4"))],
+        clock(step, rank, **kwargs),
+        [("emb", np.asarray(r, "<i8")) for r in refresh],
+    )
+    return server.steps.update(decode_update_request(request))
+
+
+def lookup(server, ids, step=None, rank=0, **kwargs):
+    request = encode_lookup_request(
+        [("emb", np.asarray(ids, "<i8"))], None if step is None else clock(step, rank, **kwargs)
+    )
+    rows, watermark = server.steps.lookup(decode_lookup_request(request))
+    return rows[0], watermark
+
+
+def in_thread(work, *args, **kwargs):
+    result = {}
+
+    def run():
+        try:
+            result["value"] = work(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - handed to the test
+            result["error"] = error
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def reference_rows(ids, steps):
+    """Float64 Adam rows of ``ids`` after each gradient of ``steps`` in turn."""
+    rows = [ReferenceRow(r, ADAM.optimizer) for r in initial_rows(ADAM, np.asarray(ids)).numpy()]
+    for grads in steps:
+        for row, grad in zip(rows, grads):
+            row.apply(np.asarray(grad))
+    return np.stack([row.w for row in rows])
+
+
+def test_exact_mode_applies_the_sum_of_every_rank_as_one_step_per_row_per_clock():
+    server = shard()
+    g0, g1 = np.full((2, 3), 0.3), np.full((2, 3), -0.1)
+    first, result = in_thread(update, server, 0, [4, 9], g0, rank=0)
+    assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)  # held for rank 1
+    assert "value" not in result
+    duplicate, _, watermark = update(server, 0, [9, 4], g1[::-1], rank=1)
+    first.join(30)
+    assert result["value"][0] is False and duplicate is False and watermark == 0
+    rows, _ = lookup(server, [4, 9])
+    np.testing.assert_allclose(rows, reference_rows([4, 9], [g0 + g1]), rtol=1e-5, atol=1e-6)
+    assert server.pull("emb", np.array([4, 9], "<i8").tobytes()).versions.tolist() == [1, 1]
+
+
+def test_async_mode_steps_once_per_rank_update():
+    server = shard()
+    g0, g1 = np.full((1, 3), 0.3), np.full((1, 3), -0.1)
+    update(server, 0, [4], g0, rank=0, mode=pb.ASYNC)
+    update(server, 0, [4], g1, rank=1, mode=pb.ASYNC)
+    rows, watermark = lookup(server, [4], step=0, mode=pb.ASYNC)
+    assert watermark == 0
+    np.testing.assert_allclose(rows, reference_rows([4], [g0, g1]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_lookup_waits_until_every_rank_delivered_its_clock():
+    server = shard()
+    update_0, _ = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0)
+    waiting, looked = in_thread(lookup, server, [4], step=0, rank=0)
+    assert server.steps.clocks.job(clock(0)).await_waiters(2, 30)  # rank 0's update and lookup
+    assert "value" not in looked
+    update(server, 0, [4], np.ones((1, 3)), rank=1)
+    waiting.join(30)
+    update_0.join(30)
+    rows, watermark = looked["value"]
+    assert watermark == 0
+    np.testing.assert_allclose(rows, reference_rows([4], [np.full((1, 3), 2.0)]), rtol=1e-5)
+
+
+def test_a_missing_rank_fails_the_wait_naming_it_and_no_clock_is_applied_in_part():
+    server = shard()
+    with pytest.raises(ClockTimeoutError, match=r"rank\(s\) 1 have not delivered clock 0"):
+        update(server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=50)
+    with pytest.raises(ClockTimeoutError, match=r"rank\(s\) 0, 1 have not delivered clock 3"):
+        lookup(server, [4], step=3, wait_ms=50)
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
+
+
+def test_a_repeated_clock_is_a_duplicate_and_clocks_apply_in_order():
+    server = shard()
+    later, result = in_thread(update, server, 1, [4], np.ones((1, 3)), world=1)
+    assert server.steps.clocks.job(clock(1, world=1)).await_waiters(1, 30)
+    assert "value" not in result  # clock 1 waits for clock 0
+    assert update(server, 0, [4], np.ones((1, 3)), world=1)[0] is False
+    later.join(30)
+    assert result["value"][0] is False
+    assert update(server, 1, [4], np.ones((1, 3)), world=1)[0] is True  # a retry
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [2]
+
+
+def test_an_update_returns_the_refresh_rows_its_clock_changed():
+    server = shard()
+    duplicate, refreshed, _ = update(server, 0, [4, 9], np.ones((2, 3)), world=1,
+                                     refresh=[[1, 9, 7, 4]])  # fmt: skip
+    ((positions, rows),) = refreshed
+    assert positions.tolist() == [1, 3]  # 9 and 4 changed; 1 and 7 did not
+    np.testing.assert_array_equal(rows, lookup(server, [9, 4])[0])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rank": 2}, "rank must be in 0..world-1"),
+        ({"job": ""}, "clock.job must be"),
+        ({"wait_ms": 0}, "wait_ms must be in"),
+        ({"mode": 0}, "mode must be EXACT or ASYNC"),
+    ],
+)
+def test_bad_clocks_are_refused(change, message):
+    server = shard()
+    arguments = {"rank": 0, "job": "job-a", "wait_ms": 100, "mode": pb.EXACT, **change}
+    with pytest.raises(InvalidArgumentError, match=message):
+        update(server, 0, [4], np.ones((1, 3)), **arguments)
+
+
+def test_bad_updates_are_refused_before_anything_is_buffered():
+    server = shard()
+    bad_clock = encode_update_request([("emb", np.array([4], "<i8"), np.ones((1, 3), "<f4"))], None)
+    with pytest.raises(InvalidArgumentError, match="needs a clock"):
+        server.steps.update(decode_update_request(bad_clock))
+    with pytest.raises(InvalidArgumentError, match="NaN or Inf"):
+        update(server, 0, [4], np.full((1, 3), np.nan))
+    twice = encode_update_request(
+        [("emb", np.array([4], "<i8"), np.ones((1, 3), "<f4"))] * 2, clock(0)
+    )
+    with pytest.raises(InvalidArgumentError, match="more than once"):
+        server.steps.update(decode_update_request(twice))
+    lookup(server, [4], step=-1)  # the job begins, with 2 ranks
+    with pytest.raises(InvalidArgumentError, match="runs 2 rank"):
+        update(server, 0, [4], np.ones((1, 3)), world=3)  # the job began with world 2
+    assert not server.steps.clocks.job(clock(0)).pending
