@@ -137,6 +137,7 @@ def test_an_update_returns_the_refresh_rows_its_clock_changed():
     server = shard()
     duplicate, refreshed, _ = update(server, 0, [4, 9], np.ones((2, 3)), world=1,
                                      refresh=[[1, 9, 7, 4]])  # fmt: skip
+    assert duplicate is False
     ((positions, rows),) = refreshed
     assert positions.tolist() == [1, 3]  # 9 and 4 changed; 1 and 7 did not
     np.testing.assert_array_equal(rows, lookup(server, [9, 4])[0])
