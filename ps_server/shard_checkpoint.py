@@ -111,8 +111,9 @@ class ShardCheckpoints:
             write_log = self._server.journal.log
             self._written_log_segment = write_log.rotate() if write_log is not None else 0
             files = write_shard_files(
-                tables, self._server.shard, self._server.num_shards, target, bool(base_id)
-            )
+                tables, self._server.shard, self._server.num_shards, target, bool(base_id),
+                self._server.steps.clocks.snapshot(),
+            )  # fmt: skip
             self._server.fault.check()  # nothing read while the shard failed is a checkpoint
             self._written_checkpoint, self._written_directory = checkpoint_id, target
             return files, [table.spec for table in tables]
@@ -197,6 +198,8 @@ class ShardCheckpoints:
             rows = restore_chain(
                 chain, self._server.shard, self._server.num_shards, self._server.tables()
             )
+            meta = _shard_meta(*chain[-1], self._server.shard, self._server.num_shards)
+            self._server.steps.clocks.restore(meta.get("step_clocks", {}))
         self._committed_checkpoint = self._written_checkpoint = latest.id
         return rows
 
@@ -210,9 +213,15 @@ def _check_checkpoint_id(checkpoint_id: str) -> None:
 
 
 def write_shard_files(
-    tables: list[Table], shard: int, num_shards: int, directory: Path, incremental: bool
+    tables: list[Table],
+    shard: int,
+    num_shards: int,
+    directory: Path,
+    incremental: bool,
+    step_clocks: dict[str, dict] | None = None,
 ) -> list[FileEntry]:
-    """Write a row file per table and the shard's metadata file into ``directory``."""
+    """Write a row file per table and the shard's metadata file into ``directory``
+    (the push deduplication windows and the training jobs' step clocks)."""
     directory.mkdir(parents=True, exist_ok=True)
     files = [
         table.write_snapshot(
@@ -224,6 +233,7 @@ def write_shard_files(
         "shard": shard,
         "num_shards": num_shards,
         "applied_request_ids": {t.spec.name: t.applied_request_ids() for t in tables},
+        "step_clocks": step_clocks or {},
     }
     meta_path = directory / f"shard-{shard}-of-{num_shards}.meta.json"
     data = json.dumps(meta).encode()
@@ -241,7 +251,7 @@ def restore_chain(
     equal the checkpoint's rows that this shard owns.
     """
     directory, latest = chain[-1]
-    windows = _deduplication_windows(directory, latest, shard, num_shards)
+    windows = _shard_meta(directory, latest, shard, num_shards).get("applied_request_ids", {})
     for spec in latest.tables:
         tables[spec.name].reset(windows.get(spec.name, []))
     restored = 0
@@ -291,9 +301,13 @@ def _load_row_file(path: Path, table: Table, shard: int, num_shards: int) -> int
     return loaded
 
 
-def _deduplication_windows(
-    directory: Path, manifest: Manifest, shard: int, num_shards: int
-) -> dict[str, list[str]]:
+def _shard_meta(directory: Path, manifest: Manifest, shard: int, num_shards: int) -> dict:
+    """This shard's metadata of the checkpoint when the shard count is the same (request ids
+    and step clocks are per shard), else ``{}``.
+
+    Raises:
+        DurableFileCorruptError: missing or unreadable.
+    """
     if manifest.num_shards != num_shards:
         return {}
     meta = [entry for entry in manifest.files_for(shard, num_shards) if not entry.table]
@@ -303,9 +317,13 @@ def _deduplication_windows(
         )
     path = directory / meta[0].path
     try:
-        windows = json.loads(path.read_bytes())["applied_request_ids"]
+        body = json.loads(path.read_bytes())
+        windows, clocks = body["applied_request_ids"], body.get("step_clocks", {})
         if not all(isinstance(ids, list) for ids in windows.values()):
             raise TypeError("a window is not a list")
-        return windows
+        for state in clocks.values():
+            if not (isinstance(state["applied"], list) and state["world"] == len(state["applied"])):
+                raise TypeError("a job's clocks do not match its world")
+        return body
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DurableFileCorruptError(f"{path}: unreadable ({error!r})") from error

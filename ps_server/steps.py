@@ -152,7 +152,8 @@ class StepService:
         )
         summed = []
         for target, ids, grads in updates:
-            unique_ids, rows = sum_duplicates(ids, torch.from_numpy(np.ascontiguousarray(grads)))
+            writable = np.require(grads, np.float32, requirements=["C", "W"])  # replays: views
+            unique_ids, rows = sum_duplicates(ids, torch.from_numpy(writable))
             summed.append((target, unique_ids, rows))
 
         def record() -> list[bytes]:
