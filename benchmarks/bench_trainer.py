@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.malloc_tuning import retain_freed_buffers
+from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM
-from ember.trainer.train import TrainConfig, synthetic_data, table_specs, train
+from ember.trainer.train import synthetic_data, table_specs, train
 
 
 def reference_samples_per_s(config: TrainConfig) -> float:

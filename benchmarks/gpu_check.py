@@ -132,7 +132,8 @@ def bandwidth(device: torch.device, n: int, dim: int) -> dict[str, float]:
 def training_run(device: torch.device, steps: int, batch_size: int) -> dict[str, object]:
     """One trainer rank on ``device`` against a 1-shard local cluster, static cache on."""
     from ember.ps_server.cluster import LocalCluster
-    from ember.trainer.train import TrainConfig, train
+    from ember.trainer.config import TrainConfig
+    from ember.trainer.train import train
 
     with LocalCluster(1) as cluster:
         config = TrainConfig(

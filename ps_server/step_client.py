@@ -83,7 +83,7 @@ class StepClient:
 
     Example:
         >>> steps = StepClient(client, StepJob("run-7f3a", world=2, rank=0))  # doctest: +SKIP
-        >>> rows = steps.lookup({"user": ids}, clock=4)       # every rank's clock 4 applied
+        >>> rows, _ = steps.lookup({"user": ids}, clock=4)    # every rank's clock 4 applied
         >>> steps.update({"user": (ids, grads)}, clock=5)     # returns once clock 5 is applied
     """
 
@@ -122,20 +122,23 @@ class StepClient:
                 calls.append(ShardCall(shard, "Lookup", request, self._wait_s(clock_view)))
                 entries.append(items)
 
+        watermarks = []
+
         def place(index: int, reply: LookupResponseView) -> None:
+            watermarks.append(reply.watermark)
             for (table, positions, _), values in zip(entries[index], reply.values, strict=True):
                 rows = readonly_tensor(values, torch.float32).view(len(positions), -1)
                 scatter_rows(out[table], torch.from_numpy(positions), rows)
 
         self.client.shard_rpc.run(calls, on_reply=place)
-        return out
+        return out, min(watermarks, default=-1 if clock is None else clock)
 
     def update(
         self,
         updates: Mapping[str, tuple[Any, Any]],
         clock: int,
         refresh: Mapping[str, Any] | None = None,
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int]:
         """Send this rank's step ``clock``: ``{table: (ids, grads)}`` to every shard (duplicate
         ids summed); returns when every shard applied the clock (in exact mode, once every
         rank's update is in).
@@ -146,8 +149,9 @@ class StepClient:
             refresh: rows already read for the next step, ``{table: distinct ids}``.
 
         Returns:
-            ``{table: (positions, rows)}``: the positions into ``refresh[table]`` of the
-            rows this clock changed, with their rows once it is applied.
+            ``({table: (positions, rows)}, watermark)``: the positions into
+            ``refresh[table]`` of the rows this clock changed, with their rows once it is
+            applied; and the lowest watermark the shards answered with.
 
         Raises:
             ValueError: bad ids or gradients, or no job (nothing sent).
@@ -188,7 +192,10 @@ class StepClient:
             for shard in range(self.client.num_shards)
         ]
 
+        watermarks = []
+
         def collect(shard: int, reply: UpdateResponseView) -> None:
+            watermarks.append(reply.watermark)
             for (table, positions, _), (found, values) in zip(
                 per_shard_refresh[shard], reply.refreshed, strict=True
             ):
@@ -199,13 +206,14 @@ class StepClient:
                 )
 
         self.client.shard_rpc.run(calls, on_reply=collect)
-        return {
+        result = {
             table: (
                 torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),
                 torch.cat(rows) if rows else torch.empty(0, self.client.dim(table)),
             )
             for table, (found, rows) in refreshed.items()
         }
+        return result, min(watermarks)
 
     def _route(self, table: str, ids: np.ndarray) -> list[np.ndarray]:
         return positions_by_shard(

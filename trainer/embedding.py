@@ -29,7 +29,13 @@ from torch import nn
 
 class RowSource(Protocol):
     """Where tables' rows come from and where their gradients go (several tables per call).
-    Every tensor in and out is a host (CPU) tensor."""
+    Every tensor in and out is a host (CPU) tensor.
+
+    Training calls, per step: :meth:`rows` (the step's rows), optionally
+    :meth:`prefetch` (the next step's ids, known early), then
+    :meth:`apply_gradients` exactly once (the step's gradients, possibly none).
+    Evaluation calls :meth:`read`.
+    """
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``{table: float32 rows [len(ids), dim]}`` for ``{table: distinct ids}``."""
@@ -37,12 +43,27 @@ class RowSource(Protocol):
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Apply ``{table: (distinct ids, grads [len(ids), dim])}``."""
 
+    def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rows for evaluation: as :meth:`rows`, outside the training steps."""
+
 
 @dataclasses.dataclass
 class _Lookup:
     table: str
     ids: torch.Tensor
     rows: torch.Tensor
+
+
+@dataclasses.dataclass
+class _Plan:
+    """A batch's distinct ids per table, with the inverse index of each table's features."""
+
+    features: Sequence[JaggedIds]
+    unique: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def requests(self) -> dict[str, torch.Tensor]:
+        return {table: ids for table, (ids, _) in self.unique.items()}
 
 
 class PSEmbeddingBagCollection(nn.Module):
@@ -81,28 +102,36 @@ class PSEmbeddingBagCollection(nn.Module):
         self.grad_scale = grad_scale
         self.device = torch.device(device)
         self._pending: list[_Lookup] = []
-
-    def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
-        """Pooled embeddings [batch, num_features, dim]."""
-        _check_features(features, len(self.feature_tables))
-        pooled: list[torch.Tensor | None] = [None] * len(features)
-        self._pending = []
-        members = {
+        self._members = {
             t: [f for f, name in enumerate(self.feature_tables) if name == t]
             for t in self.feature_tables
         }
-        unique = {
-            table: unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))[:2]
-            for table, fs in members.items()
-        }
-        fetched = self.source.rows({table: ids for table, (ids, _) in unique.items()})
-        for table, (ids, inverse) in unique.items():
+        self._next: _Plan | None = None
+
+    def prefetch(self, features: Sequence[JaggedIds]) -> None:
+        """Deduplicate the next training batch's ids now, and let a source that can start
+        fetching their rows (``prefetch``); the next :meth:`forward` of ``features`` uses it."""
+        self._next = self._plan(features)
+        prefetch = getattr(self.source, "prefetch", None)
+        if prefetch is not None:
+            prefetch(self._next.requests)
+
+    def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
+        """Pooled embeddings [batch, num_features, dim]."""
+        plan = self._next if self._next is not None and self._next.features is features else None
+        self._next = None
+        plan = plan or self._plan(features)
+        pooled: list[torch.Tensor | None] = [None] * len(features)
+        self._pending = []
+        read = self.source.rows if self.training else self.source.read
+        fetched = read(plan.requests)
+        for table, (ids, inverse) in plan.unique.items():
             rows = fetched[table].to(self.device).detach().requires_grad_(self.training)
             if self.training:
                 self._pending.append(_Lookup(table, ids, rows))
             inverse = inverse.to(self.device)
             start = 0
-            for f in members[table]:
+            for f in self._members[table]:
                 count = len(features[f].values)
                 pooled[f] = F.embedding_bag(
                     inverse[start : start + count],
@@ -114,15 +143,23 @@ class PSEmbeddingBagCollection(nn.Module):
                 start += count
         return torch.stack(pooled, dim=1)
 
+    def _plan(self, features: Sequence[JaggedIds]) -> _Plan:
+        _check_features(features, len(self.feature_tables))
+        unique = {
+            table: unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))[:2]
+            for table, fs in self._members.items()
+        }
+        return _Plan(features, unique)
+
     def step(self) -> None:
-        """Hand the row gradients of the last forward to the source; call after backward()."""
+        """Hand the row gradients of the last training forward to the source (every step,
+        even with none: sources that keep step clocks count on it); call after backward()."""
         updates = {
             lookup.table: (lookup.ids, (lookup.rows.grad * self.grad_scale).cpu())
             for lookup in self._pending
             if lookup.rows.grad is not None
         }
-        if updates:
-            self.source.apply_gradients(updates)
+        self.source.apply_gradients(updates)
         self._pending = []
 
 
@@ -168,3 +205,5 @@ class PSRowSource:
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.client.push_many(updates)
+
+    read = rows

@@ -92,6 +92,32 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile-batches", type=int, default=8, help="batches the cache profiler samples"
     )
+    parser.add_argument(
+        "--data-path",
+        default="auto",
+        help="pipeline: each step's rows are fetched while the previous step computes, and "
+        "updates leave in the background, under step clocks; serial: pull, compute, push. "
+        "auto (default): pipeline for --cache none or replicated, serial for the caches",
+    )
+    parser.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        help="pipeline: step t reads every rank's updates of steps <= t-1-S; 0 is exact",
+    )
+    parser.add_argument(
+        "--update-mode",
+        default="exact",
+        help="pipeline: exact (the shards sum every rank's gradients of a step into one "
+        "optimizer step per row, as one process would) or async (one step per rank's update)",
+    )
+    parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=120.0,
+        help="pipeline: how long a shard holds a step for other ranks before it fails, "
+        "naming the ranks it waited for",
+    )
 
 
 # TrainConfig fields whose flag is not --<field-with-dashes>.
@@ -101,7 +127,7 @@ _NOT_FLAGS = ("endpoints", "progress")
 
 def config_from_args(args: argparse.Namespace, endpoints: list[str]):
     """The TrainConfig the flags describe; SystemExit with the reason if invalid."""
-    from ember.trainer.train import TrainConfig
+    from ember.trainer.config import TrainConfig
 
     values = {
         field.name: getattr(

@@ -43,7 +43,8 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
                     client, StepJob(table_name, world=2, rank=rank, wait_s=30)
                 )
                 for step in range(steps):
-                    rows = steps_client.lookup({t.name: ids for t in tables}, clock=step - 1)
+                    rows, watermark = steps_client.lookup({t.name: ids for t in tables}, step - 1)
+                    assert watermark >= step - 1
                     seen[(rank, step)] = rows
                     steps_client.update(
                         {t.name: (ids, grads[(rank, step, t.name)]) for t in tables}, step
@@ -84,7 +85,10 @@ def test_an_update_hands_back_the_refresh_rows_its_clock_changed_from_every_shar
         client.create_table(t)
         steps = StepClient(client, StepJob(table_name, world=1))
         ids, later = torch.arange(0, 40, 2), torch.tensor([38, 1, 0, 7, 20])
-        refreshed = steps.update({t.name: (ids, torch.ones(len(ids), 4))}, 0, {t.name: later})
+        refreshed, watermark = steps.update(
+            {t.name: (ids, torch.ones(len(ids), 4))}, 0, {t.name: later}
+        )
+        assert watermark == 0
         positions, rows = refreshed[t.name]
         order = torch.argsort(positions)
         assert positions[order].tolist() == [0, 2, 4]  # 38, 0 and 20 changed; 1 and 7 did not

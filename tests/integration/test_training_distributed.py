@@ -11,8 +11,9 @@ import torch
 from ember.kernels.optim import apply_rows
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
+from ember.trainer.config import TrainConfig
 from ember.trainer.models.dlrm import DLRM
-from ember.trainer.train import TrainConfig, synthetic_data, table_specs
+from ember.trainer.train import synthetic_data, table_specs
 
 from ember.cli.train_cmd import train_argv
 from tests.support.criteo_file import write_criteo_file

@@ -2,24 +2,34 @@ import dataclasses
 
 import pytest
 import torch
-from ember.trainer.train import TrainConfig
+from ember.trainer.config import TrainConfig
 
 from ember.cli.main import build_parser
 from ember.cli.train_cmd import config_from_args, train_argv
 
 
 def test_train_argv_round_trips_every_config_field():
-    config = TrainConfig(
+    cached = TrainConfig(
         endpoints=("127.0.0.1:1", "127.0.0.1:2"), steps=7, batch_size=33, eval_batches=2, dim=12,
         optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
         criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
         pull_bound=3, push_bound=4, profile_batches=2, device="cpu", heldout_every=7,
+        data_path="serial", wait_s=9.5,
     )  # fmt: skip
-    args = build_parser().parse_args(["train", *train_argv(config)])
-    assert config_from_args(args, list(config.endpoints)) == config
-    changed = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(
-        TrainConfig(endpoints=config.endpoints), f.name)}  # fmt: skip
-    assert changed == {f.name for f in dataclasses.fields(config)} - {"endpoints"}
+    pipelined = dataclasses.replace(
+        cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async"
+    )
+    changed = set()
+    for config in (cached, pipelined):
+        args = build_parser().parse_args(["train", *train_argv(config)])
+        assert config_from_args(args, list(config.endpoints)) == config
+        defaults = TrainConfig(endpoints=config.endpoints)
+        changed |= {
+            f.name
+            for f in dataclasses.fields(config)
+            if getattr(config, f.name) != getattr(defaults, f.name)
+        }
+    assert changed == {f.name for f in dataclasses.fields(TrainConfig)} - {"endpoints"}
 
 
 @pytest.mark.parametrize(
@@ -32,6 +42,11 @@ def test_train_argv_round_trips_every_config_field():
         ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
         ({"device": "cuda:x"}, "device must be auto, cpu, cuda or cuda:N"),
         ({"heldout_every": 1}, "heldout_every must be >= 2"),
+        ({"staleness": -1}, "staleness must be >= 0"),
+        ({"cache": "lru", "data_path": "pipeline"}, "the step pipeline serves cache none or"),
+        ({"data_path": "serial", "staleness": 1}, "staleness and update_mode belong to the step"),
+        ({"update_mode": "eventual"}, "update_mode must be one of exact, async"),
+        ({"data_path": "fast"}, "data_path must be one of auto, pipeline, serial"),
     ],
 )
 def test_invalid_train_configs_are_refused(change, message):
@@ -40,7 +55,7 @@ def test_invalid_train_configs_are_refused(change, message):
 
 
 def test_devices_resolve_and_the_process_group_follows_them(monkeypatch):
-    from ember.trainer.train import process_group_backend, resolve_device
+    from ember.trainer.config import process_group_backend, resolve_device
 
     assert process_group_backend(torch.device("cuda", 1)) == "nccl"
     assert process_group_backend(torch.device("cpu")) == "gloo"

@@ -100,6 +100,8 @@ class CachedRowSource:
             pushes[table] = (torch.cat(push_ids), torch.cat(push_grads))
         self.client.push_many(self._with_write_backs(pushes))
 
+    read = rows  # evaluation reads through the caches
+
     def flush(self) -> None:
         """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
         drained = {table: cache.drain() for table, cache in self.caches.items()}

@@ -9,10 +9,16 @@ each step.
 The replicas take the rows over from the shards: ``warm()`` reads each hot
 row's weights, optimizer state and version (its update count, Adam's step),
 and ``flush()`` writes them back with versions that count the steps taken, so
-the shards continue exactly where the replicas stopped.
+the shards continue exactly where the replicas stopped. With one rank
+nothing about hot rows crosses the network until then.
+
+Cold rows go through another row source (the PS directly, or the step
+pipeline), which sees every step's calls with the cold ids only.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -20,7 +26,8 @@ from ember.kernels.optim import apply_rows, state_width
 from ember.kernels.rows import scatter_add_rows
 from ember.ps_server.client import PSClient
 from ember.ps_server.table_spec import TableSpec
-from ember.trainer.traffic import CountingClient
+from ember.trainer.embedding import PSRowSource, RowSource
+from ember.trainer.traffic import CountingClient, TrafficStats
 
 
 class ReplicatedRowSource:
@@ -33,6 +40,7 @@ class ReplicatedRowSource:
         writer: whether this rank writes the hot rows back on ``flush()`` (one rank does).
         device: where the replicas live and their gradients are all-reduced (NCCL needs
             the GPU).
+        cold: the source of the other rows (default: the PS directly, through ``client``).
     """
 
     def __init__(
@@ -42,9 +50,11 @@ class ReplicatedRowSource:
         hot_ids: dict[str, torch.Tensor],
         writer: bool,
         device: str | torch.device = "cpu",
+        cold: RowSource | None = None,
     ) -> None:
         self.client = CountingClient(client)
-        self.traffic = self.client.traffic
+        self.cold = cold if cold is not None else PSRowSource(client)
+        self.allreduce_bytes = 0
         self.specs = specs
         self.device = torch.device(device)
         self.hot_ids = {
@@ -82,26 +92,50 @@ class ReplicatedRowSource:
                 self.state[table] = state.to(self.device)
                 self.steps[table] = versions.to(self.device)
 
+    @property
+    def traffic(self) -> TrafficStats:
+        """Bytes moved: the cold source's plus this source's own (taking over, writing back)."""
+        own, cold = self.client.traffic, self.cold.traffic
+        return TrafficStats(
+            *(getattr(own, f.name) + getattr(cold, f.name) for f in dataclasses.fields(own))
+        )
+
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Hot rows from the replicas, cold rows from the shards."""
-        cold_requests, out = {}, {}
+        """Hot rows from the replicas, cold rows from the cold source."""
+        out, cold, hot = self._hot_rows(requests, remember=True)
+        return _with_cold(out, hot, self.cold.rows(cold))
+
+    def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rows for evaluation, hot and cold alike."""
+        out, cold, hot = self._hot_rows(requests, remember=False)
+        return _with_cold(out, hot, self.cold.read(cold))
+
+    def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
+        """Let the cold source start fetching the next step's cold rows."""
+        prefetch = getattr(self.cold, "prefetch", None)
+        if prefetch is not None:
+            prefetch({t: ids[~self._locate(t, ids)[1]] for t, ids in requests.items()})
+
+    def _hot_rows(
+        self, requests: dict[str, torch.Tensor], remember: bool
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Rows with the hot ones filled in, the cold ids and the hot mask of each table."""
+        cold, out, masks = {}, {}, {}
         for table, ids in requests.items():
             position, hot = self._locate(table, ids)
-            self._positions[table] = (position, hot)
+            if remember:
+                self._positions[table] = (position, hot)
+                self.hits += int(hot.sum())
+                self.lookups += len(ids)
             rows = torch.empty(len(ids), self.specs[table].dim)
             if bool(hot.any()):
                 rows[hot] = self.weights[table][position[hot].to(self.device)].cpu()
-            if not bool(hot.all()):
-                cold_requests[table] = ids[~hot]
-            out[table] = rows
-            self.hits += int(hot.sum())
-            self.lookups += len(ids)
-        for table, (cold_rows, _) in self.client.pull_many(cold_requests).items():
-            out[table][~self._positions[table][1]] = cold_rows
-        return out
+            cold[table] = ids[~hot]
+            out[table], masks[table] = rows, hot
+        return out, cold, masks
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """All-reduce hot-row gradients across ranks and apply them; push cold ones."""
+        """All-reduce hot-row gradients across ranks and apply them; hand cold ones on."""
         tables = list(self.hot_ids)
         sums = {
             t: torch.zeros(len(self.hot_ids[t]), self.specs[t].dim, device=self.device)
@@ -115,11 +149,11 @@ class ReplicatedRowSource:
                 where = position[hot].to(self.device)
                 scatter_add_rows(sums[table], where, grads[hot].to(self.device).contiguous())
                 touched[table][where] = 1.0
-            if not bool(hot.all()):
-                cold[table] = (ids[~hot], grads[~hot])
+            cold[table] = (ids[~hot], grads[~hot])
         flat = torch.cat([x.reshape(-1) for t in tables for x in (sums[t], touched[t])])
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flat)  # every rank calls this once per step, in the same table order
+            self.allreduce_bytes += 4 * flat.numel()
         offset = 0
         for table in tables:
             size = sums[table].numel()
@@ -128,10 +162,14 @@ class ReplicatedRowSource:
             offset += size + len(touched[table])
             if bool(hit.any()):
                 self._update(table, hit.nonzero().squeeze(1), grad[hit])
-        self.client.push_many(cold)
+        self.cold.apply_gradients(cold)
 
     def flush(self) -> None:
-        """Write the hot rows, their optimizer state and versions back (writer rank only)."""
+        """Write the hot rows, their optimizer state and versions back (writer rank only),
+        after the cold source's own flush."""
+        flush_cold = getattr(self.cold, "flush", None)
+        if flush_cold is not None:
+            flush_cold()
         if self.writer:
             for table, ids in self.hot_ids.items():
                 if len(ids):
@@ -158,3 +196,13 @@ class ReplicatedRowSource:
             return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), dtype=torch.bool)
         position = torch.searchsorted(hot_ids, ids).clamp(max=len(hot_ids) - 1)
         return position, hot_ids[position] == ids
+
+
+def _with_cold(
+    out: dict[str, torch.Tensor], hot: dict[str, torch.Tensor], cold_rows: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``out`` with each table's cold rows placed where its ids are not hot."""
+    for table, rows in cold_rows.items():
+        if len(rows):
+            out[table][~hot[table]] = rows
+    return out

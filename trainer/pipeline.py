@@ -1,0 +1,180 @@
+"""PipelinedRowSource: rows over the step data plane, fetched while the previous step computes.
+
+Per step t (see the RowSource protocol): ``rows`` serves step t's rows from
+the lookup that ``prefetch`` started during step t-1; ``prefetch`` starts
+step t+1's lookup as soon as its ids are known; ``apply_gradients`` sends
+step t's update (clock t) in the background. With staleness ``s``:
+
+* ``s = 0``: the lookup of step t+1 asks for clock t-1, which every rank has
+  applied before step t began, so it is answered while step t computes. Its
+  rows miss only clock t, so the update of clock t carries those ids as
+  ``refresh``: the shards answer it once every rank's clock t is applied,
+  with the rows it changed (the collision rows), and ``rows`` of step t+1
+  patches them in. Every value step t+1 uses then includes every rank's
+  steps <= t: the serial result, exactly, and with several ranks in EXACT
+  mode the result of one process on the union of their batches.
+* ``s >= 1``: the lookup of step t+1 asks for clock t-s and nothing is
+  patched; at most s+1 updates are in flight (``apply_gradients`` of step t
+  first waits for clock t-1-s's answer).
+
+Time spent blocked on the shards is the exposed wait; the lookups' and
+updates' own durations are the PS time, most of it overlapped with compute.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import torch
+from ember.ps_server.step_client import StepClient
+from ember.trainer.traffic import TrafficStats
+
+
+@dataclasses.dataclass
+class PipelineTiming:
+    """Seconds: ``exposed_wait`` blocked on the shards, ``ps_time`` the step RPCs took in all
+    (exposed or overlapped), and the lag of every step's served clock."""
+
+    exposed_wait: float = 0.0
+    ps_time: float = 0.0
+    max_lag: int = 0
+    lags: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def overlapped(self) -> float:
+        """PS time hidden behind compute."""
+        return max(0.0, self.ps_time - self.exposed_wait)
+
+
+@dataclasses.dataclass
+class _Prefetch:
+    requests: dict[str, torch.Tensor]
+    future: concurrent.futures.Future
+
+
+class PipelinedRowSource:
+    """A RowSource over ``steps`` (a StepClient with this rank's job) with staleness ``s``.
+
+    Args:
+        steps: the step data plane, with a job.
+        staleness: ``s >= 0``: step t reads every rank's updates of steps <= t-1-s.
+
+    Raises:
+        ValueError: ``staleness < 0`` or a client without a job.
+    """
+
+    def __init__(self, steps: StepClient, staleness: int) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        if steps.job is None:
+            raise ValueError("a pipelined row source needs a StepClient with a job")
+        self.steps, self.staleness = steps, staleness
+        self.traffic = TrafficStats()
+        self.timing = PipelineTiming()
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-step")
+        self._timing_lock = threading.Lock()
+        self._step = 0  # the step whose rows rows() serves next
+        self._prefetched: dict[int, _Prefetch] = {}
+        self._updates: dict[int, concurrent.futures.Future] = {}
+
+    def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
+        """Start the lookup of the next step's rows (its ids are distinct per table)."""
+        step = self._step + 1
+        self._prefetched[step] = _Prefetch(requests, self._submit(self._lookup, requests, step))
+
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Step t's rows: the prefetched ones (or a lookup now), patched with clock t-1."""
+        step = self._step
+        prefetched = self._prefetched.pop(step, None)
+        if prefetched is None or not _same(prefetched.requests, requests):
+            prefetched = _Prefetch(requests, self._submit(self._lookup, requests, step))
+        rows, watermark = self._wait(prefetched.future)
+        previous = self._updates.pop(step - 1, None) if self.staleness == 0 else None
+        if previous is not None:
+            refreshed, watermark = self._wait(previous)
+            for table, (positions, patch) in refreshed.items():
+                if len(positions):
+                    rows[table][positions] = patch
+        lag = max(0, (step - 1) - watermark)
+        if lag > self.staleness:
+            raise RuntimeError(
+                f"step {step} was served clock {watermark}, {lag} behind: more than the "
+                f"staleness bound {self.staleness} (a protocol error)"
+            )
+        self.timing.lags.append(lag)
+        self.timing.max_lag = max(self.timing.max_lag, lag)
+        return rows
+
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Send step t's update (clock t) in the background; first wait until at most ``s``
+        others are in flight."""
+        step = self._step
+        for old in sorted(self._updates):
+            if old <= step - 1 - self.staleness:
+                self._wait(self._updates.pop(old))
+        refresh = {}
+        if self.staleness == 0 and step + 1 in self._prefetched:
+            refresh = self._prefetched[step + 1].requests
+        self._updates[step] = self._submit(self._update, updates, step, refresh)
+        self._step += 1
+
+    def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Rows for evaluation, as the shards hold them now (call :meth:`flush` first)."""
+        return self.steps.lookup(requests)[0]
+
+    def flush(self) -> None:
+        """Wait until every update sent is applied."""
+        for step in sorted(self._updates):
+            self._wait(self._updates.pop(step))
+
+    def close(self) -> None:
+        """Stop the background threads (after :meth:`flush`)."""
+        self._pool.shutdown(wait=True)
+
+    def _lookup(self, requests: dict[str, torch.Tensor], step: int):
+        needed = max(-1, step - 1 - max(self.staleness, 1))  # s = 0: one clock short, patched
+        rows, watermark = self.steps.lookup(requests, clock=needed)
+        count = sum(len(ids) for ids in requests.values())
+        self.traffic.rows_pulled += count
+        self.traffic.bytes_pulled += sum(
+            len(ids) * (8 + 4 * self.steps.client.dim(t)) for t, ids in requests.items()
+        )
+        return rows, watermark
+
+    def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
+        refreshed, watermark = self.steps.update(updates, step, refresh)
+        for table, (ids, _) in updates.items():
+            self.traffic.rows_pushed += len(ids)
+            self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.steps.client.dim(table))
+        self.traffic.bytes_pulled += sum(
+            8 * len(ids) + 8 * len(positions) + 4 * rows.numel()
+            for (ids, (positions, rows)) in ((refresh[t], refreshed[t]) for t in refreshed)
+        )
+        return refreshed, watermark
+
+    def _submit(self, work, *args: Any) -> concurrent.futures.Future:
+        started = time.perf_counter()
+
+        def timed():
+            try:
+                return work(*args)
+            finally:
+                with self._timing_lock:
+                    self.timing.ps_time += time.perf_counter() - started
+
+        return self._pool.submit(timed)
+
+    def _wait(self, future: concurrent.futures.Future):
+        started = time.perf_counter()
+        try:
+            return future.result()
+        finally:
+            self.timing.exposed_wait += time.perf_counter() - started
+
+
+def _same(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> bool:
+    return left.keys() == right.keys() and all(torch.equal(left[t], right[t]) for t in left)

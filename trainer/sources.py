@@ -1,0 +1,162 @@
+"""The row sources a trainer rank reads and updates embeddings through, built from its config.
+
+``cache`` none: the PS directly (serial) or the step pipeline; ``replicated``:
+the profiled hot set replicated on every rank in front of either; ``static``,
+``lru``, ``lfu``: a hot-embedding cache in front of the PS (serial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from ember.ps_server.client import PSClient
+from ember.ps_server.step_client import StepClient, StepJob
+from ember.ps_server.table_spec import TableSpec
+from ember.trainer.cache.cached_source import CachedRowSource
+from ember.trainer.cache.hot_cache import HotEmbeddingCache
+from ember.trainer.cache.profiler import profile_hot_ids
+from ember.trainer.cache.replicated_source import ReplicatedRowSource
+from ember.trainer.config import TrainConfig
+from ember.trainer.data.batch import Batch
+from ember.trainer.data.criteo import CriteoTSVReader
+from ember.trainer.data.synthetic import SyntheticCriteo
+from ember.trainer.embedding import PSRowSource
+from ember.trainer.pipeline import PipelinedRowSource
+
+RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedRowSource
+
+
+@dataclasses.dataclass
+class Timer:
+    """Seconds spent inside ``with`` blocks of this timer."""
+
+    seconds: float = 0.0
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+
+class TimedSource:
+    """A row source that also accounts the time the trainer spends inside its calls: the
+    PS wait the step is exposed to (a pipeline's background work is not in it)."""
+
+    def __init__(self, inner: RowSourceKind) -> None:
+        self.inner = inner
+        self.wait = Timer()
+
+    def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with self.wait:
+            return self.inner.rows(requests)
+
+    def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
+        prefetch = getattr(self.inner, "prefetch", None)
+        if prefetch is not None:
+            with self.wait:
+                prefetch(requests)
+
+    def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with self.wait:
+            self.inner.apply_gradients(updates)
+
+    def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.inner.read(requests)
+
+
+def build_row_source(
+    client: PSClient,
+    config: TrainConfig,
+    specs: list[TableSpec],
+    data: SyntheticCriteo,
+    rank_of: tuple[int, int],
+    device: torch.device,
+) -> RowSourceKind:
+    """The row source ``config`` asks for, its hot set profiled on this rank's data.
+
+    ``rank_of`` is ``(rank, world size)``. The replicated hot set must be the same on every
+    rank, so it is profiled on part 0 of the data everywhere; caches profile the rank's own
+    part. Pipelines of one job share a job name (new per run, chosen by rank 0).
+    """
+    rank, world = rank_of
+    cold = PSRowSource(client)
+    if config.pipelined():
+        job = StepJob(job_name(world), world, rank, config.update_mode, config.wait_s)
+        cold = PipelinedRowSource(StepClient(client, job), config.staleness)
+    if config.cache == "none":
+        return cold
+    part = 0 if config.cache == "replicated" else rank
+    names = [s.name for s in specs]
+    sample = profile_batches(config, data, part, world)
+    hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
+    if config.cache == "replicated":
+        source = ReplicatedRowSource(
+            client, {s.name: s for s in specs}, hot, writer=rank == 0, device=device, cold=cold
+        )
+    else:
+        caches = {
+            spec.name: HotEmbeddingCache(
+                config.dim,
+                max(1, len(hot[spec.name])),
+                config.cache,
+                config.pull_bound,
+                config.push_bound,
+                local_lr=spec.optimizer.lr,
+                hot_ids=hot[spec.name] if config.cache == "static" else None,
+                device=device,
+            )
+            for spec in specs
+        }
+        source = CachedRowSource(client, caches)
+    source.warm()
+    return source
+
+
+def job_name(world: int) -> str:
+    """A job name new for this run, the same on every rank (rank 0's, broadcast)."""
+    name = [f"train-{uuid.uuid4().hex}"]
+    if world > 1:
+        dist.broadcast_object_list(name, src=0)
+    return name[0]
+
+
+def profile_batches(
+    config: TrainConfig, data: SyntheticCriteo, part: int, parts: int
+) -> Iterator[Batch]:
+    """The first ``profile_batches`` training batches of ``part`` of ``parts`` (a rank's
+    share), from the data the run trains on."""
+    if config.criteo_path is None:
+        return (
+            data.batch(config.batch_size, index, "train", part=part)
+            for index in range(config.profile_batches)
+        )
+    reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
+    batches = dealt(reader.read(config.criteo_path, "train", config.heldout_every), part, parts)
+    return itertools.islice(batches, config.profile_batches)
+
+
+def dealt(batches: Iterator[Batch], part: int, parts: int) -> Iterator[Batch]:
+    """Batch b of ``batches`` goes to part ``b % parts``: this part's batches."""
+    return itertools.islice(batches, part, None, parts)
+
+
+def flush(source: RowSourceKind) -> None:
+    """Push, write back or wait for whatever the source holds locally or has in flight."""
+    flush_source = getattr(source, "flush", None)
+    if flush_source is not None:
+        flush_source()
+
+
+def close(source: RowSourceKind) -> None:
+    """Stop a source's background work (after :meth:`flush`)."""
+    inner = getattr(source, "cold", source)
+    stop = getattr(inner, "close", None)
+    if stop is not None:
+        stop()
