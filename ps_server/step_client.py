@@ -127,7 +127,9 @@ class StepClient:
         def place(index: int, reply: LookupResponseView) -> None:
             watermarks.append(reply.watermark)
             for (table, positions, _), values in zip(entries[index], reply.values, strict=True):
-                rows = readonly_tensor(values, torch.float32).view(len(positions), -1)
+                rows = readonly_tensor(values, torch.float32).view(
+                    len(positions), out[table].shape[1]
+                )
                 scatter_rows(out[table], torch.from_numpy(positions), rows)
 
         self.client.shard_rpc.run(calls, on_reply=place)
@@ -201,8 +203,9 @@ class StepClient:
             ):
                 where = np.frombuffer(found, dtype="<i8")
                 refreshed[table][0].append(positions[where])
+                dim = self.client.dim(table)
                 refreshed[table][1].append(
-                    readonly_tensor(values, torch.float32).view(len(where), -1).clone()
+                    readonly_tensor(values, torch.float32).view(len(where), dim).clone()
                 )
 
         self.client.shard_rpc.run(calls, on_reply=collect)

@@ -105,3 +105,14 @@ def test_a_rank_that_never_arrives_fails_the_others_within_the_wait_naming_it(cl
         assert failed.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "rank(s) 1, 2 have not delivered clock 0" in failed.value.details
         assert client.pull_with_versions(t.name, torch.arange(4))[1].eq(0).all()  # not in part
+
+
+def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(cluster, table_name):
+    t = spec(table_name)
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        refreshed, _ = steps.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0,
+                                    {t.name: torch.tensor([100, 200, 300])})  # fmt: skip
+        positions, rows = refreshed[t.name]
+        assert positions.tolist() == [] and tuple(rows.shape) == (0, 4)

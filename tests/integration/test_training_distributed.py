@@ -99,44 +99,10 @@ def test_bounded_staleness_keeps_auc_within_half_a_point_of_sync(tmp_path):
     assert abs(stale["heldout_auc"] - sync["heldout_auc"]) <= 0.005
 
 
-def test_two_rank_replicated_adam_takes_rows_over_and_hands_back_state_and_versions(
-    cluster, tmp_path, table_name
-):
-    """Every row is hot (12 ids per table, all seen by the profiler). Earlier training left
-    each row with Adam moments and a version; the replicas must continue from them (Adam's
-    step is the version) and hand back versions that count the steps taken."""
-    steps, batch, cardinality = 8, 64, 12
-    config = TrainConfig(
-        endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch,
-        max_cardinality=cardinality, optimizer="adam", sparse_lr=0.05, dense_lr=0.05, dim=8,
-        table_prefix=table_name, cache="replicated", cache_mb=1.0, profile_batches=30,
-    )  # fmt: skip
-    data = synthetic_data(config)
-    specs = table_specs(config, data.num_features)
-    sizes = data.config.cardinalities
-    generator = torch.Generator().manual_seed(3)
-    with PSClient(cluster.endpoints) as client:
-        for spec, size in zip(specs, sizes):
-            client.create_table(spec)
-            for _ in range(2):  # earlier training: version 2, moments set
-                client.push(
-                    spec.name, torch.arange(size), torch.randn(size, 8, generator=generator)
-                )
-        start = [
-            client.pull_with_state(spec.name, torch.arange(size))
-            for spec, size in zip(specs, sizes)
-        ]
-    report_path = tmp_path / "report.json"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
-        "--report", str(report_path), "--device", "cpu", "--eval-batches", "1",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
-    report = json.loads(report_path.read_text())
-    assert report["cache_hit_rate"] == 1.0 and report["steps"] == steps
-
+def union_reference(config, data, specs, start, ranks: int = 2):
+    """One process training on the union of every rank's batches, each row stepped once per
+    step with its summed gradient by the shard's own optimizer rule, from ``start`` rows
+    (weights, state, versions per table). Returns the losses and the final rows."""
     weights = [rows.clone().requires_grad_() for rows, _, _ in start]
     state = [moments.clone() for _, moments, _ in start]
     versions = [v.clone() for _, _, v in start]
@@ -144,8 +110,8 @@ def test_two_rank_replicated_adam_takes_rows_over_and_hands_back_state_and_versi
     model = DLRM(13, data.num_features, config.dim)
     dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
     losses = []
-    for step in range(steps):
-        parts = [data.batch(batch, step, "train", part=rank) for rank in (0, 1)]
+    for step in range(config.steps):
+        parts = [data.batch(config.batch_size, step, "train", part=rank) for rank in range(ranks)]
         embedded = torch.cat(
             [
                 torch.stack(
@@ -177,14 +143,63 @@ def test_two_rank_replicated_adam_takes_rows_over_and_hands_back_state_and_versi
             with torch.no_grad():
                 w[touched] = rows
             state[feature][touched] = moments
+    return losses, [(w.detach(), m, v) for w, m, v in zip(weights, state, versions)]
+
+
+@pytest.mark.parametrize(
+    ("cache", "optimizer"),
+    [("none", "adagrad"), ("none", "adam"), ("replicated", "adam")],
+)
+def test_two_ranks_with_staleness_0_equal_one_process_on_the_union_for_every_optimizer(
+    cluster, tmp_path, table_name, cache, optimizer
+):
+    """Earlier training left each row with optimizer state and a version. Through the step
+    pipeline (cache none: every row cold) the shards sum both ranks' gradients of a step into
+    one optimizer step per row; with every row hot (12 ids per table, all profiled) the
+    replicas continue from the rows' state (Adam's step is the version) and hand back versions
+    that count the steps taken. Either way: one process on the union of the batches."""
+    config = TrainConfig(
+        endpoints=tuple(cluster.endpoints), steps=8, batch_size=64, max_cardinality=12,
+        optimizer=optimizer, sparse_lr=0.05, dense_lr=0.05, dim=8, table_prefix=table_name,
+        cache=cache, cache_mb=1.0, profile_batches=30,
+    )  # fmt: skip
+    data = synthetic_data(config)
+    specs = table_specs(config, data.num_features)
+    sizes = data.config.cardinalities
+    generator = torch.Generator().manual_seed(3)
+    with PSClient(cluster.endpoints) as client:
+        for spec, size in zip(specs, sizes):
+            client.create_table(spec)
+            for _ in range(2):  # earlier training: version 2, state set
+                client.push(
+                    spec.name, torch.arange(size), torch.randn(size, 8, generator=generator)
+                )
+        start = [
+            client.pull_with_state(spec.name, torch.arange(size))
+            for spec, size in zip(specs, sizes)
+        ]
+    report_path = tmp_path / "report.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
+        "--report", str(report_path), "--device", "cpu", "--eval-batches", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == config.steps and report["data_path"] == "pipeline"
+    assert report["cache_hit_rate"] == (1.0 if cache == "replicated" else 0.0)
+    assert report["max_clock_lag"] == 0
+    losses, expected = union_reference(config, data, specs, start)
     np.testing.assert_allclose(report["train_losses"], losses, rtol=1e-4)
     with PSClient(cluster.endpoints) as client:
         for feature, (spec, size) in enumerate(zip(specs, sizes)):
             rows, moments, held = client.pull_with_state(spec.name, torch.arange(size))
-            assert torch.equal(held, versions[feature]), spec.name
+            weights, state, versions = expected[feature]
+            assert torch.equal(held, versions), spec.name
             assert (held > start[feature][2]).any()  # the run did step these rows
-            torch.testing.assert_close(rows, weights[feature].detach(), rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(moments, state[feature], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(rows, weights, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(moments, state, rtol=1e-4, atol=1e-6)
 
 
 def test_two_ranks_on_a_criteo_file_profile_and_evaluate_on_it_and_stop_together(
