@@ -31,9 +31,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         batch_size=512,
         max_cardinality=50_000,
         report=Path("ember-demo-report.json"),
-        cache="static",
-        pull_bound=2,
-        push_bound=2,
+        cache="replicated",
+        staleness=1,
     )
 
 

@@ -169,18 +169,27 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(report: dict) -> None:
     """Print the headline figures of a training report."""
+    config = report["config"]
     print("-" * 60)
     print(
-        f"ranks {report['world_size']}  steps {report['steps']}  samples/s {report['samples_per_s']:,.0f}"
+        f"ranks {report['world_size']}  steps {report['steps']}  samples/s "
+        f"{report['samples_per_s']:,.0f}  data path {report['data_path']}"
+        + (f" (staleness {config['staleness']})" if report["data_path"] == "pipeline" else "")
     )
     print(
-        f"final train loss {report['final_train_loss']:.4f}  held-out AUC {report['heldout_auc']:.4f}  "
-        f"logloss {report['heldout_logloss']:.4f}"
+        f"final train loss {report['final_train_loss']:.4f}  held-out AUC "
+        f"{report['heldout_auc']:.4f}  logloss {report['heldout_logloss']:.4f}"
     )
     print(
-        f"bytes/sample pulled {report['bytes_pulled_per_sample']:,.0f}  pushed {report['bytes_pushed_per_sample']:,.0f}  "
-        f"cache hit rate {report['cache_hit_rate']:.1%}"
+        f"bytes/sample pulled {report['bytes_pulled_per_sample']:,.0f}  pushed "
+        f"{report['bytes_pushed_per_sample']:,.0f}  hot all-reduce "
+        f"{report['bytes_hot_allreduce_per_sample']:,.0f}  hot hit rate "
+        f"{report['cache_hit_rate']:.1%}"
     )
+    wall = report["wall_s"]
     print(
-        f"wall {report['wall_s']:.1f} s = compute {report['compute_s']:.1f} s + PS wait {report['ps_wait_s']:.1f} s"
+        f"wall {wall:.1f} s = compute {report['compute_s']:.1f} s + exposed PS wait "
+        f"{report['ps_wait_s']:.1f} s ({report['ps_wait_s'] / wall if wall else 0:.0%}); "
+        f"PS time overlapped {report['ps_overlapped_s']:.1f} s; max clock lag "
+        f"{report['max_clock_lag']}"
     )

@@ -68,11 +68,15 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["world_size"] == 2 and report["steps"] == 30
     assert report["samples_per_s"] > 0 and report["bytes_pulled_per_sample"] > 0
-    assert report["cache_hit_rate"] > 0.3  # the demo runs with the static hot cache
+    assert report["data_path"] == "pipeline" and report["config"]["staleness"] <= 1
+    assert report["cache_hit_rate"] > 0.3  # the demo replicates the profiled hot rows
+    assert 0 <= report["max_clock_lag"] <= report["config"]["staleness"]
+    assert report["bytes_hot_allreduce_per_sample"] > 0
     assert 0.55 < report["heldout_auc"] < 1.0  # the planted model is learnable
     assert report["compute_s"] + report["ps_wait_s"] == pytest.approx(report["wall_s"])
     assert report["config"]["batch_size"] == 256
     assert "held-out AUC" in result.stdout and "shards stopped cleanly" in result.stdout
+    assert "exposed PS wait" in result.stdout
 
 
 @pytest.mark.parametrize(
