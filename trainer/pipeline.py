@@ -75,7 +75,12 @@ class PipelinedRowSource:
         self.steps, self.staleness = steps, staleness
         self.traffic = TrafficStats()
         self.timing = PipelineTiming()
-        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ember-step")
+        # Lookups have their own thread: up to s+1 updates may each hold one while the shards
+        # wait for other ranks, and the next step's lookup must not queue behind them.
+        self._lookups = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-lookup")
+        self._updates_pool = concurrent.futures.ThreadPoolExecutor(
+            staleness + 1, thread_name_prefix="ember-update"
+        )
         self._timing_lock = threading.Lock()
         self._step = 0  # the step whose rows rows() serves next
         self._prefetched: dict[int, _Prefetch] = {}
@@ -84,14 +89,18 @@ class PipelinedRowSource:
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Start the lookup of the next step's rows (its ids are distinct per table)."""
         step = self._step + 1
-        self._prefetched[step] = _Prefetch(requests, self._submit(self._lookup, requests, step))
+        self._prefetched[step] = _Prefetch(
+            requests, self._submit(self._lookups, self._lookup, requests, step)
+        )
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Step t's rows: the prefetched ones (or a lookup now), patched with clock t-1."""
         step = self._step
         prefetched = self._prefetched.pop(step, None)
         if prefetched is None or not _same(prefetched.requests, requests):
-            prefetched = _Prefetch(requests, self._submit(self._lookup, requests, step))
+            prefetched = _Prefetch(
+                requests, self._submit(self._lookups, self._lookup, requests, step)
+            )
         rows, watermark = self._wait(prefetched.future)
         previous = self._updates.pop(step - 1, None) if self.staleness == 0 else None
         if previous is not None:
@@ -119,7 +128,7 @@ class PipelinedRowSource:
         refresh = {}
         if self.staleness == 0 and step + 1 in self._prefetched:
             refresh = self._prefetched[step + 1].requests
-        self._updates[step] = self._submit(self._update, updates, step, refresh)
+        self._updates[step] = self._submit(self._updates_pool, self._update, updates, step, refresh)
         self._step += 1
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,7 +142,8 @@ class PipelinedRowSource:
 
     def close(self) -> None:
         """Stop the background threads (after :meth:`flush`)."""
-        self._pool.shutdown(wait=True)
+        self._lookups.shutdown(wait=True)
+        self._updates_pool.shutdown(wait=True)
 
     def _lookup(self, requests: dict[str, torch.Tensor], step: int):
         needed = max(-1, step - 1 - max(self.staleness, 1))  # s = 0: one clock short, patched
@@ -156,7 +166,9 @@ class PipelinedRowSource:
         )
         return refreshed, watermark
 
-    def _submit(self, work, *args: Any) -> concurrent.futures.Future:
+    def _submit(
+        self, pool: concurrent.futures.ThreadPoolExecutor, work, *args: Any
+    ) -> concurrent.futures.Future:
         started = time.perf_counter()
 
         def timed():
@@ -166,7 +178,7 @@ class PipelinedRowSource:
                 with self._timing_lock:
                     self.timing.ps_time += time.perf_counter() - started
 
-        return self._pool.submit(timed)
+        return pool.submit(timed)
 
     def _wait(self, future: concurrent.futures.Future):
         started = time.perf_counter()
