@@ -82,8 +82,9 @@ class Job:
             return self.cond.wait_for(lambda: self.waiters >= count, timeout_s)
 
     def remember_changed(self, clock: int, changed: dict[str, np.ndarray]) -> None:
-        """Record the rows ``clock`` changed (per table), forgetting the oldest clocks."""
-        self.changed[clock] = changed
+        """Record the rows ``clock`` changed (per table, kept sorted), forgetting the oldest
+        clocks."""
+        self.changed[clock] = {table: np.sort(ids) for table, ids in changed.items()}
         while len(self.changed) > REMEMBERED_CLOCKS:
             self.changed.popitem(last=False)
 

@@ -191,8 +191,7 @@ class StepService:
             if changed is None:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
-                touched = changed.get(target.spec.name, np.empty(0, dtype=np.int64))
-                positions = np.flatnonzero(np.isin(ids, touched)).astype(np.int64)
+                positions = _positions_in(ids, changed.get(target.spec.name))
             replies.append((positions, target.pull(ids[positions]).weights.numpy()))
         return replies
 
@@ -208,6 +207,14 @@ class StepService:
                 self._server.checked_grads(e.table, e.ids, e.grads) for e in entries
             )
         ]
+
+
+def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:
+    """Positions into ``ids`` of those that are in ``sorted_ids`` (ascending int64)."""
+    if sorted_ids is None or not len(sorted_ids) or not len(ids):
+        return np.empty(0, dtype=np.int64)
+    where = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
+    return np.flatnonzero(sorted_ids[where] == ids).astype(np.int64)
 
 
 def _distinct_tables(entries: list, what: str) -> None:

@@ -189,4 +189,6 @@ class PipelinedRowSource:
 
 
 def _same(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> bool:
-    return left.keys() == right.keys() and all(torch.equal(left[t], right[t]) for t in left)
+    return left.keys() == right.keys() and all(
+        left[t] is right[t] or torch.equal(left[t], right[t]) for t in left
+    )

@@ -1,17 +1,22 @@
 """With bounds 0 and one rank, PS-backed DLRM training equals a single-process reference."""
 
+import uuid
+
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.client import PSClient
 from ember.ps_server.initializers import initial_rows
+from ember.ps_server.step_client import StepClient, StepJob
 from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
 from ember.trainer.cache.profiler import cache_bytes_per_row, profile_hot_ids
+from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
 from ember.trainer.models.dlrm import DLRM
+from ember.trainer.pipeline import PipelinedRowSource
 
 from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 
@@ -39,8 +44,28 @@ def _cached(policy: str):
     return build
 
 
+def _replicated(pipelined: bool):
+    def build(client, specs, batches):
+        hot = profile_hot_ids(
+            batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM
+        )
+        cold = None
+        if pipelined:
+            steps = StepClient(client, StepJob(f"sync-{uuid.uuid4().hex}"))
+            cold = PipelinedRowSource(steps, staleness=0)
+        source = ReplicatedRowSource(
+            client, {s.name: s for s in specs}, hot, writer=True, cold=cold
+        )
+        source.warm()
+        return source
+
+    return build
+
+
 SOURCES = {
     "direct": lambda client, specs, batches: PSRowSource(client),
+    "replicated": _replicated(pipelined=False),
+    "replicated-pipeline": _replicated(pipelined=True),
     "static-cache": _cached("static"),
     "lru-cache": _cached("lru"),
     "lfu-cache": _cached("lfu"),
@@ -79,7 +104,7 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
         source = SOURCES[source_kind](client, specs, batches)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
         reference_losses, ps_losses = [], []
-        for batch in batches:
+        for index, batch in enumerate(batches):
             for model, embed, opts, losses in (
                 (
                     reference_model,
@@ -91,7 +116,10 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
             ):
                 for opt in opts:
                     opt.zero_grad()
-                logits = model(batch.dense, embed(batch.sparse))
+                pooled = embed(batch.sparse)
+                if embed is ebc and index + 1 < len(batches):
+                    ebc.prefetch(batches[index + 1].sparse)  # as train() does
+                logits = model(batch.dense, pooled)
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
                 loss.backward()
                 for opt in opts:

@@ -19,11 +19,11 @@ pipeline), which sees every step's calls with the cold ids only.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.distributed as dist
 from ember.kernels.optim import apply_rows, state_width
-from ember.kernels.rows import scatter_add_rows
 from ember.ps_server.client import PSClient
 from ember.ps_server.table_spec import TableSpec
 from ember.trainer.embedding import PSRowSource, RowSource
@@ -76,8 +76,15 @@ class ReplicatedRowSource:
             t: torch.zeros(len(ids), dtype=torch.int64, device=self.device)
             for t, ids in self.hot_ids.items()
         }
+        sizes = [len(ids) for ids in self.hot_ids.values()]
+        # Where each table's rows start when all hot rows are numbered in one sequence.
+        self._offsets = dict(zip(self.hot_ids, itertools.accumulate([0, *sizes[:-1]])))
+        self._hot_rows_total = sum(sizes)
         self.hits = self.lookups = 0
         self._positions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # The next step's ids as prefetch located them (ids, position, hot mask, cold ids), so
+        # rows() neither searches again nor hands the cold source different tensors.
+        self._located: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def hit_rate(self) -> float:
         """Lookups served by replicated rows over all lookups."""
@@ -114,7 +121,11 @@ class ReplicatedRowSource:
         """Let the cold source start fetching the next step's cold rows."""
         prefetch = getattr(self.cold, "prefetch", None)
         if prefetch is not None:
-            prefetch({t: ids[~self._locate(t, ids)[1]] for t, ids in requests.items()})
+            self._located = {}
+            for table, ids in requests.items():
+                position, hot = self._locate(table, ids)
+                self._located[table] = (ids, position, hot, ids[~hot])
+            prefetch({table: located[3] for table, located in self._located.items()})
 
     def _hot_rows(
         self, requests: dict[str, torch.Tensor], remember: bool
@@ -122,7 +133,12 @@ class ReplicatedRowSource:
         """Rows with the hot ones filled in, the cold ids and the hot mask of each table."""
         cold, out, masks = {}, {}, {}
         for table, ids in requests.items():
-            position, hot = self._locate(table, ids)
+            located = self._located.pop(table, None) if remember else None
+            if located is not None and located[0] is ids:
+                _, position, hot, cold[table] = located
+            else:
+                position, hot = self._locate(table, ids)
+                cold[table] = ids[~hot]
             if remember:
                 self._positions[table] = (position, hot)
                 self.hits += int(hot.sum())
@@ -130,39 +146,57 @@ class ReplicatedRowSource:
             rows = torch.empty(len(ids), self.specs[table].dim)
             if bool(hot.any()):
                 rows[hot] = self.weights[table][position[hot].to(self.device)].cpu()
-            cold[table] = ids[~hot]
             out[table], masks[table] = rows, hot
         return out, cold, masks
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """All-reduce hot-row gradients across ranks and apply them; hand cold ones on."""
-        tables = list(self.hot_ids)
-        sums = {
-            t: torch.zeros(len(self.hot_ids[t]), self.specs[t].dim, device=self.device)
-            for t in tables
-        }
-        touched = {t: torch.zeros(len(self.hot_ids[t]), device=self.device) for t in tables}
-        cold = {}
+        """Apply the hot rows' gradients (summed over ranks) on every replica; hand cold ones on.
+
+        With one rank the touched rows step at once. With several, two all-reduces:
+        the touched mask over every hot row (one byte per row), then the gradients of
+        the rows any rank touched (their union, identical on every rank), so the bytes
+        follow the rows a step touches, not the size of the hot set.
+        """
+        hot_grads, cold = {}, {}
         for table, (ids, grads) in updates.items():
             position, hot = self._positions.pop(table)
-            if table in sums and bool(hot.any()):
-                where = position[hot].to(self.device)
-                scatter_add_rows(sums[table], where, grads[hot].to(self.device).contiguous())
-                touched[table][where] = 1.0
+            if table in self.hot_ids and bool(hot.any()):
+                hot_grads[table] = (position[hot].to(self.device), grads[hot].to(self.device))
             cold[table] = (ids[~hot], grads[~hot])
-        flat = torch.cat([x.reshape(-1) for t in tables for x in (sums[t], touched[t])])
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flat)  # every rank calls this once per step, in the same table order
-            self.allreduce_bytes += 4 * flat.numel()
-        offset = 0
-        for table in tables:
-            size = sums[table].numel()
-            grad = flat[offset : offset + size].view_as(sums[table])
-            hit = flat[offset + size : offset + size + len(touched[table])] > 0
-            offset += size + len(touched[table])
-            if bool(hit.any()):
-                self._update(table, hit.nonzero().squeeze(1), grad[hit])
+            hot_grads = self._summed_over_ranks(hot_grads)
+        for table, (rows, grads) in hot_grads.items():
+            if len(rows):
+                self._update(table, rows, grads)
         self.cold.apply_gradients(cold)
+
+    def _summed_over_ranks(
+        self, hot_grads: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every rank's hot-row gradients summed, per table ``(rows, grads)``: the rows any
+        rank touched, ascending. Every rank calls this once per step, tables in one order."""
+        touched = torch.zeros(self._hot_rows_total, dtype=torch.uint8, device=self.device)
+        for table, (rows, _) in hot_grads.items():
+            touched[self._offsets[table] + rows] = 1
+        dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+        union = touched.nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
+        parts = {}
+        for table, offset in self._offsets.items():
+            inside = (union >= offset) & (union < offset + len(self.hot_ids[table]))
+            rows = union[inside] - offset
+            sums = torch.zeros(len(rows), self.specs[table].dim, device=self.device)
+            if table in hot_grads:
+                mine, grads = hot_grads[table]  # distinct rows, all in the union
+                sums[torch.searchsorted(rows, mine)] = grads
+            parts[table] = (rows, sums)
+        flat = torch.cat([sums.reshape(-1) for _, sums in parts.values()])
+        dist.all_reduce(flat)
+        self.allreduce_bytes += touched.numel() + 4 * flat.numel()
+        summed, start = {}, 0
+        for table, (rows, sums) in parts.items():
+            summed[table] = (rows, flat[start : start + sums.numel()].view_as(sums))
+            start += sums.numel()
+        return summed
 
     def flush(self) -> None:
         """Write the hot rows, their optimizer state and versions back (writer rank only),
