@@ -8,13 +8,22 @@ servers in parallel the way PSClient fans out. Rounds alternate between the
 two systems; each figure is the median round. Prints rows/s, MB/s and the
 Ember / raw ratios.
 
-Usage: python benchmarks/bench_ps.py [--sizes 1024,16384,131072] [--rounds 5]
+Then the training data path: a batched step Lookup (StepClient, every table of
+a step in one request per shard, with a clock) of 26 tables of dim 16, ids
+spread over the tables as one synthetic training batch spreads them, at 16k
+and 128k ids per shard, against raw calls that send the same request bytes
+and get back as many bytes as the rows' weights. Beside each it prints the
+CPU seconds per lookup of the client process and of both servers.
+
+Usage: python benchmarks/bench_ps.py [--sizes 1024,16384,131072] [--step-sizes 16384,131072]
+    [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import sys
 import time
@@ -24,16 +33,23 @@ from pathlib import Path
 import grpc
 import numpy as np
 import torch
+from ember.kernels.dedup import unique_inverse
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from ember.ps_server.fanout import FanOut
 from ember.ps_server.malloc_tuning import retain_freed_buffers
+from ember.ps_server.routing import positions_by_shard, shard_of
+from ember.ps_server.step_client import StepClient, StepJob
+from ember.ps_server.step_codec import encode_lookup_request
 from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.trainer.config import TrainConfig
+from ember.trainer.train import synthetic_data
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 DIM = 64
 TABLE_ROWS = 1 << 20
+STEP_DIM = 16  # the training benchmark's dim
 
 
 class RawBytesClient:
@@ -46,9 +62,10 @@ class RawBytesClient:
         self._push = [c.unary_unary("/ember.bench.Echo/Push") for c in self._channels]
 
         self._fan_out = FanOut(max_workers=max(8, 2 * len(endpoints)))  # as PSClient
+        self._rows = [c.unary_unary("/ember.bench.Echo/Rows") for c in self._channels]
 
     def call(self, method: str, payloads: list[bytes]) -> None:
-        stubs = self._pull if method == "pull" else self._push
+        stubs = {"pull": self._pull, "push": self._push, "rows": self._rows}[method]
         outcomes = self._fan_out.run(
             [functools.partial(s, p, timeout=60) for s, p in zip(stubs, payloads)]
         )
@@ -91,9 +108,80 @@ def bench_size(
     return {key: statistics.median(values) for key, values in times.items()}
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_with_cpu(
+    operation: Callable[[], None], budget_s: float, server_pids: list[int]
+) -> tuple[float, float, float]:
+    """``(wall, client CPU, servers' CPU)`` seconds per operation."""
+    servers_before, client_before = sum(map(_cpu_seconds, server_pids)), time.process_time()
+    operation()  # warm
+    count, start = 1, time.perf_counter()
+    while True:
+        operation()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s and count >= 4:
+            break
+    client_cpu = (time.process_time() - client_before) / count
+    servers_cpu = (sum(map(_cpu_seconds, server_pids)) - servers_before) / count
+    return elapsed / (count - 1), client_cpu, servers_cpu
+
+
+def step_tables(ids_per_shard: int, num_shards: int) -> dict[str, np.ndarray]:
+    """``{table: distinct ids}`` of 26 tables, as many per table as one synthetic training
+    batch has (scaled to ``ids_per_shard`` per shard)."""
+    config = TrainConfig(endpoints=("unused:0",), max_cardinality=100_000)
+    batch = synthetic_data(config).batch(1024, 0)
+    counts = np.array([len(unique_inverse(f.values)[0]) for f in batch.sparse], dtype=np.float64)
+    scaled = np.maximum(1, np.round(counts / counts.sum() * ids_per_shard * num_shards))
+    rng = np.random.default_rng(ids_per_shard)
+    return {
+        f"step.f{n}": np.sort(rng.choice(1 << 24, int(count), replace=False)).astype(np.int64)
+        for n, count in enumerate(scaled)
+    }
+
+
+def bench_step_lookup(
+    client: PSClient, raw: RawBytesClient, ids_per_shard: int, rounds: int, budget_s: float,
+    pids: tuple[list[int], list[int]],
+) -> dict[str, tuple[float, float, float]]:  # fmt: skip
+    """Median ``(wall, client CPU, servers' CPU)`` of a batched Lookup and of raw calls."""
+    tables = step_tables(ids_per_shard, client.num_shards)
+    for table, ids in tables.items():  # every row exists, as in training
+        client.create_table(TableSpec(table, STEP_DIM))
+        client.push(table, ids, torch.zeros(len(ids), STEP_DIM))
+    steps = StepClient(client, StepJob(f"bench-{ids_per_shard}"))
+    steps.update({t: (ids[:1], torch.zeros(1, STEP_DIM)) for t, ids in tables.items()}, clock=0)
+    requests = {t: torch.from_numpy(ids) for t, ids in tables.items()}
+    payloads = []  # the bytes Ember's lookup sends each shard
+    for shard in range(client.num_shards):
+        parts = []
+        for table, ids in tables.items():
+            mine = positions_by_shard(shard_of(table, ids, client.num_shards), client.num_shards)
+            parts.append((table, ids[mine[shard]].tobytes()))
+        payloads.append(encode_lookup_request(parts, steps.job.clock(0)))
+    ember_pids, raw_pids = pids
+    times: dict[str, list[tuple[float, float, float]]] = {"lookup": [], "raw": []}
+    for _ in range(rounds):
+        times["raw"].append(_timed_with_cpu(lambda: raw.call("rows", payloads), budget_s, raw_pids))
+        times["lookup"].append(
+            _timed_with_cpu(lambda: steps.lookup(requests, clock=0), budget_s, ember_pids)
+        )
+    return {
+        key: tuple(statistics.median(v[i] for v in values) for i in range(3))
+        for key, values in times.items()
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,16384,131072")
+    parser.add_argument("--step-sizes", default="16384,131072", help="ids per shard")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--budget-s", type=float, default=0.4, help="timing budget per round and op"
@@ -103,7 +191,12 @@ def main() -> int:
     retain_freed_buffers()  # one client process serves both systems: same allocator for both
     spec = TableSpec("bench", DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.01))
     echo_command = (sys.executable, str(ECHO_SERVER))
-    with LocalCluster(2) as cluster, LocalCluster(2, server_command=echo_command) as echo:
+    echo16_args = ["--dim", str(STEP_DIM)]
+    with (
+        LocalCluster(2) as cluster,
+        LocalCluster(2, server_command=echo_command) as echo,
+        LocalCluster(2, server_command=echo_command, extra_args=echo16_args) as echo16,
+    ):
         client, raw = PSClient(cluster.endpoints), RawBytesClient(echo.endpoints)
         client.create_table(spec)
         for start in range(0, TABLE_ROWS, 1 << 17):  # create every row before timing
@@ -121,6 +214,28 @@ def main() -> int:
                     f"{n:>7} {op:>5} {ours:>11.0f} {ours * row_bytes / 1e6:>8.1f} "
                     f"{base:>11.0f} {base * row_bytes / 1e6:>9.1f} {ours / base:>6.2f}"
                 )
+        raw.close()
+        raw = RawBytesClient(echo16.endpoints)
+        print(
+            f"\nbatched step Lookup: 26 tables, dim {STEP_DIM}, ids spread as in a training "
+            "batch; CPU ms per lookup: client process, both servers"
+        )
+        print(
+            f"{'ids/shard':>9} {'rows/s':>11} {'raw rows/s':>11} {'ratio':>6} "
+            f"{'CPU client':>10} {'servers':>8} {'raw client':>10} {'servers':>8}"
+        )
+        pids = ([p.pid for p in cluster.processes], [p.pid for p in echo16.processes])
+        for n in [int(s) for s in args.step_sizes.split(",")]:
+            result = bench_step_lookup(client, raw, n, args.rounds, args.budget_s, pids)
+            (wall, client_cpu, servers_cpu), (raw_wall, raw_client, raw_servers) = (
+                result["lookup"], result["raw"]
+            )  # fmt: skip
+            rows = n * client.num_shards
+            print(
+                f"{n:>9} {rows / wall:>11.0f} {rows / raw_wall:>11.0f} {raw_wall / wall:>6.2f} "
+                f"{1e3 * client_cpu:>10.1f} {1e3 * servers_cpu:>8.1f} {1e3 * raw_client:>10.1f} "
+                f"{1e3 * raw_servers:>8.1f}"
+            )
         client.close()
         raw.close()
     return 0

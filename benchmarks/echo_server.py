@@ -5,6 +5,8 @@ shard) and serves two methods with identity (de)serialisers:
 
 * ``/ember.bench.Echo/Pull``: request = packed ids; reply = as many bytes as a
   pull reply of that many rows of ``--dim`` floats plus int64 versions.
+* ``/ember.bench.Echo/Rows``: request = packed ids (and whatever framing); reply = as many
+  bytes as the weights of that many rows of ``--dim`` floats (a step lookup's reply).
 * ``/ember.bench.Echo/Push``: request = any bytes; reply = 8 bytes.
 """
 
@@ -32,11 +34,15 @@ def _handlers(dim: int, max_rows: int) -> grpc.GenericRpcHandler:
     def pull(request: bytes, context: grpc.ServicerContext) -> bytes:
         return payload[: (len(request) // 8) * row_bytes]
 
+    def rows(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return payload[: (len(request) // 8) * 4 * dim]
+
     def push(request: bytes, context: grpc.ServicerContext) -> bytes:
         return len(request).to_bytes(8, "little")
 
     methods = {
         "Pull": grpc.unary_unary_rpc_method_handler(pull),
+        "Rows": grpc.unary_unary_rpc_method_handler(rows),
         "Push": grpc.unary_unary_rpc_method_handler(push),
     }
     return grpc.method_handlers_generic_handler(SERVICE, methods)

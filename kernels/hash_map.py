@@ -48,6 +48,26 @@ def hash_find(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> tor
     return torch.where(buckets >= 0, slots[buckets.clamp(min=0)], -1)
 
 
+def hash_gather_rows(
+    keys: torch.Tensor, slots: torch.Tensor, src: torch.Tensor, ids: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """``out[i] = src[slot of ids[i]]`` for every id in the map (duplicates allowed);
+    returns the ascending positions of the ids not in it, whose rows of ``out`` are left
+    as they were. The read path of a table: find and copy in one pass (native on CPU)."""
+    _check_map(keys, slots, ids)
+    if src.dim() != 2 or out.shape != (len(ids), src.shape[1]) or out.dtype != src.dtype:
+        raise ValueError(
+            f"out must be [{len(ids)}, row width] of src's dtype, got {tuple(out.shape)} "
+            f"{out.dtype} for src {tuple(src.shape)} {src.dtype}"
+        )
+    if src.device.type == "cpu" and native_backend_for(keys):
+        return torch.ops.ember.hash_gather_rows(keys, slots, src, ids, out)
+    found = hash_find(keys, slots, ids)
+    present = found >= 0
+    out[present] = src[found[present]]
+    return (~present).nonzero().squeeze(1)
+
+
 def hash_erase(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Remove ids (absent ones are ignored); returns the slot each held, -1 where absent."""
     _check_map(keys, slots, ids)

@@ -10,7 +10,7 @@ rehashes when live ids plus tombstones pass the load factor.
 from __future__ import annotations
 
 import torch
-from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_insert
+from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_gather_rows, hash_insert
 
 
 class IdIndex:
@@ -50,6 +50,11 @@ class IdIndex:
     def find(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of every id, or -1 where the id is absent. Duplicates allowed."""
         return hash_find(self._keys, self._slots, ids)
+
+    def gather(self, ids: torch.Tensor, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[i] = src[slot of ids[i]]`` where present; returns the positions of absent ids
+        (their rows of ``out`` untouched). See :func:`hash_gather_rows`."""
+        return hash_gather_rows(self._keys, self._slots, src, ids, out)
 
     def insert(self, ids: torch.Tensor, slots: torch.Tensor) -> None:
         """Add distinct ids that are not yet present, mapping ids[i] -> slots[i].

@@ -34,13 +34,14 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 CUDA_SRC = Path(__file__).resolve().parent / "cuda"
-CPU_SOURCES = ("hash_map.cpp", "rows.cpp", "unique.cpp", "optim.cpp", "pack.cpp")
+CPU_SOURCES = ("hash_map.cpp", "rows.cpp", "unique.cpp", "optim.cpp", "pack.cpp", "route.cpp")
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
 HEADERS = (CSRC / "checks.h", CUDA_SRC / "cuda_checks.cuh")
 OPS = (
     "hash_find",
     "hash_insert",
     "hash_erase",
+    "hash_gather_rows",
     "unique_inverse",
     "gather_rows",
     "scatter_rows",
@@ -48,7 +49,10 @@ OPS = (
     "fused_row_update",
     "pack_rows",
     "unpack_rows",
+    "shard_of",
 )
+# Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
+CPU_ONLY_OPS = ("hash_gather_rows", "shard_of")
 MODES = ("auto", "native", "reference")
 
 

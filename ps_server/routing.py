@@ -12,7 +12,10 @@ import functools
 import hashlib
 
 import numpy as np
+import torch
 from ember.kernels.hash_map import mix64
+from ember.kernels.loader import native_backend_for
+from ember.ps_server.id_arrays import id_tensor
 
 
 @functools.lru_cache(maxsize=4096)
@@ -46,6 +49,10 @@ def shard_of(table: str, ids: np.ndarray, num_shards: int) -> np.ndarray:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     if num_shards == 1:
         return np.zeros(len(ids), dtype=np.int64)
+    id_batch = id_tensor(ids)
+    if native_backend_for(id_batch):  # the same function in one native pass
+        salt = int(name_salt(table).view(np.int64))
+        return torch.ops.ember.shard_of(id_batch, salt, num_shards).numpy()
     # Multiply-shift range reduction of the high 32 bits: no division, unbiased
     # to within num_shards / 2^32.
     high = route_hash(table, ids) >> np.uint64(32)

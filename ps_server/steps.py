@@ -65,7 +65,7 @@ class StepService:
                     f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
                 )  # fmt: skip
                 watermark = job.watermark
-        return [target.pull(ids).weights.numpy() for target, ids in reads], watermark
+        return [target.read_weights(ids).numpy() for target, ids in reads], watermark
 
     def update(
         self, request: UpdateRequestView
@@ -192,7 +192,7 @@ class StepService:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
                 positions = _positions_in(ids, changed.get(target.spec.name))
-            replies.append((positions, target.pull(ids[positions]).weights.numpy()))
+            replies.append((positions, target.read_weights(ids[positions]).numpy()))
         return replies
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list:

@@ -70,6 +70,18 @@ class Table:
             self.counters.rows_pulled += len(ids)
             return rows
 
+    def read_weights(self, ids: np.ndarray) -> torch.Tensor:
+        """The weights of ``ids`` in order (duplicates allowed), initial rows where absent:
+        :meth:`pull` without versions or state, the read of a step lookup."""
+        out = torch.empty(len(ids), self.spec.dim, dtype=torch.float32)
+        with self._lock:
+            absent = self.store.fetch_weights(ids, out) if len(ids) else np.empty(0, np.int64)
+            self.counters.pull_requests += 1
+            self.counters.rows_pulled += len(ids)
+        if len(absent):  # a pure function of the spec and the id: no lock needed
+            out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
+        return out
+
     def pull_stale(
         self, ids: np.ndarray, held_versions: np.ndarray, bound: int
     ) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ember.kernels.loader import (
+        CPU_ONLY_OPS,
         OPS,
         KernelBuildError,
         build_directory,
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
             missing.append(op)
         cpu = "native" if loaded else "reference (torch)"
         gpu = "native" if loaded and cuda_ops else "reference (torch)"
+        if op in CPU_ONLY_OPS:
+            gpu = "- (host-side op)"
         print(f"  {op:<18} CPU: {cpu:<18} CUDA: {gpu}")
     if failure is None and missing and mode == "native":
         failure = f"the library built but lacks {', '.join(missing)}"

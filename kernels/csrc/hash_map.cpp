@@ -9,7 +9,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "checks.h"
 
@@ -111,18 +113,52 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
   }
 }
 
+// out[i] = src[slot of ids[i]] for every id in the map, in one pass (the read path of a
+// table: no slot tensor, no second gather); returns the ascending positions of the ids
+// not in the map, whose rows of out are left as they were.
+at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& src,
+                            const at::Tensor& ids, at::Tensor out) {
+  check_cpu_map(keys, slots, ids);
+  check_rows(src, "src");
+  check_rows(out, "out");
+  check_device(src, at::kCPU, "src");
+  check_device(out, at::kCPU, "out");
+  check_same_rows(src, out, "src", "out");
+  TORCH_CHECK(out.size(0) == ids.size(0), "out has ", out.size(0), " rows, ids has ", ids.size(0), " entries");
+  const int64_t rows = src.size(0);
+  const int64_t bytes = src.size(1) * static_cast<int64_t>(src.element_size());
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(out.data_ptr());
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  std::vector<int64_t> missing;
+  for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
+    if (pos < 0) {
+      missing.push_back(i);
+      return;
+    }
+    const int64_t row = slot[pos];
+    TORCH_CHECK(row >= 0 && row < rows, "the map holds slot ", row, " outside src's ", rows, " rows");
+    std::memcpy(to + i * bytes, from + row * bytes, bytes);
+  });
+  at::Tensor result = at::empty({static_cast<int64_t>(missing.size())}, ids.options());
+  std::copy(missing.begin(), missing.end(), result.data_ptr<int64_t>());
+  return result;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ember, m) {
   m.def("hash_find(Tensor keys, Tensor slots, Tensor ids) -> Tensor");
   m.def("hash_insert(Tensor(a!) keys, Tensor(b!) slots, Tensor ids, Tensor new_slots) -> ()");
   m.def("hash_erase(Tensor(a!) keys, Tensor(b!) slots, Tensor ids) -> Tensor");
+  m.def("hash_gather_rows(Tensor keys, Tensor slots, Tensor src, Tensor ids, Tensor(a!) out) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
   m.impl("hash_find", hash_find);
   m.impl("hash_insert", hash_insert);
   m.impl("hash_erase", hash_erase);
+  m.impl("hash_gather_rows", hash_gather_rows);
 }
 
 }  // namespace ember

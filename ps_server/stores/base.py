@@ -70,6 +70,10 @@ class RowStore(Protocol):
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
         """``(found mask, rows)`` for ids (duplicates allowed); absent entries are zeros."""
 
+    def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
+        """Write the weights of held ``ids`` (duplicates allowed) into ``out`` [len(ids), dim];
+        returns the ascending positions of absent ids, whose rows of ``out`` are untouched."""
+
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""
 
@@ -113,3 +117,10 @@ class RowStore(Protocol):
 
     def size(self) -> int:
         """Number of rows held."""
+
+
+def weights_via_fetch(store: RowStore, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
+    """``fetch_weights`` for a store whose reads go through ``fetch``."""
+    found, rows = store.fetch(ids, with_state=False)
+    out[torch.from_numpy(found)] = rows.weights[torch.from_numpy(found)]
+    return np.flatnonzero(~found)

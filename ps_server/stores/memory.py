@@ -89,6 +89,10 @@ class InMemoryStore:
         )
         return found, rows
 
+    def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
+        """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
+        return self._index.gather(id_tensor(ids), self._weights, out).numpy()
+
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""
         slots = self.locate(ids)

@@ -34,7 +34,13 @@ import redis
 import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.ps_server.errors import StoreUnavailableError
-from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
+from ember.ps_server.stores.base import (
+    DUMP_CHUNK_ROWS,
+    RowBatch,
+    RowFactory,
+    empty_batch,
+    weights_via_fetch,
+)
 from ember.ps_server.stores.resp import pack, pack_keyed, pooled_connection, run_on, run_packed
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
@@ -121,6 +127,10 @@ class RedisStore:
             held = [v for v in values if v is not None]
             rows.fill(found, decode_rows(held, self.dim, self.state_width, self.url, with_state))
         return found, rows
+
+    def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
+        """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
+        return weights_via_fetch(self, ids, out)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -24,7 +24,13 @@ from typing import TypeVar
 import numpy as np
 import torch
 from ember.kernels.optim import RowOptimizer
-from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, RowStore
+from ember.ps_server.stores.base import (
+    DUMP_CHUNK_ROWS,
+    RowBatch,
+    RowFactory,
+    RowStore,
+    weights_via_fetch,
+)
 from ember.ps_server.stores.memory import InMemoryStore
 
 Method = TypeVar("Method", bound=Callable)
@@ -97,6 +103,10 @@ class TieredStore:
         """``(found mask, rows)`` of ``ids`` (duplicates allowed), admitting cold rows."""
         self._admit(np.unique(ids), create=None)
         return self._hot.fetch(ids, with_state)
+
+    def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
+        """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
+        return weights_via_fetch(self, ids, out)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -193,3 +193,33 @@ def test_malformed_maps_and_ids_are_refused(backend, keys, slots, ids, match):
         hash_find(keys, slots, ids)
     with pytest.raises(ValueError, match=match):
         hash_erase(keys, slots, ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gather_copies_present_rows_and_names_the_absent_ones(backend, dtype):
+    rng = np.random.default_rng(3)
+    held = torch.from_numpy(np.unique(rng.integers(0, 2**62, 5000)))
+    index = IdIndex(capacity=16)
+    slots = torch.from_numpy(rng.permutation(len(held))).to(torch.int64)
+    index.insert(held, slots)
+    index.erase(held[::7].contiguous())  # tombstones on the probe paths
+    src = torch.randn(len(held), 5, dtype=dtype)
+    probe = torch.cat([held[rng.integers(0, len(held), 3000)], torch.tensor([2**62 + 1, 7])])
+    out = torch.full((len(probe), 5), -9.0, dtype=dtype)
+    absent = index.gather(probe, src, out)
+    found = index.find(probe)
+    assert absent.tolist() == (found < 0).nonzero().squeeze(1).tolist()
+    assert len(absent) >= 2 + 3000 // 8  # the erased ids and the two never inserted
+    present = found >= 0
+    assert torch.equal(out[present], src[found[present]])
+    assert bool((out[~present] == -9.0).all())  # absent rows untouched
+
+
+def test_gather_refuses_mismatched_rows(backend):
+    index = IdIndex(capacity=16)
+    index.insert(ids_of([1, 2]), ids_of([0, 1]))
+    src = torch.zeros(2, 4)
+    for out, match in ((torch.zeros(3, 4), "out must be"), (torch.zeros(2, 3), "out must be"),
+                       (torch.zeros(2, 4, dtype=torch.float64), "out must be")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            index.gather(ids_of([1, 2]), src, out)
