@@ -44,10 +44,17 @@ class TrainConfig:
     wait_s: float = 120.0
 
     def pipelined(self) -> bool:
-        """Whether rows go through the step pipeline (``auto``: for no cache or replicas)."""
-        if self.data_path == "auto":
-            return self.cache in ("none", "replicated")
-        return self.data_path == "pipeline"
+        """Whether the next step's rows are fetched while a step computes (``auto``: yes).
+
+        No cache and replicas go through the clocked step pipeline; the lru, lfu and static
+        caches pull the next step's misses early and send its freshness checks behind this
+        step's push.
+        """
+        return self.data_path in ("auto", "pipeline")
+
+    def clocked(self) -> bool:
+        """Whether rows travel over the clocked step data plane (staleness, update mode)."""
+        return self.pipelined() and self.cache in ("none", "replicated")
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -84,15 +91,11 @@ class TrainConfig:
             )
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
-        if self.pipelined() and self.cache not in ("none", "replicated"):
+        if not self.clocked() and (self.staleness or self.update_mode != "exact"):
             raise ValueError(
-                f"the step pipeline serves cache none or replicated; cache {self.cache!r} keeps its "
-                "own freshness protocol on the serial data path (data_path serial or auto)"
-            )
-        if not self.pipelined() and (self.staleness or self.update_mode != "exact"):
-            raise ValueError(
-                "staleness and update_mode belong to the step pipeline; the serial data path "
-                "pushes each rank's gradients as they come (use data_path pipeline)"
+                "staleness and update_mode belong to the clocked step pipeline (cache none or "
+                f"replicated, data_path auto or pipeline); cache {self.cache!r} on data_path "
+                f"{self.data_path!r} bounds staleness with pull_bound and push_bound"
             )
         resolve_device(self.device)
 

@@ -97,7 +97,7 @@ class PipelinedRowSource:
         """Step t's rows: the prefetched ones (or a lookup now), patched with clock t-1."""
         step = self._step
         prefetched = self._prefetched.pop(step, None)
-        if prefetched is None or not _same(prefetched.requests, requests):
+        if prefetched is None or not same_requests(prefetched.requests, requests):
             prefetched = _Prefetch(
                 requests, self._submit(self._lookups, self._lookup, requests, step)
             )
@@ -188,7 +188,8 @@ class PipelinedRowSource:
             self.timing.exposed_wait += time.perf_counter() - started
 
 
-def _same(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> bool:
+def same_requests(left: dict[str, torch.Tensor], right: dict[str, torch.Tensor]) -> bool:
+    """Whether two ``{table: ids}`` requests ask for the same ids."""
     return left.keys() == right.keys() and all(
         left[t] is right[t] or torch.equal(left[t], right[t]) for t in left
     )

@@ -2,7 +2,9 @@
 
 ``cache`` none: the PS directly (serial) or the step pipeline; ``replicated``:
 the profiled hot set replicated on every rank in front of either; ``static``,
-``lru``, ``lfu``: a hot-embedding cache in front of the PS (serial).
+``lru``, ``lfu``: a hot-embedding cache in front of the PS, serial or with the
+next step's misses pulled early and its freshness checks sent behind this
+step's push.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def build_row_source(
     """
     rank, world = rank_of
     cold = PSRowSource(client)
-    if config.pipelined():
+    if config.clocked():
         job = StepJob(job_name(world), world, rank, config.update_mode, config.wait_s)
         cold = PipelinedRowSource(StepClient(client, job), config.staleness)
     if config.cache == "none":
@@ -114,7 +116,7 @@ def build_row_source(
             )
             for spec in specs
         }
-        source = CachedRowSource(client, caches)
+        source = CachedRowSource(client, caches, overlap=config.pipelined())
     source.warm()
     return source
 

@@ -95,9 +95,10 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-path",
         default="auto",
-        help="pipeline: each step's rows are fetched while the previous step computes, and "
-        "updates leave in the background, under step clocks; serial: pull, compute, push. "
-        "auto (default): pipeline for --cache none or replicated, serial for the caches",
+        help="pipeline (auto, the default): each step's rows are fetched while the previous "
+        "step computes and updates leave in the background, under step clocks for --cache "
+        "none or replicated; the lru, lfu and static caches pull misses early and send "
+        "their freshness checks behind the previous push. serial: pull, compute, push",
     )
     parser.add_argument(
         "--staleness",

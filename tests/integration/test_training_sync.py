@@ -25,7 +25,7 @@ DIM = 8
 STEPS = 50
 
 
-def _cached(policy: str):
+def _cached(policy: str, overlap: bool = False):
     def build(client, specs, batches):
         hot = profile_hot_ids(
             batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM
@@ -37,7 +37,7 @@ def _cached(policy: str):
             )
             for s in specs
         }  # fmt: skip
-        source = CachedRowSource(client, caches)
+        source = CachedRowSource(client, caches, overlap=overlap)
         source.warm()
         return source
 
@@ -69,6 +69,8 @@ SOURCES = {
     "static-cache": _cached("static"),
     "lru-cache": _cached("lru"),
     "lfu-cache": _cached("lfu"),
+    "lru-cache-overlapped": _cached("lru", overlap=True),
+    "static-cache-overlapped": _cached("static", overlap=True),
 }
 
 

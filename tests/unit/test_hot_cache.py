@@ -178,3 +178,81 @@ def test_profiler_keeps_the_globally_most_frequent_rows_within_budget():
     assert everything["a"].tolist() == [1, 2, 3] and everything["b"].tolist() == [7, 8, 9]
     with pytest.raises(ValueError, match="holds no row of dim 4"):
         profile_hot_ids(batches, ["a", "b"], budget_bytes=10, dim=DIM)
+
+
+class _OrderedFake(FakePSClient):
+    """Records the order of pulls and pushes, as ("pull"|"push", ids)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events: list[tuple[str, set[int]]] = []
+
+    def pull_stale_many(self, requests):
+        for _, ids, _, _ in requests:
+            self.events.append(("pull", set(ids.tolist())))
+        return super().pull_stale_many(requests)
+
+    def push_many(self, updates):
+        for ids, _ in updates.values():
+            self.events.append(("push", set(ids.tolist())))
+        super().push_many(updates)
+
+
+def _run_steps(source: CachedRowSource, batches: list[list[int]], overlap: bool):
+    """Rows served per step, driving the source as train() does (prefetch before the push)."""
+    served = []
+    requests = [{"t": torch.tensor(sorted(set(b)), dtype=torch.int64)} for b in batches]
+    for index, request in enumerate(requests):
+        rows = source.rows(request)["t"]
+        if overlap and index + 1 < len(requests):
+            source.prefetch(requests[index + 1])
+        grads = torch.sin(rows * 3 + index)  # depends on the rows read: stale reads diverge
+        source.apply_gradients({"t": (request["t"], grads)})
+        served.append(rows)
+    source.flush()
+    return served
+
+
+@pytest.mark.parametrize(
+    "policy, capacity, pull_bound, push_bound",
+    [("lru", 6, 0, 0), ("lfu", 6, 0, 0), ("static", 4, 0, 0), ("lru", 6, 1, 2)],
+)
+def test_overlapped_cache_serves_what_the_serial_one_does(policy, capacity, pull_bound, push_bound):
+    rng = np.random.default_rng(7)
+    batches = [list(rng.zipf(1.4, size=8) % 14) for _ in range(40)]  # collisions and evictions
+    hot = torch.tensor([0, 1, 2, 3]) if policy == "static" else None
+    results, clients = [], []
+    for overlap in (False, True):
+        client = FakePSClient(DIM)
+        cache = HotEmbeddingCache(
+            DIM, capacity, policy, pull_bound, push_bound, local_lr=0.1, hot_ids=hot
+        )
+        source = CachedRowSource(client, {"t": cache}, overlap=overlap)
+        if policy == "static":
+            source.warm()
+        results.append(_run_steps(source, batches, overlap))
+        clients.append(client)
+        source.close()
+    for serial, overlapped in zip(*results):
+        torch.testing.assert_close(overlapped, serial, rtol=0, atol=0)
+    assert clients[0].rows.keys() == clients[1].rows.keys()
+    for key, row in clients[0].rows.items():
+        torch.testing.assert_close(clients[1].rows[key], row, rtol=0, atol=0)
+
+
+def test_overlapped_checks_ride_behind_the_push_and_other_misses_go_first():
+    client = _OrderedFake(DIM)
+    cache = HotEmbeddingCache(DIM, 8, "lru")
+    source = CachedRowSource(client, {"t": cache}, overlap=True)
+    first, second = torch.tensor([1, 2]), torch.tensor([2, 5])
+    source.rows({"t": first})
+    source.prefetch({"t": second})  # 2 is cached (a check); 5 is a miss nobody pushes
+    source.apply_gradients({"t": (first, torch.ones(2, DIM))})
+    source.rows({"t": second})
+    assert client.events == [
+        ("pull", {1, 2}),  # step 0's misses
+        ("pull", {5}),  # step 1's miss, pulled while step 0 computes
+        ("push", {1, 2}),  # step 0's push
+        ("pull", {2}),  # step 1's freshness check, behind the push it must see
+    ]
+    source.close()
