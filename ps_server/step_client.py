@@ -11,6 +11,7 @@ advances; lookups may name the clock they need.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,7 +92,17 @@ class StepClient:
         if job is not None:
             job.validate()
         self.client, self.job = client, job
+        self._wire_bytes, self._wire_lock = 0, threading.Lock()
         client.ensure_topology()
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes of every step message sent and received so far (requests and replies)."""
+        return self._wire_bytes
+
+    def _count_wire(self, size: int) -> None:
+        with self._wire_lock:
+            self._wire_bytes += size
 
     def lookup(
         self, requests: Mapping[str, Any], clock: int | None = None
@@ -122,9 +133,11 @@ class StepClient:
                 calls.append(ShardCall(shard, "Lookup", request, self._wait_s(clock_view)))
                 entries.append(items)
 
+        self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
 
         def place(index: int, reply: LookupResponseView) -> None:
+            self._count_wire(reply.size)
             watermarks.append(reply.watermark)
             for (table, positions, _), values in zip(entries[index], reply.values, strict=True):
                 rows = readonly_tensor(values, torch.float32).view(
@@ -194,9 +207,11 @@ class StepClient:
             for shard in range(self.client.num_shards)
         ]
 
+        self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
 
         def collect(shard: int, reply: UpdateResponseView) -> None:
+            self._count_wire(reply.size)
             watermarks.append(reply.watermark)
             for (table, positions, _), (found, values) in zip(
                 per_shard_refresh[shard], reply.refreshed, strict=True

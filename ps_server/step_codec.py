@@ -82,6 +82,7 @@ class LookupResponseView:
 
     values: list[memoryview]
     watermark: int
+    size: int = 0  # bytes of the serialised message
 
 
 @dataclasses.dataclass
@@ -91,6 +92,7 @@ class UpdateResponseView:
     duplicate: bool
     refreshed: list[tuple[memoryview, memoryview]]
     watermark: int
+    size: int = 0  # bytes of the serialised message
 
 
 # ---- encoding -----------------------------------------------------------------
@@ -261,7 +263,7 @@ def decode_update_request(data: bytes) -> UpdateRequestView:
 
 def decode_lookup_response(data: bytes) -> LookupResponseView:
     """Parse a serialised LookupResponse without copying its rows."""
-    response = LookupResponseView(values=[], watermark=0)
+    response = LookupResponseView(values=[], watermark=0, size=len(data))
     for number, wire_type, value in fields(memoryview(data)):
         if number == 1 and wire_type == LEN:
             response.values.append(value)
@@ -272,7 +274,7 @@ def decode_lookup_response(data: bytes) -> LookupResponseView:
 
 def decode_update_response(data: bytes) -> UpdateResponseView:
     """Parse a serialised UpdateResponse without copying its rows."""
-    response = UpdateResponseView(duplicate=False, refreshed=[], watermark=0)
+    response = UpdateResponseView(duplicate=False, refreshed=[], watermark=0, size=len(data))
     for number, wire_type, value in fields(memoryview(data)):
         if number == 1 and wire_type == VARINT:
             response.duplicate = bool(value)

@@ -73,7 +73,7 @@ class PipelinedRowSource:
         if steps.job is None:
             raise ValueError("a pipelined row source needs a StepClient with a job")
         self.steps, self.staleness = steps, staleness
-        self.traffic = TrafficStats()
+        self._payload = TrafficStats()
         self.timing = PipelineTiming()
         # Lookups have their own thread: up to s+1 updates may each hold one while the shards
         # wait for other ranks, and the next step's lookup must not queue behind them.
@@ -81,10 +81,18 @@ class PipelinedRowSource:
         self._updates_pool = concurrent.futures.ThreadPoolExecutor(
             staleness + 1, thread_name_prefix="ember-update"
         )
-        self._timing_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
         self._step = 0  # the step whose rows rows() serves next
         self._prefetched: dict[int, _Prefetch] = {}
         self._updates: dict[int, concurrent.futures.Future] = {}
+
+    @property
+    def traffic(self) -> TrafficStats:
+        """Rows and bytes moved; control bytes are the step messages' bytes beyond the ids,
+        rows and gradients (clocks, table names, positions, framing)."""
+        payload = self._payload
+        control = self.steps.wire_bytes - payload.bytes_pulled - payload.bytes_pushed
+        return dataclasses.replace(payload, bytes_control=max(0, control))
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Start the lookup of the next step's rows (its ids are distinct per table)."""
@@ -148,22 +156,21 @@ class PipelinedRowSource:
     def _lookup(self, requests: dict[str, torch.Tensor], step: int):
         needed = max(-1, step - 1 - max(self.staleness, 1))  # s = 0: one clock short, patched
         rows, watermark = self.steps.lookup(requests, clock=needed)
-        count = sum(len(ids) for ids in requests.values())
-        self.traffic.rows_pulled += count
-        self.traffic.bytes_pulled += sum(
-            len(ids) * (8 + 4 * self.steps.client.dim(t)) for t, ids in requests.items()
-        )
+        with self._stats_lock:
+            for table, ids in requests.items():
+                self._payload.rows_pulled += len(ids)
+                self._payload.bytes_pulled += len(ids) * (8 + 4 * self.steps.client.dim(table))
         return rows, watermark
 
     def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
         refreshed, watermark = self.steps.update(updates, step, refresh)
-        for table, (ids, _) in updates.items():
-            self.traffic.rows_pushed += len(ids)
-            self.traffic.bytes_pushed += len(ids) * (8 + 4 * self.steps.client.dim(table))
-        self.traffic.bytes_pulled += sum(
-            8 * len(ids) + 8 * len(positions) + 4 * rows.numel()
-            for (ids, (positions, rows)) in ((refresh[t], refreshed[t]) for t in refreshed)
-        )
+        with self._stats_lock:
+            for table, (ids, _) in updates.items():
+                self._payload.rows_pushed += len(ids)
+                self._payload.bytes_pushed += len(ids) * (8 + 4 * self.steps.client.dim(table))
+            for _, rows in refreshed.values():  # the refresh's ids and positions are control
+                self._payload.rows_pulled += len(rows)
+                self._payload.bytes_pulled += 4 * rows.numel()
         return refreshed, watermark
 
     def _submit(
@@ -175,7 +182,7 @@ class PipelinedRowSource:
             try:
                 return work(*args)
             finally:
-                with self._timing_lock:
+                with self._stats_lock:
                     self.timing.ps_time += time.perf_counter() - started
 
         return pool.submit(timed)

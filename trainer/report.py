@@ -8,8 +8,7 @@ import numpy as np
 import torch
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.criteo import CriteoTSVReader
-from ember.trainer.pipeline import PipelinedRowSource
-from ember.trainer.sources import RowSourceKind
+from ember.trainer.sources import RowSourceKind, pipeline_timing
 
 
 def run_report(
@@ -31,8 +30,7 @@ def run_report(
     """
     samples = len(losses) * config.batch_size
     per_sample = max(1, samples)
-    pipeline = getattr(source, "cold", source)
-    timing = pipeline.timing if isinstance(pipeline, PipelinedRowSource) else None
+    timing = pipeline_timing(source)
     return {
         "rank": rank,
         "world_size": world,
@@ -44,6 +42,7 @@ def run_report(
         "bytes_pulled_per_sample": source.traffic.bytes_pulled / per_sample,
         "bytes_pushed_per_sample": source.traffic.bytes_pushed / per_sample,
         "bytes_hot_allreduce_per_sample": getattr(source, "allreduce_bytes", 0) / per_sample,
+        "bytes_control_per_sample": source.traffic.bytes_control / per_sample,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "train_losses": losses,
         "wall_s": wall,
@@ -51,6 +50,7 @@ def run_report(
         "ps_overlapped_s": timing.overlapped if timing else 0.0,
         "compute_s": wall - exposed_wait,
         "max_clock_lag": timing.max_lag if timing else 0,
+        "clock_lags": timing.lags if timing else [],
         "malformed_lines": reader.stats.malformed,
         "config": dataclasses.asdict(config),
     }

@@ -29,7 +29,7 @@ from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import SyntheticCriteo
 from ember.trainer.embedding import PSRowSource
-from ember.trainer.pipeline import PipelinedRowSource
+from ember.trainer.pipeline import PipelinedRowSource, PipelineTiming
 
 RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedRowSource
 
@@ -154,6 +154,12 @@ def flush(source: RowSourceKind) -> None:
     flush_source = getattr(source, "flush", None)
     if flush_source is not None:
         flush_source()
+
+
+def pipeline_timing(source: RowSourceKind) -> PipelineTiming | None:
+    """The step pipeline's timing where ``source`` is one or wraps one, else None."""
+    inner = getattr(source, "cold", source)
+    return inner.timing if isinstance(inner, PipelinedRowSource) else None
 
 
 def close(source: RowSourceKind) -> None:

@@ -11,12 +11,18 @@ import torch
 
 @dataclasses.dataclass
 class TrafficStats:
-    """Rows and payload bytes (rows, ids, versions) that crossed the network."""
+    """Rows and bytes that crossed the network, by category.
+
+    ``bytes_pulled``: ids asked for and the rows (and optimizer state) received;
+    ``bytes_pushed``: ids and gradients (or assigned rows) sent; ``bytes_control``:
+    everything else: versions, freshness checks, positions, clocks and message framing.
+    """
 
     rows_pulled: int = 0
     rows_pushed: int = 0
     bytes_pulled: int = 0
     bytes_pushed: int = 0
+    bytes_control: int = 0
 
 
 class CountingClient:
@@ -42,7 +48,7 @@ class CountingClient:
             return {}
         pulled = self.client.pull_many(requests)
         for table, ids in requests.items():
-            self._pulled(table, sent=8 * len(ids), rows=len(ids))
+            self._pulled(table, asked=len(ids), rows=len(ids), control=8 * len(ids))
         return pulled
 
     def pull_with_state(
@@ -50,7 +56,9 @@ class CountingClient:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """As PSClient.pull_with_state."""
         rows, state, versions = self.client.pull_with_state(table, ids)
-        self._pulled(table, sent=8 * len(ids), rows=len(ids), extra=4 * state.numel())
+        self._pulled(
+            table, asked=len(ids), rows=len(ids), control=8 * len(ids), state=state.numel()
+        )
         return rows, state, versions
 
     def pull_stale_many(
@@ -60,8 +68,11 @@ class CountingClient:
         if not requests:
             return []
         replies = self.client.pull_stale_many(requests)
-        for (table, ids, _, _), (positions, _, _) in zip(requests, replies):
-            self._pulled(table, sent=16 * len(ids), rows=len(positions), extra=8 * len(positions))
+        for (table, ids, held, _), (positions, _, _) in zip(requests, replies):
+            # A miss (held -1) asks for its row; a check of a cached row is all control.
+            misses = int((torch.as_tensor(held) < 0).sum())
+            control = 8 * len(ids) + 8 * (len(ids) - misses) + 16 * len(positions)
+            self._pulled(table, asked=misses, rows=len(positions), control=control)
         return replies
 
     def push_many(self, updates: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -85,8 +96,12 @@ class CountingClient:
         """As PSClient.assign, with state and versions."""
         self.client.assign(table, ids, values, state, versions)
         self.traffic.rows_pushed += len(ids)
-        self.traffic.bytes_pushed += 16 * len(ids) + 4 * (values.numel() + state.numel())
+        self.traffic.bytes_pushed += 8 * len(ids) + 4 * (values.numel() + state.numel())
+        self.traffic.bytes_control += 8 * len(ids)
 
-    def _pulled(self, table: str, sent: int, rows: int, extra: int = 0) -> None:
+    def _pulled(self, table: str, asked: int, rows: int, control: int, state: int = 0) -> None:
+        """Count ``asked`` ids sent, ``rows`` rows (and ``state`` floats) received, and
+        ``control`` bytes of versions and positions."""
         self.traffic.rows_pulled += rows
-        self.traffic.bytes_pulled += sent + rows * (4 * self.dim(table) + 8) + extra
+        self.traffic.bytes_pulled += 8 * asked + 4 * (rows * self.dim(table) + state)
+        self.traffic.bytes_control += control

@@ -34,7 +34,14 @@ from ember.trainer.metrics import log_loss, roc_auc
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.progress import ProgressBar
 from ember.trainer.report import run_report
-from ember.trainer.sources import TimedSource, build_row_source, close, dealt, flush
+from ember.trainer.sources import (
+    TimedSource,
+    build_row_source,
+    close,
+    dealt,
+    flush,
+    pipeline_timing,
+)
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -146,13 +153,20 @@ def table_specs(config: TrainConfig, num_features: int) -> list[TableSpec]:
 def _progress_fields(
     losses: list[float], source: TimedSource, config: TrainConfig, world: int, start: float
 ) -> dict[str, float]:
-    """What the progress line shows: throughput, loss and the share of time the step waited."""
+    """What the progress line shows: throughput, loss, the shares of time the steps waited on
+    the PS and computed, the PS time hidden behind compute, and the last served clock lag."""
     elapsed = time.perf_counter() - start
-    return {
+    fields = {
         "samples/s": len(losses) * config.batch_size * world / elapsed,
         "loss": losses[-1],
+        "compute": 1 - source.wait.seconds / elapsed,
         "PS wait": source.wait.seconds / elapsed,
     }
+    timing = pipeline_timing(source.inner)
+    if timing is not None:
+        fields["overlapped"] = timing.overlapped / elapsed
+        fields["lag"] = timing.lags[-1] if timing.lags else 0
+    return fields
 
 
 def _init_distributed(device: torch.device) -> tuple[int, int]:

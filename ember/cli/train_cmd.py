@@ -184,7 +184,8 @@ def print_summary(report: dict) -> None:
     print(
         f"bytes/sample pulled {report['bytes_pulled_per_sample']:,.0f}  pushed "
         f"{report['bytes_pushed_per_sample']:,.0f}  hot all-reduce "
-        f"{report['bytes_hot_allreduce_per_sample']:,.0f}  hot hit rate "
+        f"{report['bytes_hot_allreduce_per_sample']:,.0f}  control "
+        f"{report['bytes_control_per_sample']:,.0f}  hot hit rate "
         f"{report['cache_hit_rate']:.1%}"
     )
     wall = report["wall_s"]

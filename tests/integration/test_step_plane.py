@@ -116,3 +116,19 @@ def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(cluster, ta
                                     {t.name: torch.tensor([100, 200, 300])})  # fmt: skip
         positions, rows = refreshed[t.name]
         assert positions.tolist() == [] and tuple(rows.shape) == (0, 4)
+
+
+def test_wire_bytes_count_every_message_both_ways(cluster, table_name):
+    table = spec(table_name)
+    ids = torch.arange(500)
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(table)
+        steps = StepClient(client, StepJob(table_name, world=1, rank=0))
+        steps.lookup({table.name: ids})
+        payload = len(ids) * 8 + len(ids) * 4 * table.dim  # ids out, rows back
+        after_lookup = steps.wire_bytes
+        # framing per shard message: a table name, lengths, tags; not per id
+        assert payload < after_lookup < payload + 4 * 100
+        steps.update({table.name: (ids, torch.ones(len(ids), table.dim))}, clock=0)
+        sent = steps.wire_bytes - after_lookup
+        assert len(ids) * (8 + 4 * table.dim) < sent < len(ids) * (8 + 4 * table.dim) + 4 * 200

@@ -8,7 +8,9 @@ def test_counts_payload_bytes_of_every_call_kind():
     fake = FakePSClient(dim=4)
     client = CountingClient(fake)
     client.pull_many({"t": torch.tensor([1, 2, 3])})
-    assert (client.traffic.rows_pulled, client.traffic.bytes_pulled) == (3, 3 * 8 + 3 * (16 + 8))
+    traffic = client.traffic
+    assert (traffic.rows_pulled, traffic.bytes_pulled) == (3, 3 * 8 + 3 * 16)  # ids, rows
+    assert traffic.bytes_control == 3 * 8  # versions
     client.push_many(
         {
             "t": (torch.tensor([1]), torch.ones(1, 4)),
@@ -21,4 +23,9 @@ def test_counts_payload_bytes_of_every_call_kind():
         [("t", torch.tensor([1, 2]), torch.zeros(2, dtype=torch.long), 0)]
     )
     assert positions.tolist() == [0]  # id 1 was pushed once
-    assert client.traffic.bytes_pulled == 3 * 8 + 3 * 24 + 2 * 16 + 1 * (16 + 8 + 8)
+    assert traffic.bytes_pulled == 3 * 8 + 3 * 16 + 1 * 16  # plus the one stale row
+    # the check: ids and held versions sent, position and version of the stale row back
+    assert traffic.bytes_control == 3 * 8 + 2 * 16 + 1 * 16
+    client.pull_stale_many([("t", torch.tensor([7]), torch.tensor([-1]), 0)])  # a miss
+    assert traffic.bytes_pulled == 3 * 8 + 3 * 16 + 16 + (8 + 16)  # its id asked, its row
+    assert traffic.bytes_control == 3 * 8 + 2 * 16 + 16 + (8 + 16)  # held -1; position, version
