@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import torch
+from bench_timing import process_cpu_seconds
 from ember.kernels.dedup import unique_inverse
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
@@ -108,17 +108,11 @@ def bench_size(
     return {key: statistics.median(values) for key, values in times.items()}
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _timed_with_cpu(
     operation: Callable[[], None], budget_s: float, server_pids: list[int]
 ) -> tuple[float, float, float]:
     """``(wall, client CPU, servers' CPU)`` seconds per operation."""
-    servers_before, client_before = sum(map(_cpu_seconds, server_pids)), time.process_time()
+    servers_before, client_before = sum(map(process_cpu_seconds, server_pids)), time.process_time()
     operation()  # warm
     count, start = 1, time.perf_counter()
     while True:
@@ -128,7 +122,7 @@ def _timed_with_cpu(
         if elapsed >= budget_s and count >= 4:
             break
     client_cpu = (time.process_time() - client_before) / count
-    servers_cpu = (sum(map(_cpu_seconds, server_pids)) - servers_before) / count
+    servers_cpu = (sum(map(process_cpu_seconds, server_pids)) - servers_before) / count
     return elapsed / (count - 1), client_cpu, servers_cpu
 
 

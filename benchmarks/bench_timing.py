@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def paired_medians(runs: list[Callable[[], object]], repeats: int) -> list[float]:
@@ -24,3 +26,9 @@ def paired_medians(runs: list[Callable[[], object]], repeats: int) -> list[float
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
     """Median wall time of one ``run``."""
     return paired_medians([run], repeats)[0]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,32 +1,85 @@
-"""Training throughput: single-process reference vs Ember without and with the hot cache.
+"""Training throughput: the single-process reference against Ember's data paths, on loopback
+and on a rate-limited link.
 
-One run, same data, model and batch size:
-  (a) single-process DLRM with nn.EmbeddingBag tables (sparse Adagrad),
-  (b) Ember, 1 trainer, 2 shards, cache off,
-  (c) Ember, 1 trainer, 2 shards, hot cache on (static and lru) with bounded staleness,
-and, for comparison, the replicated hot set (exact, no staleness).
-Prints samples/s, ratios and bytes per sample.
+One run, same data, model and batch size, 1 trainer and 2 shards:
+  (a)  single-process DLRM with nn.EmbeddingBag tables (sparse Adagrad), no PS;
+  (b)  Ember's serial path, no cache: pull, compute, push;
+  (c0) the step pipeline with staleness 0, no replica (exact: equals (b)'s results);
+  (c1) the step pipeline with staleness 1 and the hot rows replicated on the trainer;
+  (d)  the LRU cache, its misses pulled early and its freshness checks behind the push.
+Each network section runs (a) too, so every ratio compares runs made at the same time; (a)
+runs with all cores' threads and with one, and the faster counts. The trainer of the Ember
+runs uses one thread (its shards share the cores).
+The shaped section puts the shards in a network namespace behind a veth pair limited by
+tc HTB (needs root; otherwise it says why and only loopback runs).
 
-Usage: python benchmarks/bench_trainer.py [--steps 60] [--batch-size 1024] [--max-cardinality 100000]
+Prints samples/s, ratios, bytes per sample by category, the exposed PS wait, CPU per step
+(trainer and shards) and the served clock lag, then the issue's targets, met or missed.
+
+Usage: python benchmarks/bench_trainer.py [--steps 200] [--batch-size 1024] [--rate-mbit 25]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_timing import process_cpu_seconds
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.train import synthetic_data, table_specs, train
+from shaped_link import LinkUnavailable, ShapedLink
+
+RUNS = {
+    "(b) serial, no cache": {"cache": "none", "data_path": "serial"},
+    "(c0) pipeline s=0": {"cache": "none", "data_path": "pipeline", "staleness": 0},
+    "(c1) pipeline s=1, hot replica": {
+        "cache": "replicated", "data_path": "pipeline", "staleness": 1,
+    },
+    "(d) lru, piggybacked checks": {"cache": "lru", "data_path": "pipeline"},
+}  # fmt: skip
+CATEGORIES = ("pulled", "pushed", "hot_allreduce", "control")
 
 
-def reference_samples_per_s(config: TrainConfig) -> float:
+@dataclasses.dataclass
+class RunResult:
+    """One run's figures."""
+
+    samples_per_s: float
+    bytes_per_sample: dict[str, float]
+    exposed_wait_share: float = 0.0
+    trainer_cpu_ms_per_step: float = 0.0
+    shards_cpu_ms_per_step: float = 0.0
+    max_clock_lag: int = 0
+    hit_rate: float = 0.0
+    replica_sync_mib: float = 0.0  # once per run: hot replicas loaded and written back
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.bytes_per_sample.values())
+
+
+def best_reference_run(config: TrainConfig) -> RunResult:
+    """(a) with every core's threads and with one, whichever is faster (the baseline at its
+    best; the Ember runs use one, as their shards share the cores)."""
+    runs = []
+    for threads in (os.cpu_count() or 1, 1):
+        torch.set_num_threads(threads)
+        runs.append(reference_run(config))
+    return max(runs, key=lambda r: r.samples_per_s)
+
+
+def reference_run(config: TrainConfig) -> RunResult:
     """(a): nn.EmbeddingBag tables in this process, sparse Adagrad, same data and model."""
     data = synthetic_data(config)
     specs = table_specs(config, data.num_features)
@@ -38,7 +91,7 @@ def reference_samples_per_s(config: TrainConfig) -> float:
     )
     dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
     sparse_opt = torch.optim.Adagrad(bags.parameters(), lr=specs[0].optimizer.lr)
-    start = time.perf_counter()
+    cpu_before, start = time.process_time(), time.perf_counter()
     for step in range(config.steps):
         batch = data.batch(config.batch_size, step)
         dense_opt.zero_grad()
@@ -50,67 +103,151 @@ def reference_samples_per_s(config: TrainConfig) -> float:
         loss.backward()
         dense_opt.step()
         sparse_opt.step()
-    return config.steps * config.batch_size / (time.perf_counter() - start)
+    wall = time.perf_counter() - start
+    return RunResult(
+        config.steps * config.batch_size / wall,
+        dict.fromkeys(CATEGORIES, 0.0),
+        trainer_cpu_ms_per_step=(time.process_time() - cpu_before) * 1000 / config.steps,
+    )
+
+
+def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:
+    """One Ember run. CPU: the trainer's training loop (all its threads), and the shards'
+    over the whole run (their share of setup and evaluation included)."""
+    shards_before = sum(map(process_cpu_seconds, shard_pids))
+    report = train(config)
+    shards_cpu = sum(map(process_cpu_seconds, shard_pids)) - shards_before
+    steps = report["steps"]
+    return RunResult(
+        report["samples_per_s"],
+        {c: report[f"bytes_{c}_per_sample"] for c in CATEGORIES},
+        exposed_wait_share=report["ps_wait_s"] / report["wall_s"],
+        trainer_cpu_ms_per_step=report["cpu_s"] * 1000 / steps,
+        shards_cpu_ms_per_step=shards_cpu * 1000 / steps,
+        max_clock_lag=report["max_clock_lag"],
+        hit_rate=report["cache_hit_rate"],
+        replica_sync_mib=report["bytes_replica_sync"] / 2**20,
+    )
+
+
+def run_section(
+    base: TrainConfig, cluster_args: dict, label: str, bound: int
+) -> dict[str, RunResult]:
+    """(a) and every Ember run against one cluster of 2 shards."""
+    results = {"(a) reference, no PS": best_reference_run(base)}
+    with LocalCluster(2, **cluster_args) as cluster:
+        pids = [p.pid for p in cluster.processes]
+        for number, (name, change) in enumerate(RUNS.items()):
+            bounds = {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}
+            config = dataclasses.replace(
+                base, endpoints=tuple(cluster.endpoints), table_prefix=f"{label}{number}",
+                **change, **bounds,
+            )  # fmt: skip
+            results[name] = ember_run(config, pids)
+    return results
+
+
+def print_section(title: str, results: dict[str, RunResult]) -> None:
+    reference, serial = results["(a) reference, no PS"], results["(b) serial, no cache"]
+    print(f"\n{title}")
+    print(
+        f"{'run':<32} {'samples/s':>9} {'/(a)':>5} {'/(b)':>5} {'B/sample':>8} {'/(b)':>5} "
+        f"{'pull':>5} {'push':>5} {'hot':>5} {'ctrl':>5} {'wait':>5} {'CPU ms/step':>12} "
+        f"{'lag':>3} {'hit':>5} {'sync MiB':>8}"
+    )
+    for name, r in results.items():
+        share = r.total_bytes / serial.total_bytes
+        b = r.bytes_per_sample
+        print(
+            f"{name:<32} {r.samples_per_s:>9.0f} {r.samples_per_s / reference.samples_per_s:>5.2f} "
+            f"{r.samples_per_s / serial.samples_per_s:>5.2f} {r.total_bytes:>8.0f} {share:>5.2f} "
+            f"{b['pulled']:>5.0f} {b['pushed']:>5.0f} {b['hot_allreduce']:>5.0f} "
+            f"{b['control']:>5.0f} {r.exposed_wait_share:>5.0%} "
+            f"{r.trainer_cpu_ms_per_step:>5.0f} + {r.shards_cpu_ms_per_step:>4.0f} "
+            f"{r.max_clock_lag:>3} {r.hit_rate:>5.0%} {r.replica_sync_mib:>8.1f}"
+        )
+
+
+def targets(loopback: dict[str, RunResult], shaped: dict[str, RunResult] | None) -> list:
+    """``(target, measured, met)`` for each of the issue's targets."""
+    a, b = loopback["(a) reference, no PS"], loopback["(b) serial, no cache"]
+    c0, c1 = loopback["(c0) pipeline s=0"], loopback["(c1) pipeline s=1, hot replica"]
+    rows = [
+        ("loopback (c1)/(a) >= 0.7", c1.samples_per_s / a.samples_per_s, 0.7, ">="),
+        ("loopback (c1)/(b) >= 1.7", c1.samples_per_s / b.samples_per_s, 1.7, ">="),
+        ("loopback (c1) exposed wait <= 10% of wall", c1.exposed_wait_share, 0.10, "<="),
+        ("loopback (c1) bytes/sample <= 20% of (b)", c1.total_bytes / b.total_bytes, 0.2, "<="),
+        ("loopback (c0)/(b) >= 1.3", c0.samples_per_s / b.samples_per_s, 1.3, ">="),
+    ]
+    if shaped is not None:
+        ratio = (
+            shaped["(c1) pipeline s=1, hot replica"].samples_per_s
+            / shaped["(b) serial, no cache"].samples_per_s
+        )
+        rows.append(("shaped (c1)/(b) >= 3", ratio, 3.0, ">="))
+    return [
+        (name, value, value >= goal if op == ">=" else value <= goal)
+        for name, value, goal, op in rows
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--max-cardinality", type=int, default=100_000)
     parser.add_argument("--cache-mb", type=float, default=16.0)
+    parser.add_argument("--bound", type=int, default=2, help="pull and push bound of (d)")
     parser.add_argument(
-        "--bound", type=int, default=4, help="pull and push bound of the cached runs"
+        "--rate-mbit", type=float, default=25.0, help="shaped link rate, each direction"
     )
+    parser.add_argument("--loopback-only", action="store_true", help="skip the shaped link")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     retain_freed_buffers()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the shards' (this process has its threads)
     base = TrainConfig(
         endpoints=("unused:0",), steps=args.steps, batch_size=args.batch_size,
         max_cardinality=args.max_cardinality, eval_batches=1, progress=False,
+        cache_mb=args.cache_mb, torch_threads=1,
     )  # fmt: skip
-    results = {"(a) reference, nn.EmbeddingBag": (reference_samples_per_s(base), None, None)}
-    runs = [
-        ("(b) Ember, cache off", {"cache": "none"}),
-        ("(c) Ember, static cache", {"cache": "static"}),
-        ("(c) Ember, lru cache", {"cache": "lru"}),
-        ("Ember, replicated hot rows", {"cache": "replicated"}),
-    ]
-    with LocalCluster(2) as cluster:
-        for number, (name, change) in enumerate(runs):
-            config = TrainConfig(
-                **{
-                    **base.__dict__,
-                    "endpoints": tuple(cluster.endpoints),
-                    "table_prefix": f"bench{number}",
-                    "cache_mb": args.cache_mb,
-                    "pull_bound": args.bound if change["cache"] != "none" else 0,
-                    "push_bound": args.bound if change["cache"] != "none" else 0,
-                    **change,
-                }
-            )
-            report = train(config)
-            results[name] = (report["samples_per_s"], report, report["cache_hit_rate"])
-    reference = results["(a) reference, nn.EmbeddingBag"][0]
-    uncached = results["(b) Ember, cache off"]
     print(
-        f"DLRM, 26 tables (cardinality cap {args.max_cardinality}), dim {base.dim}, batch {args.batch_size}, "
-        f"{args.steps} steps; cache {args.cache_mb} MiB, bounds {args.bound}"
+        f"DLRM, 26 tables (cardinality cap {args.max_cardinality}), dim {base.dim}, batch "
+        f"{args.batch_size}, {args.steps} steps, 2 shards; hot set / cache {args.cache_mb} MiB; "
+        f"(d) bounds {args.bound}; {os.cpu_count()} CPUs"
     )
-    print(
-        f"{'run':<32} {'samples/s':>10} {'vs (a)':>7} {'vs (b)':>7} {'hit rate':>8} {'B/sample':>9} {'vs (b)':>7}"
-    )
-    for name, (speed, report, hit_rate) in results.items():
-        if report is None:
-            print(f"{name:<32} {speed:>10.0f} {1.0:>7.2f}")
-            continue
-        traffic = report["bytes_pulled_per_sample"] + report["bytes_pushed_per_sample"]
-        base_traffic = (
-            uncached[1]["bytes_pulled_per_sample"] + uncached[1]["bytes_pushed_per_sample"]
-        )
-        print(
-            f"{name:<32} {speed:>10.0f} {speed / reference:>7.2f} {speed / uncached[0]:>7.2f} "
-            f"{hit_rate:>8.1%} {traffic:>9.0f} {traffic / base_traffic:>7.2f}"
-        )
+    sections = {"loopback": run_section(base, {}, "loop", args.bound)}
+    print_section("loopback", sections["loopback"])
+    shaped = None
+    if not args.loopback_only:
+        try:
+            with ShapedLink(args.rate_mbit) as link:
+                measured = link.measure_mbit()
+                title = (
+                    f"shaped link: tc HTB {args.rate_mbit:g} Mbit/s each way, measured "
+                    f"{measured:.1f} Mbit/s (one TCP stream into the shards' namespace)"
+                )
+                cluster_args = {
+                    "host": link.peer_address,
+                    "server_command": [
+                        *link.command_prefix, sys.executable, "-m", "ember.cli.main", "ps",
+                    ],
+                }  # fmt: skip
+                shaped = sections["shaped"] = run_section(base, cluster_args, "shaped", args.bound)
+            print_section(title, shaped)
+        except LinkUnavailable as reason:
+            print(f"\nshaped link unavailable ({reason}); loopback only")
+    print("\ntargets")
+    checks = targets(sections["loopback"], shaped)
+    for name, value, met in checks:
+        print(f"  {name:<44} measured {value:6.2f}  {'met' if met else 'MISSED'}")
+    if args.json:
+        figures = {
+            section: {name: dataclasses.asdict(r) for name, r in results.items()}
+            for section, results in sections.items()
+        }
+        figures["targets"] = [list(check) for check in checks]
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Taking a checkpoint of a whole cluster: pause every shard, write, manifest last, commit."""
+"""Taking a checkpoint of a whole cluster: pause every shard, agree a clock cut, write,
+manifest last, commit."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def take_checkpoint(
     checkpoint_id = directory.name
     shards = range(len(rpc.endpoints))
     try:
-        rpc.run(
+        paused = rpc.run(
             [
                 ShardCall(
                     k,
@@ -69,6 +70,7 @@ def take_checkpoint(
             checkpoint_id=checkpoint_id,
             directory=str(directory),
             base_id=base.name if base is not None else "",
+            cut=[pb.JobClocks(job=job, applied=clocks) for job, clocks in clock_cut(paused)],
         )
         replies = rpc.run([ShardCall(k, "Checkpoint", request) for k in shards])
     except PSClientError:
@@ -105,6 +107,26 @@ def take_checkpoint(
             error,
         )
     return directory, manifest
+
+
+def clock_cut(paused: list[pb.PauseWritesResponse]) -> list[tuple[str, list[int]]]:
+    """The clock cut of a checkpoint: per job, each rank's highest clock applied on any shard
+    at the pause. Every rank sends each clock to every shard, so a clock one shard has
+    applied has reached the others too, unless its rank died mid-send (then those shards
+    cannot reach the cut and the checkpoint fails)."""
+    cut: dict[str, list[int]] = {}
+    for reply in paused:
+        for job in reply.jobs:
+            clocks = cut.setdefault(job.job, list(job.applied))
+            if len(clocks) != len(job.applied):
+                raise PSClientError(
+                    "(all shards)",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"shards disagree on the ranks of job {job.job!r}: "
+                    f"{len(clocks)} and {len(job.applied)}",
+                )
+            cut[job.job] = [max(a, b) for a, b in zip(clocks, job.applied)]
+    return list(cut.items())
 
 
 def _claim_directory(root: Path) -> Path:

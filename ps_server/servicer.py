@@ -204,7 +204,14 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
-        return pb.PauseWritesResponse()
+        jobs = self.server.steps.clocks.snapshot()
+        return pb.PauseWritesResponse(
+            jobs=[
+                pb.JobClocks(job=name, applied=job["applied"])
+                for name, job in jobs.items()
+                if job["mode"] == pb.EXACT  # an async job's clocks are per shard, not cut
+            ]
+        )
 
     def ResumeWrites(
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
@@ -215,8 +222,11 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext
     ) -> pb.CheckpointResponse:
+        cut = {entry.job: list(entry.applied) for entry in request.cut}
+        if len(cut) != len(request.cut):
+            raise InvalidArgumentError("the clock cut names a job twice")
         files, specs = self.server.checkpoints.write(
-            request.checkpoint_id, request.directory, request.base_id
+            request.checkpoint_id, request.directory, request.base_id, cut
         )
         return pb.CheckpointResponse(
             shard=self.server.shard,

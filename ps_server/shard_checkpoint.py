@@ -36,6 +36,7 @@ from ember.ps_server.errors import (
     PermissionDeniedError,
 )
 from ember.ps_server.routing import shard_of
+from ember.ps_server.step_clocks import MAX_JOB_CHARS
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import TableSpec
 
@@ -86,20 +87,29 @@ class ShardCheckpoints:
         self._server.gate.resume(checkpoint_id)
 
     def write(
-        self, checkpoint_id: str, directory: str, base_id: str
+        self,
+        checkpoint_id: str,
+        directory: str,
+        base_id: str,
+        cut: dict[str, list[int]] | None = None,
     ) -> tuple[list[FileEntry], list[TableSpec]]:
         """Write this shard's files of ``checkpoint_id`` under ``directory``, then resume writes.
 
+        First the clocks of ``cut`` (per job, each rank's highest clock the checkpoint
+        holds) that this shard has not applied pass the pause, and only those.
+
         Raises:
-            CheckpointStateError: writes are not paused for it, or ``base_id``
-                is not this shard's last committed checkpoint.
-            InvalidArgumentError: ``directory`` is not an absolute path.
+            CheckpointStateError: writes are not paused for it, the cut was not reached
+                within the pause lease, or ``base_id`` is not this shard's last
+                committed checkpoint.
+            InvalidArgumentError: ``directory`` is not an absolute path, or a bad cut.
             PermissionDeniedError: ``directory`` is outside the checkpoint root, or
                 there is no root.
         """
         _check_checkpoint_id(checkpoint_id)
         target = self.checked_directory(directory)
         self._server.fault.check()
+        self._reach_cut(checkpoint_id, check_cut(cut or {}))
         self._server.gate.claim(checkpoint_id)
         try:
             if base_id and base_id != self._committed_checkpoint:
@@ -119,6 +129,21 @@ class ShardCheckpoints:
             return files, [table.spec for table in tables]
         finally:
             self._server.gate.resume(checkpoint_id)
+
+    def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
+        """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause."""
+        clocks = self._server.steps.clocks
+        reached = clocks.cut_reached(cut)
+        if reached():
+            return
+        if not self._server.gate.admit_until(checkpoint_id, clocks.cut_admits(cut), reached):
+            applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
+            raise CheckpointStateError(
+                f"checkpoint {checkpoint_id!r} refused: writes were not held for it until this "
+                f"shard reached the clock cut {cut} (the pause lease ran out, or it was never "
+                f"paused); applied here: {applied}. A rank that has not delivered those clocks "
+                "has died or fallen behind"
+            )
 
     def commit(self, checkpoint_id: str) -> None:
         """The manifest of ``checkpoint_id`` is durable: it becomes the incremental base.
@@ -210,6 +235,22 @@ def _check_checkpoint_id(checkpoint_id: str) -> None:
             f"checkpoint_id must be 1..{MAX_CHECKPOINT_ID_CHARS} printable characters, "
             f"got {checkpoint_id[:MAX_CHECKPOINT_ID_CHARS]!r}"
         )
+
+
+def check_cut(cut: dict[str, list[int]]) -> dict[str, list[int]]:
+    """``cut`` if every job name is sound and every rank's clock is >= -1.
+
+    Raises:
+        InvalidArgumentError: otherwise.
+    """
+    for job, clocks in cut.items():
+        if not 0 < len(job) <= MAX_JOB_CHARS or not job.isprintable():
+            raise InvalidArgumentError(f"clock cut: bad job name {job[:40]!r}")
+        if not clocks or min(clocks) < -1:
+            raise InvalidArgumentError(
+                f"clock cut of job {job!r}: one clock >= -1 per rank, got {clocks[:8]}"
+            )
+    return cut
 
 
 def write_shard_files(

@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,16 @@ class Job:
         with self.cond:
             return self.cond.wait_for(lambda: self.waiters >= count, timeout_s)
 
+    def mark_applied(self, rank: int, clock: int) -> None:
+        """Clock ``clock`` is applied: of every rank in EXACT mode, of ``rank`` in ASYNC.
+        (One assignment, so readers without the condition see the old or the new list.)"""
+        applied = list(self.applied)
+        if self.mode == pb.EXACT:
+            applied = [clock] * self.world
+        else:
+            applied[rank] = clock
+        self.applied = applied
+
     def remember_changed(self, clock: int, changed: dict[str, np.ndarray]) -> None:
         """Record the rows ``clock`` changed (per table, kept sorted), forgetting the oldest
         clocks."""
@@ -126,6 +137,37 @@ class StepClocks:
             job.name: {"world": job.world, "mode": job.mode, "applied": list(job.applied)}
             for job in jobs
         }
+
+    def cut_admits(self, cut: dict[str, list[int]]) -> Callable[[tuple[str, int, int]], bool]:
+        """Whether a write tagged ``(job, rank, clock)`` lies within ``cut`` (per job, the
+        highest clock of each rank a checkpoint holds); jobs outside the cut never do."""
+
+        def admits(tag: tuple[str, int, int]) -> bool:
+            job, rank, clock = tag
+            clocks = cut.get(job)
+            return clocks is not None and 0 <= rank < len(clocks) and clock <= clocks[rank]
+
+        return admits
+
+    def cut_reached(self, cut: dict[str, list[int]]) -> Callable[[], bool]:
+        """Whether every job of ``cut`` that this shard knows has applied its clocks.
+
+        Raises:
+            InvalidArgumentError: a job of the cut with another number of ranks.
+        """
+        with self._lock:
+            jobs = [self._jobs[name] for name in cut if name in self._jobs]
+        for job in jobs:
+            if len(cut[job.name]) != job.world:
+                raise InvalidArgumentError(
+                    f"the clock cut gives job {job.name!r} {len(cut[job.name])} rank(s); it "
+                    f"runs {job.world}"
+                )
+        return lambda: all(
+            applied >= wanted
+            for job in jobs
+            for applied, wanted in zip(job.applied, cut[job.name], strict=True)
+        )
 
     def restore(self, jobs: dict[str, dict]) -> None:
         """Replace every job's clocks by a :meth:`snapshot` (nothing pending)."""

@@ -103,7 +103,6 @@ class StepService:
                 if step <= job.applied[rank]:  # a retry of this update won the race
                     return True, self._refreshed(job, step, refresh), job.watermark
                 self._apply(job, clock, updates)
-                job.applied[rank] = step
                 job.cond.notify_all()
             return False, self._refreshed(job, step, refresh), job.watermark
 
@@ -114,12 +113,13 @@ class StepService:
         job = self.clocks.job(clock)
         updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
         with job.cond:
-            if job.mode == pb.EXACT and clock.clock > job.watermark:
+            if (
+                job.mode == pb.EXACT
+                and clock.clock > job.watermark
+                or job.mode == pb.ASYNC
+                and clock.clock > job.applied[clock.rank]
+            ):
                 self._write(job, clock, updates, log=False)
-                job.applied = [clock.clock] * job.world
-            elif job.mode == pb.ASYNC and clock.clock > job.applied[clock.rank]:
-                self._write(job, clock, updates, log=False)
-                job.applied[clock.rank] = clock.clock
 
     def _apply_complete_clocks(self, job: Job) -> None:
         """Apply, in order, every next clock whose updates from all ranks are in."""
@@ -138,7 +138,6 @@ class StepService:
             clock = StepClockView(job.name, job.world, 0, step, job.mode, 1)
             self._apply(job, clock, updates)  # raises with the clock still pending
             del job.pending[step]
-            job.applied = [step] * job.world
             job.cond.notify_all()
 
     def _apply(self, job: Job, clock: StepClockView, updates: list[TableUpdate]) -> None:
@@ -172,12 +171,17 @@ class StepService:
 
         server = self._server
         if log:
-            with server.gate.writing(), server.journal.record(record):
+            # The clock counts as applied inside the gate, with its rows: a checkpoint's pause
+            # never sees one without the other.
+            tag = (job.name, clock.rank, clock.clock)
+            with server.gate.writing(tag), server.journal.record(record):
                 for target, ids, grads in summed:
                     target.push(ids, grads, request_id)
+                job.mark_applied(clock.rank, clock.clock)
         else:
             for target, ids, grads in summed:
                 target.push(ids, grads, request_id)
+            job.mark_applied(clock.rank, clock.clock)
         job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
 
     def _refreshed(

@@ -3,7 +3,9 @@
 Writers enter :meth:`WriteGate.writing`; :meth:`WriteGate.pause` waits for the
 writers inside to leave and holds new ones until :meth:`WriteGate.resume` with
 the same checkpoint id, or until the lease runs out (a coordinator that died
-mid-checkpoint cannot stall the shard for longer than that).
+mid-checkpoint cannot stall the shard for longer than that). While paused,
+:meth:`WriteGate.admit_until` lets the writes a checkpoint still needs through
+(tagged writes its predicate accepts, such as the clocks up to a clock cut).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ember.ps_server.errors import CheckpointStateError
 
@@ -30,16 +33,18 @@ class WriteGate:
         self._holder: str | None = None  # checkpoint id holding the pause
         self._deadline = 0.0
         self._expired: set[str] = set()
+        self._admits: Callable[[Any], bool] | None = None  # writes let through a pause
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """Run one write request: waits while a checkpoint holds the gate."""
+    def writing(self, tag: Any = None) -> Iterator[None]:
+        """Run one write request: waits while a checkpoint holds the gate, unless the
+        checkpoint admits ``tag`` (see :meth:`admit_until`)."""
         with self._cond:
-            held = self._holder is not None
+            held = self._holds(tag)
             if held:
                 self._held += 1
                 self._cond.notify_all()
-            while self._holder is not None:
+            while self._holds(tag):
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
                     log.warning(
@@ -57,6 +62,42 @@ class WriteGate:
             with self._cond:
                 self._writers -= 1
                 self._cond.notify_all()
+
+    def _holds(self, tag: Any) -> bool:
+        admitted = tag is not None and self._admits is not None and self._admits(tag)
+        return self._holder is not None and not admitted
+
+    def admit_until(
+        self, checkpoint_id: str, admits: Callable[[Any], bool], reached: Callable[[], bool]
+    ) -> bool:
+        """While ``checkpoint_id`` holds the gate, let writes whose tag ``admits`` accepts
+        through until ``reached()``; then hold every write again and wait for the admitted
+        ones inside to finish. False (and the gate released, the id refused from then on)
+        when the lease runs out first; False at once if the id does not hold the gate.
+
+        ``reached`` is checked whenever a writer leaves, so it must turn true inside a
+        write that ``admits`` lets through.
+        """
+        with self._cond:
+            if self._holder != checkpoint_id:
+                return False
+            self._admits = admits
+            self._cond.notify_all()
+            try:
+                while not reached():
+                    remaining = self._deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._expired.add(checkpoint_id)
+                        self._release()
+                        return False
+                    self._cond.wait(None if math.isinf(remaining) else remaining)
+                    if self._holder != checkpoint_id:
+                        return False
+            finally:
+                self._admits = None
+            while self._writers:
+                self._cond.wait()
+            return True
 
     def await_held(self, count: int, timeout_s: float) -> bool:
         """Wait until at least ``count`` writers are held by a pause; False on timeout."""

@@ -37,11 +37,12 @@ class TrainConfig:
     cache_mb: float = 16.0
     pull_bound: int = 0
     push_bound: int = 0
-    profile_batches: int = 8
+    profile_batches: int = 32
     data_path: str = "auto"
     staleness: int = 0
     update_mode: str = "exact"
     wait_s: float = 120.0
+    torch_threads: int = 0
 
     def pipelined(self) -> bool:
         """Whether the next step's rows are fetched while a step computes (``auto``: yes).
@@ -88,6 +89,10 @@ class TrainConfig:
         if self.update_mode not in MODES:
             raise ValueError(
                 f"update_mode must be one of {', '.join(MODES)}, got {self.update_mode!r}"
+            )
+        if self.torch_threads < 0:
+            raise ValueError(
+                f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}"
             )
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")

@@ -43,6 +43,7 @@ def run_report(
         "bytes_pushed_per_sample": source.traffic.bytes_pushed / per_sample,
         "bytes_hot_allreduce_per_sample": getattr(source, "allreduce_bytes", 0) / per_sample,
         "bytes_control_per_sample": source.traffic.bytes_control / per_sample,
+        "bytes_replica_sync": source.traffic.bytes_replica_sync,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "train_losses": losses,
         "wall_s": wall,

@@ -15,7 +15,9 @@ class TrafficStats:
 
     ``bytes_pulled``: ids asked for and the rows (and optimizer state) received;
     ``bytes_pushed``: ids and gradients (or assigned rows) sent; ``bytes_control``:
-    everything else: versions, freshness checks, positions, clocks and message framing.
+    everything else: versions, freshness checks, positions, clocks and message framing;
+    ``bytes_replica_sync``: loading hot-row replicas from the shards and writing them back,
+    once per run (and flush), not per step.
     """
 
     rows_pulled: int = 0
@@ -23,6 +25,7 @@ class TrafficStats:
     bytes_pulled: int = 0
     bytes_pushed: int = 0
     bytes_control: int = 0
+    bytes_replica_sync: int = 0
 
 
 class CountingClient:

@@ -48,6 +48,8 @@ from torch.nn.parallel import DistributedDataParallel
 def train(config: TrainConfig) -> dict:
     """Train on this rank; returns the run report (complete on rank 0)."""
     config.validate()
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
     device = resolve_device(config.device)
     rank, world = _init_distributed(device)
     data = synthetic_data(config)
@@ -72,7 +74,7 @@ def train(config: TrainConfig) -> dict:
         progress = ProgressBar(config.steps) if config.progress and rank == 0 else None
         losses: list[float] = []
         batches = _train_batches(config, data, reader, rank, world)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         # A file's parts can differ by a batch between ranks; synthetic parts never do.
         uneven = config.criteo_path is not None and world > 1
         upcoming = next(batches, None)
@@ -104,6 +106,7 @@ def train(config: TrainConfig) -> dict:
         report = run_report(
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader
         )
+        report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
         if rank == 0:
             report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
         close(inner)

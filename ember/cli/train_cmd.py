@@ -90,7 +90,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--zipf-exponent", type=float, default=1.2, help="skew of the synthetic ids"
     )
     parser.add_argument(
-        "--profile-batches", type=int, default=8, help="batches the cache profiler samples"
+        "--profile-batches", type=int, default=32, help="batches the cache profiler samples"
     )
     parser.add_argument(
         "--data-path",
@@ -118,6 +118,13 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         help="pipeline: how long a shard holds a step for other ranks before it fails, "
         "naming the ranks it waited for",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="intra-op threads of this rank's tensor ops (0: torch's default). Use 1 when "
+        "shards share the rank's cores: idle OpenMP threads spin and take their CPU",
     )
 
 
@@ -186,7 +193,8 @@ def print_summary(report: dict) -> None:
         f"{report['bytes_pushed_per_sample']:,.0f}  hot all-reduce "
         f"{report['bytes_hot_allreduce_per_sample']:,.0f}  control "
         f"{report['bytes_control_per_sample']:,.0f}  hot hit rate "
-        f"{report['cache_hit_rate']:.1%}"
+        f"{report['cache_hit_rate']:.1%}; hot replicas loaded and written back "
+        f"{report['bytes_replica_sync'] / 2**20:,.1f} MiB"
     )
     wall = report["wall_s"]
     print(

@@ -268,9 +268,19 @@ class PauseWritesRequest(_message.Message):
     lease_s: float
     def __init__(self, checkpoint_id: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
+class JobClocks(_message.Message):
+    __slots__ = ("job", "applied")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    applied: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job: _Optional[str] = ..., applied: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PauseWritesResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobClocks]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ...) -> None: ...
 
 class ResumeWritesRequest(_message.Message):
     __slots__ = ("checkpoint_id",)
@@ -283,14 +293,16 @@ class ResumeWritesResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "directory", "base_id")
+    __slots__ = ("checkpoint_id", "directory", "base_id", "cut")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     BASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CUT_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     directory: str
     base_id: str
-    def __init__(self, checkpoint_id: _Optional[str] = ..., directory: _Optional[str] = ..., base_id: _Optional[str] = ...) -> None: ...
+    cut: _containers.RepeatedCompositeFieldContainer[JobClocks]
+    def __init__(self, checkpoint_id: _Optional[str] = ..., directory: _Optional[str] = ..., base_id: _Optional[str] = ..., cut: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ...) -> None: ...
 
 class CheckpointFile(_message.Message):
     __slots__ = ("path", "table", "rows", "bytes", "sha256")

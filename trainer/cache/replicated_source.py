@@ -101,11 +101,11 @@ class ReplicatedRowSource:
 
     @property
     def traffic(self) -> TrafficStats:
-        """Bytes moved: the cold source's plus this source's own (taking over, writing back)."""
-        own, cold = self.client.traffic, self.cold.traffic
-        return TrafficStats(
-            *(getattr(own, f.name) + getattr(cold, f.name) for f in dataclasses.fields(own))
-        )
+        """Bytes moved: the cold source's, and this source's own (taking the hot rows over,
+        writing them back) as replica sync."""
+        own = self.client.traffic
+        sync = own.bytes_pulled + own.bytes_pushed + own.bytes_control
+        return dataclasses.replace(self.cold.traffic, bytes_replica_sync=sync)
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the cold source."""

@@ -1,0 +1,152 @@
+"""A checkpoint taken while a job's clocks are in flight holds one clock cut on every shard:
+each shard applies the clocks up to the cut, and no later ones, before it writes."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.checkpoint_coordinator import clock_cut, take_checkpoint
+from ember.ps_server.checkpoint_format import Manifest
+from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.config import ShardConfig
+from ember.ps_server.errors import CheckpointStateError
+from ember.ps_server.initializers import initial_rows
+from ember.ps_server.recovery import recover
+from ember.ps_server.routing import shard_of
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.shard_rpc import ShardCall
+from ember.ps_server.step_clocks import StepClocks
+from ember.ps_server.step_codec import StepClockView, decode_update_request, encode_update_request
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import encode_ids, pb
+
+SGD = OptimizerSpec(OptimizerKind.SGD, lr=1.0)
+SPEC = TableSpec("emb", dim=4, optimizer=SGD)
+IDS = np.arange(0, 80, 3, dtype=np.int64)
+JOB = "job-cut"
+
+
+def grads(clock: int, rank: int, count: int = len(IDS)) -> np.ndarray:
+    return np.full((count, 4), 10.0**clock * (rank + 1), dtype="<f4")  # distinct per clock
+
+
+def update_request(clock: int, rank: int, ids: np.ndarray = IDS) -> bytes:
+    view = StepClockView(JOB, 2, rank, clock, pb.EXACT, 30_000)
+    return encode_update_request([("emb", encode_ids(ids), grads(clock, rank, len(ids)))], view)
+
+
+def in_threads(*calls) -> list[threading.Thread]:
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def applied_in_meta(directory, shard: int, shards: int) -> list[int]:
+    meta = json.loads((directory / f"shard-{shard}-of-{shards}.meta.json").read_text())
+    return meta["step_clocks"][JOB]["applied"]
+
+
+def test_a_paused_shard_applies_up_to_the_cut_and_holds_later_clocks(tmp_path):
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+
+    def send(clock: int, rank: int):
+        return lambda: server.steps.update(decode_update_request(update_request(clock, rank)))
+
+    server.checkpoints.pause("c1", 60)
+    threads = in_threads(send(0, 0), send(0, 1), send(1, 0), send(1, 1))  # all held at first
+    files, specs = server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+    Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
+    for thread in threads:
+        thread.join(30)
+    assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]  # clock 1 waited for the write
+    assert server.steps.clocks.snapshot()[JOB]["applied"] == [1, 1]  # and went on after it
+    restored = ParameterServer(0, 1)
+    recover(restored, ShardConfig(restore=str(tmp_path / "c1")))
+    initial = initial_rows(SPEC, IDS).numpy()
+    after_clock_0 = initial - grads(0, 0) - grads(0, 1)  # SGD, lr 1, the ranks' sum
+    values = np.asarray(restored.pull("emb", encode_ids(IDS)).values).reshape(len(IDS), 4)
+    np.testing.assert_allclose(values, after_clock_0)
+
+
+def test_a_cut_the_shard_cannot_reach_refuses_within_the_lease(tmp_path):
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+    server.checkpoints.pause("c1", 0.5)
+    (rank0,) = in_threads(
+        lambda: server.steps.update(decode_update_request(update_request(0, 0)))
+    )  # rank 1 never delivers clock 0
+    with pytest.raises(CheckpointStateError, match=r"clock cut \{'job-cut': \[0, 0\]\}"):
+        server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+    assert not (tmp_path / "c1").exists()  # nothing written
+    server.steps.update(decode_update_request(update_request(0, 1)))  # writes flow again
+    rank0.join(30)
+    assert server.steps.clocks.snapshot()[JOB]["applied"] == [0, 0]
+
+
+def test_cut_is_the_highest_clock_any_shard_applied():
+    paused = [
+        pb.PauseWritesResponse(jobs=[pb.JobClocks(job="a", applied=[3, 3])]),
+        pb.PauseWritesResponse(
+            jobs=[pb.JobClocks(job="a", applied=[4, 4]), pb.JobClocks(job="b", applied=[0])]
+        ),
+    ]
+    assert dict(clock_cut(paused)) == {"a": [4, 4], "b": [0]}
+
+
+class _AfterPause:
+    """The coordinator's channels, starting ``late`` once every shard has paused (before the
+    Checkpoint calls), so that update can only enter the checkpoint through the cut."""
+
+    def __init__(self, rpc, late) -> None:
+        self.rpc, self.late, self.endpoints = rpc, late, rpc.endpoints
+        self.threads: list[threading.Thread] = []
+
+    def run(self, calls, on_reply=None):
+        if calls and calls[0].method == "Checkpoint":
+            self.threads = in_threads(self.late)
+        return self.rpc.run(calls, on_reply)
+
+
+def test_checkpoint_of_two_shards_mid_clock_holds_one_clock_on_both(tmp_path):
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        owner = shard_of("emb", IDS, 2)
+        rpc = client.shard_rpc
+
+        def send(shard: int, clock: int, rank: int):
+            request = update_request(clock, rank, IDS[owner == shard])
+            return lambda: rpc.run([ShardCall(shard, "Update", request, 30.0)])
+
+        for thread in in_threads(*(send(k, 0, r) for k in (0, 1) for r in (0, 1))):
+            thread.join(60)  # clock 0 everywhere
+        for thread in in_threads(send(0, 1, 0), send(0, 1, 1)):
+            thread.join(60)  # clock 1 on shard 0 only
+        late = in_threads(send(1, 1, 0))  # shard 1 has rank 0's clock 1, not rank 1's yet
+        paused = _AfterPause(rpc, send(1, 1, 1))  # rank 1's arrives once every shard paused
+        directory, _ = take_checkpoint(paused, root)
+        for thread in late + paused.threads:
+            thread.join(60)
+        assert [applied_in_meta(directory, k, 2) for k in (0, 1)] == [[1, 1], [1, 1]]
+        with (
+            LocalCluster(2, extra_args=["--restore", str(directory)]) as restored_cluster,
+            PSClient(restored_cluster.endpoints) as restored,
+        ):
+            rows = restored.pull("emb", torch.from_numpy(IDS))
+        expected = client.pull("emb", torch.from_numpy(IDS))  # clocks 0 and 1 applied
+        torch.testing.assert_close(rows, expected, rtol=0, atol=0)
+
+
+def test_only_the_clocks_within_the_cut_pass_a_pause():
+    admits = StepClocks().cut_admits({JOB: [2, 2]})
+    assert admits((JOB, 0, 2)) and admits((JOB, 1, 0))
+    assert not admits((JOB, 0, 3))  # the next clock waits for the checkpoint
+    assert not admits(("other-job", 0, 0)) and not admits((JOB, 2, 0))  # no such rank
