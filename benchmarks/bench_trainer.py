@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -204,6 +205,8 @@ def main() -> int:
     parser.add_argument("--loopback-only", action="store_true", help="skip the shaped link")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so the shaped link's namespace is removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     retain_freed_buffers()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the shards' (this process has its threads)
     base = TrainConfig(

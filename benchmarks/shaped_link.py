@@ -96,7 +96,7 @@ class ShapedLink:
         try:
             for step in steps:
                 _run(step)
-        except LinkUnavailable:
+        except BaseException:  # LinkUnavailable, or an interrupt half way
             self.remove()
             raise
         return self

@@ -36,7 +36,7 @@ from ember.ps_server.errors import (
     PermissionDeniedError,
 )
 from ember.ps_server.routing import shard_of
-from ember.ps_server.step_clocks import MAX_JOB_CHARS
+from ember.ps_server.step_clocks import MAX_JOB_CHARS, MAX_WORLD
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import TableSpec
 
@@ -363,7 +363,11 @@ def _shard_meta(directory: Path, manifest: Manifest, shard: int, num_shards: int
         if not all(isinstance(ids, list) for ids in windows.values()):
             raise TypeError("a window is not a list")
         for state in clocks.values():
-            if not (isinstance(state["applied"], list) and state["world"] == len(state["applied"])):
+            if not (
+                isinstance(state["applied"], list)
+                and 1 <= state["world"] <= MAX_WORLD
+                and state["world"] == len(state["applied"])
+            ):
                 raise TypeError("a job's clocks do not match its world")
         return body
     except (ValueError, KeyError, TypeError, AttributeError) as error:

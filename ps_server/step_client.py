@@ -15,10 +15,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+import grpc
 import numpy as np
 import torch
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.client import PSClient
+from ember.ps_server.errors import PSClientError
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.shard_rpc import ShardCall
@@ -217,8 +219,19 @@ class StepClient:
                 per_shard_refresh[shard], reply.refreshed, strict=True
             ):
                 where = np.frombuffer(found, dtype="<i8")
-                refreshed[table][0].append(positions[where])
                 dim = self.client.dim(table)
+                if len(where) and (where.min() < 0 or where.max() >= len(positions)):
+                    raise PSClientError(
+                        self.client.endpoints[shard], grpc.StatusCode.INTERNAL,
+                        f"refresh of table {table!r} named positions outside its "
+                        f"{len(positions)} ids",
+                    )  # fmt: skip
+                if len(values) != 4 * dim * len(where):
+                    raise PSClientError(
+                        self.client.endpoints[shard], grpc.StatusCode.INTERNAL,
+                        f"refresh of table {table!r}: {len(values)} bytes for {len(where)} rows",
+                    )  # fmt: skip
+                refreshed[table][0].append(positions[where])
                 refreshed[table][1].append(
                     readonly_tensor(values, torch.float32).view(len(where), dim).clone()
                 )

@@ -23,6 +23,10 @@ from ember.ps_server.step_codec import StepClockView
 from ember.ps_server.wire import pb
 
 MAX_JOBS = 64
+EXACT_APPLIER = -1  # Job.applying's mark for an exact-mode clock being applied
+MAX_WORLD = 65_536  # ranks of one job
+MAX_CLOCKS_AHEAD = 1_024  # how far past the watermark an update's clock may be
+RETIRED_JOBS = 4_096  # forgotten jobs whose last clocks are kept (for clock cuts)
 MAX_WAIT_MS = 3_600_000
 MAX_JOB_CHARS = 128
 REMEMBERED_CLOCKS = 8  # clocks whose changed rows are kept for refreshes
@@ -43,6 +47,9 @@ class Job:
     )
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     waiters: int = 0
+    # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
+    # request may have released the condition while a checkpoint holds its write.
+    applying: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def watermark(self) -> int:
@@ -82,6 +89,16 @@ class Job:
         with self.cond:
             return self.cond.wait_for(lambda: self.waiters >= count, timeout_s)
 
+    def withdraw(self, clock: int, rank: int) -> None:
+        """Take back ``rank``'s buffered update of a clock not applied (a rank that gave up
+        waiting), so that the clock cannot complete without it being sent again."""
+        by_rank = self.pending.get(clock)
+        being_applied = EXACT_APPLIER in self.applying and clock == self.watermark + 1
+        if by_rank is not None and clock > self.applied[rank] and not being_applied:
+            by_rank.pop(rank, None)
+            if not by_rank:
+                del self.pending[clock]
+
     def mark_applied(self, rank: int, clock: int) -> None:
         """Clock ``clock`` is applied: of every rank in EXACT mode, of ``rank`` in ASYNC.
         (One assignment, so readers without the condition see the old or the new list.)"""
@@ -106,6 +123,8 @@ class StepClocks:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
+        # Applied clocks of jobs forgotten as idle: a clock cut may still name them.
+        self._retired: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
 
     def job(self, clock: StepClockView) -> Job:
         """The job ``clock`` names, created on first use.
@@ -118,7 +137,10 @@ class StepClocks:
         with self._lock:
             job = self._jobs.get(clock.job)
             if job is None:
-                job = Job(clock.job, clock.world, clock.mode, [-1] * clock.world)
+                applied = self._retired.pop(clock.job, [-1] * clock.world)  # back from idle
+                if len(applied) != clock.world:
+                    applied = [-1] * clock.world  # refused below: the world disagrees
+                job = Job(clock.job, clock.world, clock.mode, applied)
                 self._jobs[clock.job] = job
                 self._forget_idle()
             self._jobs.move_to_end(clock.job)
@@ -150,24 +172,36 @@ class StepClocks:
         return admits
 
     def cut_reached(self, cut: dict[str, list[int]]) -> Callable[[], bool]:
-        """Whether every job of ``cut`` that this shard knows has applied its clocks.
+        """Whether every job of ``cut`` has applied its clocks here (a job this shard has
+        not seen has applied none).
 
         Raises:
             InvalidArgumentError: a job of the cut with another number of ranks.
         """
         with self._lock:
-            jobs = [self._jobs[name] for name in cut if name in self._jobs]
-        for job in jobs:
-            if len(cut[job.name]) != job.world:
-                raise InvalidArgumentError(
-                    f"the clock cut gives job {job.name!r} {len(cut[job.name])} rank(s); it "
-                    f"runs {job.world}"
-                )
-        return lambda: all(
-            applied >= wanted
-            for job in jobs
-            for applied, wanted in zip(job.applied, cut[job.name], strict=True)
-        )
+            for name, clocks in cut.items():
+                job = self._jobs.get(name)
+                if job is not None and len(clocks) != job.world:
+                    raise InvalidArgumentError(
+                        f"the clock cut gives job {name!r} {len(clocks)} rank(s); it runs "
+                        f"{job.world}"
+                    )
+
+        def reached() -> bool:
+            return all(
+                all(a >= c for a, c in zip(self._applied(name, len(clocks)), clocks, strict=True))
+                for name, clocks in cut.items()
+            )
+
+        return reached
+
+    def _applied(self, name: str, world: int) -> list[int]:
+        """A job's applied clocks by rank: a retired job's last ones, and -1 for a job this
+        shard has not seen yet (its first clocks may still be on their way)."""
+        job = self._jobs.get(name)
+        if job is not None:
+            return job.applied
+        return self._retired.get(name, [-1] * world)
 
     def restore(self, jobs: dict[str, dict]) -> None:
         """Replace every job's clocks by a :meth:`snapshot` (nothing pending)."""
@@ -181,8 +215,11 @@ class StepClocks:
         """Drop the least recently used idle jobs beyond MAX_JOBS (caller holds the lock)."""
         for name in list(self._jobs)[: max(0, len(self._jobs) - MAX_JOBS)]:
             job = self._jobs[name]
-            if not job.pending and not job.waiters:
+            if not job.pending and not job.waiters and not job.applying:
                 del self._jobs[name]
+                self._retired[name] = job.applied
+                while len(self._retired) > RETIRED_JOBS:
+                    self._retired.popitem(last=False)
 
 
 def check_clock(clock: StepClockView) -> None:
@@ -191,10 +228,10 @@ def check_clock(clock: StepClockView) -> None:
         raise InvalidArgumentError(
             f"clock.job must be 1..{MAX_JOB_CHARS} printable characters, got {clock.job[:40]!r}"
         )
-    if clock.world < 1 or not 0 <= clock.rank < clock.world:
+    if not 1 <= clock.world <= MAX_WORLD or not 0 <= clock.rank < clock.world:
         raise InvalidArgumentError(
-            f"clock.rank must be in 0..world-1 with world >= 1, got rank {clock.rank} of "
-            f"{clock.world}"
+            f"clock.rank must be in 0..world-1 with world in 1..{MAX_WORLD}, got rank "
+            f"{clock.rank} of {clock.world}"
         )
     if clock.mode not in MODES:
         raise InvalidArgumentError(f"clock.mode must be EXACT or ASYNC, got {clock.mode}")

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.id_arrays import sum_duplicates
-from ember.ps_server.step_clocks import Job, StepClocks
+from ember.ps_server.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.step_codec import (
     LookupRequestView,
     StepClockView,
@@ -91,19 +91,33 @@ class StepService:
         with job.cond:
             if step <= job.applied[rank]:
                 return True, self._refreshed(job, step, refresh), job.watermark
+            if step > job.watermark + MAX_CLOCKS_AHEAD:
+                raise InvalidArgumentError(
+                    f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
+                    f"job {job.name!r}'s watermark {job.watermark}"
+                )
             if job.mode == pb.EXACT:
                 job.pending.setdefault(step, {}).setdefault(rank, updates)
                 self._apply_complete_clocks(job)
-                job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
+                try:
+                    job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
+                except ClockTimeoutError:
+                    job.withdraw(step, rank)  # told "not applied": it never will be
+                    raise
             else:
                 job.wait(
-                    lambda: job.applied[rank] >= step - 1, deadline,
-                    f"clock {step - 1} of rank {rank}", step - 1,
+                    lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
+                    deadline, f"clock {step - 1} of rank {rank}", step - 1,
                 )  # fmt: skip
                 if step <= job.applied[rank]:  # a retry of this update won the race
                     return True, self._refreshed(job, step, refresh), job.watermark
-                self._apply(job, clock, updates)
-                job.cond.notify_all()
+                job.applying.add(rank)
+                try:
+                    self._apply(job, clock, updates)
+                finally:
+                    job.applying.discard(rank)
+                    job.cond.notify_all()
+            self._server.fault.check()  # the clock's log record may have failed to sync
             return False, self._refreshed(job, step, refresh), job.watermark
 
     def replay(self, record: pb.StepApplied) -> None:
@@ -122,8 +136,9 @@ class StepService:
                 self._write(job, clock, updates, log=False)
 
     def _apply_complete_clocks(self, job: Job) -> None:
-        """Apply, in order, every next clock whose updates from all ranks are in."""
-        while len(job.pending.get(job.watermark + 1, ())) == job.world:
+        """Apply, in order, every next clock whose updates from all ranks are in (unless
+        another request is applying one: it goes on to the next clocks itself)."""
+        while not job.applying and len(job.pending.get(job.watermark + 1, ())) == job.world:
             step = job.watermark + 1
             by_rank = job.pending[step]
             merged: dict[str, list[TableUpdate]] = {}
@@ -136,8 +151,12 @@ class StepService:
                 for parts in merged.values()
             ]  # fmt: skip
             clock = StepClockView(job.name, job.world, 0, step, job.mode, 1)
-            self._apply(job, clock, updates)  # raises with the clock still pending
-            del job.pending[step]
+            job.applying.add(EXACT_APPLIER)
+            try:
+                self._apply(job, clock, updates)  # raises with the clock still pending
+            finally:
+                job.applying.discard(EXACT_APPLIER)
+            job.pending.pop(step, None)
             job.cond.notify_all()
 
     def _apply(self, job: Job, clock: StepClockView, updates: list[TableUpdate]) -> None:
@@ -172,9 +191,11 @@ class StepService:
         server = self._server
         if log:
             # The clock counts as applied inside the gate, with its rows: a checkpoint's pause
-            # never sees one without the other.
+            # never sees one without the other. While a pause holds this write, the job's
+            # condition is released (lookups and other ranks go on; ``job.applying`` keeps
+            # another request from applying the same clock meanwhile).
             tag = (job.name, clock.rank, clock.clock)
-            with server.gate.writing(tag), server.journal.record(record):
+            with server.gate.writing(tag, release=job.cond), server.journal.record(record):
                 for target, ids, grads in summed:
                     target.push(ids, grads, request_id)
                 job.mark_applied(clock.rank, clock.clock)

@@ -36,11 +36,16 @@ class WriteGate:
         self._admits: Callable[[Any], bool] | None = None  # writes let through a pause
 
     @contextlib.contextmanager
-    def writing(self, tag: Any = None) -> Iterator[None]:
+    def writing(
+        self, tag: Any = None, release: threading.Condition | None = None
+    ) -> Iterator[None]:
         """Run one write request: waits while a checkpoint holds the gate, unless the
-        checkpoint admits ``tag`` (see :meth:`admit_until`)."""
+        checkpoint admits ``tag`` (see :meth:`admit_until`). A caller holding ``release``
+        (acquired once) has it released while it waits and acquired again before writing."""
         with self._cond:
             held = self._holds(tag)
+            if held and release is not None:
+                release.release()
             if held:
                 self._held += 1
                 self._cond.notify_all()
@@ -55,7 +60,9 @@ class WriteGate:
                     break
                 self._cond.wait(None if math.isinf(remaining) else remaining)
             self._held -= held
-            self._writers += 1
+            self._writers += 1  # counted before ``release`` is taken again: pauses wait
+        if held and release is not None:
+            release.acquire()  # never under this gate's lock (writers take it the other way)
         try:
             yield
         finally:

@@ -9,6 +9,7 @@ import torch
 from ember.ps_server.step_client import MODES
 from ember.ps_server.table_spec import OptimizerKind
 from ember.trainer.cache.hot_cache import POLICIES
+from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
 
 DATA_PATHS = ("auto", "pipeline", "serial")
 
@@ -84,8 +85,8 @@ class TrainConfig:
             raise ValueError(
                 f"data_path must be one of {', '.join(DATA_PATHS)}, got {self.data_path!r}"
             )
-        if self.staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if not 0 <= self.staleness <= MAX_STALENESS:
+            raise ValueError(f"staleness must be in 0..{MAX_STALENESS}, got {self.staleness}")
         if self.update_mode not in MODES:
             raise ValueError(
                 f"update_mode must be one of {', '.join(MODES)}, got {self.update_mode!r}"
@@ -96,6 +97,8 @@ class TrainConfig:
             )
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
+        if self.clocked() and self.update_mode == "async" and self.staleness == 0:
+            raise ValueError(ASYNC_NEEDS_STALENESS)
         if not self.clocked() and (self.staleness or self.update_mode != "exact"):
             raise ValueError(
                 "staleness and update_mode belong to the clocked step pipeline (cache none or "

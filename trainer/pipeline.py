@@ -33,6 +33,12 @@ import torch
 from ember.ps_server.step_client import StepClient
 from ember.trainer.traffic import TrafficStats
 
+MAX_STALENESS = 64  # each step in flight holds a thread here and a request on the shards
+ASYNC_NEEDS_STALENESS = (
+    "update mode async needs staleness >= 1: staleness 0 patches the next step's rows with "
+    "every rank's update of this step, which only exact mode applies as one clock"
+)
+
 
 @dataclasses.dataclass
 class PipelineTiming:
@@ -68,10 +74,12 @@ class PipelinedRowSource:
     """
 
     def __init__(self, steps: StepClient, staleness: int) -> None:
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        if not 0 <= staleness <= MAX_STALENESS:
+            raise ValueError(f"staleness must be in 0..{MAX_STALENESS}, got {staleness}")
         if steps.job is None:
             raise ValueError("a pipelined row source needs a StepClient with a job")
+        if steps.job.mode == "async" and staleness == 0:
+            raise ValueError(ASYNC_NEEDS_STALENESS)
         self.steps, self.staleness = steps, staleness
         self._payload = TrafficStats()
         self.timing = PipelineTiming()

@@ -33,6 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         report=Path("ember-demo-report.json"),
         cache="replicated",
         staleness=1,
+        torch_threads=1,  # the shards share the cores
     )
 
 

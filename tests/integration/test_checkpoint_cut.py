@@ -150,3 +150,9 @@ def test_only_the_clocks_within_the_cut_pass_a_pause():
     assert admits((JOB, 0, 2)) and admits((JOB, 1, 0))
     assert not admits((JOB, 0, 3))  # the next clock waits for the checkpoint
     assert not admits(("other-job", 0, 0)) and not admits((JOB, 2, 0))  # no such rank
+
+
+def test_a_job_the_shard_has_not_seen_is_not_at_the_cut():
+    clocks = StepClocks()
+    assert not clocks.cut_reached({JOB: [0, 0]})()  # its first clocks may be on the way
+    assert clocks.cut_reached({JOB: [-1, -1]})()

@@ -150,6 +150,7 @@ def test_an_update_returns_the_refresh_rows_its_clock_changed():
         ({"job": ""}, "clock.job must be"),
         ({"wait_ms": 0}, "wait_ms must be in"),
         ({"mode": 0}, "mode must be EXACT or ASYNC"),
+        ({"world": 2**32 - 1}, "world in 1..65536"),  # would allocate a clock per rank
     ],
 )
 def test_bad_clocks_are_refused(change, message):
@@ -175,3 +176,41 @@ def test_bad_updates_are_refused_before_anything_is_buffered():
     with pytest.raises(InvalidArgumentError, match="runs 2 rank"):
         update(server, 0, [4], np.ones((1, 3)), world=3)  # the job began with world 2
     assert not server.steps.clocks.job(clock(0)).pending
+
+
+def test_a_clock_far_past_the_watermark_is_refused_before_it_is_buffered():
+    server = shard()
+    with pytest.raises(InvalidArgumentError, match="more than 1024 clocks past"):
+        update(server, 10**12, [4], np.ones((1, 3)))
+    assert server.steps.clocks.job(clock(0)).pending == {}
+
+
+def test_an_update_that_gave_up_waiting_is_withdrawn_and_never_applied():
+    server = shard()
+    with pytest.raises(ClockTimeoutError):
+        update(server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=50)
+    late, result = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=1, wait_ms=300)
+    late.join(30)
+    assert isinstance(result.get("error"), ClockTimeoutError)  # rank 0's update is gone
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
+    assert server.steps.clocks.job(clock(0)).pending == {}
+
+
+def test_lookups_go_on_while_a_checkpoint_holds_a_clock_being_applied():
+    server = shard()
+    server.gate.pause("c1", 60)
+    ranks = [in_thread(update, server, 0, [4], np.ones((1, 3)), rank=r) for r in (0, 1)]
+    try:
+        assert server.gate.await_held(1, 30)  # the clock's write waits for the checkpoint
+        reader, looked = in_thread(lookup, server, [4], step=-1)  # the same job
+        reader.join(30)
+        assert "value" in looked, "a lookup was blocked behind a write held by a checkpoint"
+        rows, watermark = looked["value"]
+        assert watermark == -1
+        np.testing.assert_array_equal(rows, initial_rows(ADAM, np.array([4])).numpy())
+    finally:
+        server.gate.resume("c1")
+    for thread, result in ranks:
+        thread.join(30)
+        assert result["value"][0] is False
+    assert lookup(server, [4], step=0)[1] == 0

@@ -165,6 +165,8 @@ class CachedRowSource:
         if self._next is None:
             self.client.push_many(pushes)
             return
+        if self._next.behind_push is not None:  # a second push before the planned step
+            self._next.behind_push.result()
         late = self._next.late_pulls()
         self._next.behind_push = self._background.submit(self._push_then_pull, pushes, late)
 
