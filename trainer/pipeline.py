@@ -105,25 +105,30 @@ class PipelinedRowSource:
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Start the lookup of the next step's rows (its ids are distinct per table)."""
         step = self._step + 1
+        needed = step - 1 - max(self.staleness, 1)  # s = 0: one clock short, then patched
         self._prefetched[step] = _Prefetch(
-            requests, self._submit(self._lookups, self._lookup, requests, step)
+            requests, self._submit(self._lookups, self._lookup, requests, needed)
         )
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Step t's rows: the prefetched ones (or a lookup now), patched with clock t-1."""
+        """Step t's rows: the prefetched ones patched with clock t-1 (s = 0), or, for rows
+        no prefetch asked for, a lookup now of the clock step t needs."""
         step = self._step
         prefetched = self._prefetched.pop(step, None)
-        if prefetched is None or not same_requests(prefetched.requests, requests):
-            prefetched = _Prefetch(
-                requests, self._submit(self._lookups, self._lookup, requests, step)
-            )
-        rows, watermark = self._wait(prefetched.future)
         previous = self._updates.pop(step - 1, None) if self.staleness == 0 else None
-        if previous is not None:
-            refreshed, watermark = self._wait(previous)
-            for table, (positions, patch) in refreshed.items():
-                if len(positions):
-                    rows[table][positions] = patch
+        if prefetched is not None and same_requests(prefetched.requests, requests):
+            rows, watermark = self._wait(prefetched.future)
+            if previous is not None:
+                refreshed, watermark = self._wait(previous)
+                for table, (positions, patch) in refreshed.items():
+                    if len(positions):
+                        rows[table][positions] = patch
+        else:  # unplanned: the previous update's refresh answers another request
+            if previous is not None:
+                self._wait(previous)
+            needed = step - 1 - self.staleness
+            lookup = self._submit(self._lookups, self._lookup, requests, needed)
+            rows, watermark = self._wait(lookup)
         lag = max(0, (step - 1) - watermark)
         if lag > self.staleness:
             raise RuntimeError(
@@ -161,9 +166,8 @@ class PipelinedRowSource:
         self._lookups.shutdown(wait=True)
         self._updates_pool.shutdown(wait=True)
 
-    def _lookup(self, requests: dict[str, torch.Tensor], step: int):
-        needed = max(-1, step - 1 - max(self.staleness, 1))  # s = 0: one clock short, patched
-        rows, watermark = self.steps.lookup(requests, clock=needed)
+    def _lookup(self, requests: dict[str, torch.Tensor], needed: int):
+        rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
             for table, ids in requests.items():
                 self._payload.rows_pulled += len(ids)

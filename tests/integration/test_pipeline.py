@@ -83,3 +83,21 @@ def test_the_pipeline_with_staleness_0_trains_exactly_as_the_serial_path(
         torch.testing.assert_close(piped_rows[name][0], rows, rtol=1e-5, atol=1e-6)
     if ids == "colliding":
         assert max(v.max() for _, v in serial_rows.values()) == STEPS  # rows every step touched
+
+
+def test_rows_that_no_prefetch_asked_for_still_include_the_previous_step(cluster, table_name):
+    spec = TableSpec(table_name, DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    ids = torch.tensor([1, 2])
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(spec)
+        initial = client.pull(table_name, ids)
+        steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
+        source = PipelinedRowSource(steps, staleness=0)
+        source.rows({table_name: ids})
+        source.prefetch({table_name: torch.tensor([5])})  # the plan changes after this
+        source.apply_gradients({table_name: (ids, torch.ones(2, DIM))})
+        rows = source.rows({table_name: ids})[table_name]
+        torch.testing.assert_close(rows, initial - 1.0, rtol=0, atol=1e-6)
+        assert source.timing.lags == [0, 0]
+        source.flush()
+        source.close()
