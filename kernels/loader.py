@@ -81,9 +81,13 @@ def source_paths(with_cuda: bool) -> list[Path]:
 
 def build_directory(with_cuda: bool | None = None) -> Path:
     """Where the ops are built: EMBER_KERNELS_CACHE or ~/.cache/ember/kernels, keyed by a hash
-    of the torch version and the names and contents of the sources and headers."""
+    of the torch version and installation and the names and contents of the sources and
+    headers. (Two environments with the same torch version write different include paths
+    into the build file: sharing one directory, each would rebuild everything on every
+    load the other made.)"""
     with_cuda = cuda_build_wanted() if with_cuda is None else with_cuda
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(str(Path(torch.__file__).resolve().parent).encode() + b"\0")
     for path in [*source_paths(with_cuda), *HEADERS]:
         digest.update(path.name.encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())

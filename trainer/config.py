@@ -44,6 +44,7 @@ class TrainConfig:
     update_mode: str = "exact"
     wait_s: float = 120.0
     torch_threads: int = 0
+    flush_every: int = 1000
 
     def pipelined(self) -> bool:
         """Whether the next step's rows are fetched while a step computes (``auto``: yes).
@@ -90,6 +91,10 @@ class TrainConfig:
         if self.update_mode not in MODES:
             raise ValueError(
                 f"update_mode must be one of {', '.join(MODES)}, got {self.update_mode!r}"
+            )
+        if self.flush_every < 0:
+            raise ValueError(
+                f"flush_every must be >= 0 (0: at the end only), got {self.flush_every}"
             )
         if self.torch_threads < 0:
             raise ValueError(

@@ -157,9 +157,10 @@ class PipelinedRowSource:
         return self.steps.lookup(requests)[0]
 
     def flush(self) -> None:
-        """Wait until every update sent is applied."""
+        """Wait until every update sent is applied. Their answers stay for the next step's
+        rows (with staleness 0 they carry its collision rows), so training may go on."""
         for step in sorted(self._updates):
-            self._wait(self._updates.pop(step))
+            self._wait(self._updates[step])
 
     def close(self) -> None:
         """Stop the background threads (after :meth:`flush`)."""

@@ -96,6 +96,9 @@ def train(config: TrainConfig) -> dict:
             dense_opt.step()
             ebc.step()
             losses.append(_mean_over_ranks(loss.detach(), world))
+            if config.flush_every and len(losses) % config.flush_every == 0:
+                with source.wait:
+                    flush(inner)  # what a crashed trainer can lose is bounded
             if progress:
                 progress.update(
                     len(losses), **_progress_fields(losses, source, config, world, start)

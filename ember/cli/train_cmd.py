@@ -120,6 +120,13 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "naming the ranks it waited for",
     )
     parser.add_argument(
+        "--flush-every",
+        type=int,
+        default=1000,
+        help="write what the rank holds (replicated hot rows, cached gradients, updates in "
+        "flight) back to the shards every N steps; 0: at the end only",
+    )
+    parser.add_argument(
         "--torch-threads",
         type=int,
         default=0,

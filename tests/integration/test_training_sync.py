@@ -62,10 +62,23 @@ def _replicated(pipelined: bool):
     return build
 
 
+def _flush_and_check_write_back(client: PSClient, source: ReplicatedRowSource) -> None:
+    """Flush mid-run: the shards then hold exactly what the replicas hold."""
+    source.flush()
+    for table, ids in source.hot_ids.items():
+        if len(ids):
+            rows, state, versions = client.pull_with_state(table, ids)
+            torch.testing.assert_close(rows, source.weights[table], rtol=0, atol=0)
+            torch.testing.assert_close(state, source.state[table], rtol=0, atol=0)
+            assert torch.equal(versions, source.steps[table])
+            assert not source.dirty[table].any()
+
+
 SOURCES = {
     "direct": lambda client, specs, batches: PSRowSource(client),
     "replicated": _replicated(pipelined=False),
     "replicated-pipeline": _replicated(pipelined=True),
+    "replicated-pipeline-flushing": _replicated(pipelined=True),  # written back every 5 steps
     "static-cache": _cached("static"),
     "lru-cache": _cached("lru"),
     "lfu-cache": _cached("lfu"),
@@ -128,6 +141,8 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
                     opt.step()
                 if embed is ebc:
                     ebc.step()
+                    if source_kind.endswith("flushing") and index % 5 == 4:
+                        _flush_and_check_write_back(client, source)
                 losses.append(loss.item())
         if source_kind != "direct":
             source.flush()

@@ -32,6 +32,11 @@ def test_build_directory_is_keyed_by_sources_and_torch(monkeypatch, tmp_path):
     assert loader.build_directory() == first
     monkeypatch.setattr(loader.torch, "__version__", "0.0.0-other")
     assert loader.build_directory() != first
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBER_KERNELS_CACHE", str(tmp_path))
+    other_env = tmp_path / "other-venv" / "torch" / "__init__.py"  # same version, elsewhere
+    monkeypatch.setattr(loader.torch, "__file__", str(other_env))
+    assert loader.build_directory() != first
 
 
 def test_native_mode_reports_a_failed_build(monkeypatch):

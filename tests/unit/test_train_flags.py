@@ -14,7 +14,7 @@ def test_train_argv_round_trips_every_config_field():
         optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
         criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
         pull_bound=3, push_bound=4, profile_batches=2, device="cpu", heldout_every=7,
-        data_path="serial", wait_s=9.5, torch_threads=1,
+        data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10,
     )  # fmt: skip
     pipelined = dataclasses.replace(
         cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async"
@@ -46,6 +46,7 @@ def test_train_argv_round_trips_every_config_field():
         ({"staleness": 65}, "staleness must be in 0..64"),
         ({"update_mode": "async"}, "update mode async needs staleness >= 1"),
         ({"torch_threads": -1}, "torch_threads must be >= 0"),
+        ({"flush_every": -1}, "flush_every must be >= 0"),
         ({"cache": "lru", "staleness": 1}, "cache 'lru' on data_path 'auto' bounds staleness"),
         ({"data_path": "serial", "staleness": 1}, "staleness and update_mode belong to the clock"),
         ({"update_mode": "eventual"}, "update_mode must be one of exact, async"),

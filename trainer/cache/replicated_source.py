@@ -8,9 +8,10 @@ each step.
 
 The replicas take the rows over from the shards: ``warm()`` reads each hot
 row's weights, optimizer state and version (its update count, Adam's step),
-and ``flush()`` writes them back with versions that count the steps taken, so
-the shards continue exactly where the replicas stopped. With one rank
-nothing about hot rows crosses the network until then.
+and ``flush()`` writes the rows stepped since the last flush back with
+versions that count the steps taken, so the shards continue exactly where
+the replicas stopped. With one rank nothing about hot rows crosses the
+network until then.
 
 Cold rows go through another row source (the PS directly, or the step
 pipeline), which sees every step's calls with the cold ids only.
@@ -74,6 +75,11 @@ class ReplicatedRowSource:
         }
         self.steps = {
             t: torch.zeros(len(ids), dtype=torch.int64, device=self.device)
+            for t, ids in self.hot_ids.items()
+        }
+        # Rows stepped since the last write-back (the same on every rank).
+        self.dirty = {
+            t: torch.zeros(len(ids), dtype=torch.bool, device=self.device)
             for t, ids in self.hot_ids.items()
         }
         sizes = [len(ids) for ids in self.hot_ids.values()]
@@ -199,27 +205,30 @@ class ReplicatedRowSource:
         return summed
 
     def flush(self) -> None:
-        """Write the hot rows, their optimizer state and versions back (writer rank only),
-        after the cold source's own flush."""
+        """Write the hot rows stepped since the last flush back, with their optimizer state
+        and versions (writer rank only), after the cold source's own flush. Training may
+        go on afterwards (a periodic flush bounds what a crashed trainer loses)."""
         flush_cold = getattr(self.cold, "flush", None)
         if flush_cold is not None:
             flush_cold()
-        if self.writer:
-            for table, ids in self.hot_ids.items():
-                if len(ids):
-                    self.client.assign(
-                        table,
-                        ids,
-                        self.weights[table].cpu(),
-                        self.state[table].cpu(),
-                        versions=self.steps[table].cpu(),
-                    )
+        for table, ids in self.hot_ids.items():
+            rows = self.dirty[table].nonzero().squeeze(1)
+            if self.writer and len(rows):
+                self.client.assign(
+                    table,
+                    ids[rows.cpu()],
+                    self.weights[table][rows].cpu(),
+                    self.state[table][rows].cpu(),
+                    versions=self.steps[table][rows].cpu(),
+                )
+            self.dirty[table][rows] = False
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # no rank reads the shards before the write-back is done
 
     def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
         weights, state = self.weights[table][rows], self.state[table][rows]
         self.steps[table][rows] += 1
+        self.dirty[table][rows] = True
         apply_rows(self.specs[table].optimizer, weights, state, grads, self.steps[table][rows])
         self.weights[table][rows] = weights
         self.state[table][rows] = state
