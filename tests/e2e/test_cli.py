@@ -67,7 +67,9 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(report_path.read_text())
     assert report["world_size"] == 2 and report["steps"] == 30
-    assert report["samples_per_s"] > 0 and report["bytes_pulled_per_sample"] > 0
+    assert report["samples_per_s"] > 0
+    # 16 MiB of hot rows hold most of 26 x 5,000 rows: cold pulls may be none at all
+    assert report["bytes_pulled_per_sample"] >= 0 and report["bytes_replica_sync"] > 0
     assert report["data_path"] == "pipeline" and report["config"]["staleness"] <= 1
     assert report["cache_hit_rate"] > 0.3  # the demo replicates the profiled hot rows
     assert 0 <= report["max_clock_lag"] <= report["config"]["staleness"]
