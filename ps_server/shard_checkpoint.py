@@ -246,7 +246,7 @@ def check_cut(cut: dict[str, list[int]]) -> dict[str, list[int]]:
     for job, clocks in cut.items():
         if not 0 < len(job) <= MAX_JOB_CHARS or not job.isprintable():
             raise InvalidArgumentError(f"clock cut: bad job name {job[:40]!r}")
-        if not clocks or min(clocks) < -1:
+        if not 0 < len(clocks) <= MAX_WORLD or min(clocks) < -1:
             raise InvalidArgumentError(
                 f"clock cut of job {job!r}: one clock >= -1 per rank, got {clocks[:8]}"
             )

@@ -26,7 +26,7 @@ MAX_JOBS = 64
 EXACT_APPLIER = -1  # Job.applying's mark for an exact-mode clock being applied
 MAX_WORLD = 65_536  # ranks of one job
 MAX_CLOCKS_AHEAD = 1_024  # how far past the watermark an update's clock may be
-RETIRED_JOBS = 4_096  # forgotten jobs whose last clocks are kept (for clock cuts)
+RETIRED_RANKS = 1 << 20  # clocks of forgotten jobs kept, over all their ranks (cuts, returns)
 MAX_WAIT_MS = 3_600_000
 MAX_JOB_CHARS = 128
 REMEMBERED_CLOCKS = 8  # clocks whose changed rows are kept for refreshes
@@ -89,12 +89,15 @@ class Job:
         with self.cond:
             return self.cond.wait_for(lambda: self.waiters >= count, timeout_s)
 
+    def being_applied(self, clock: int) -> bool:
+        """Whether exact-mode ``clock`` is being applied right now (its write may be held)."""
+        return EXACT_APPLIER in self.applying and clock == self.watermark + 1
+
     def withdraw(self, clock: int, rank: int) -> None:
         """Take back ``rank``'s buffered update of a clock not applied (a rank that gave up
         waiting), so that the clock cannot complete without it being sent again."""
         by_rank = self.pending.get(clock)
-        being_applied = EXACT_APPLIER in self.applying and clock == self.watermark + 1
-        if by_rank is not None and clock > self.applied[rank] and not being_applied:
+        if by_rank is not None and clock > self.applied[rank] and not self.being_applied(clock):
             by_rank.pop(rank, None)
             if not by_rank:
                 del self.pending[clock]
@@ -117,6 +120,15 @@ class Job:
             self.changed.popitem(last=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class Retired:
+    """A job forgotten as idle: its world, mode and last applied clocks."""
+
+    world: int
+    mode: int
+    applied: tuple[int, ...]
+
+
 class StepClocks:
     """The jobs of one shard, by name."""
 
@@ -124,7 +136,8 @@ class StepClocks:
         self._lock = threading.Lock()
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
         # Applied clocks of jobs forgotten as idle: a clock cut may still name them.
-        self._retired: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        self._retired: collections.OrderedDict[str, Retired] = collections.OrderedDict()
+        self._retired_ranks = 0
 
     def job(self, clock: StepClockView) -> Job:
         """The job ``clock`` names, created on first use.
@@ -137,27 +150,26 @@ class StepClocks:
         with self._lock:
             job = self._jobs.get(clock.job)
             if job is None:
-                applied = self._retired.pop(clock.job, [-1] * clock.world)  # back from idle
-                if len(applied) != clock.world:
-                    applied = [-1] * clock.world  # refused below: the world disagrees
+                retired = self._retired.get(clock.job)
+                if retired is not None:
+                    _check_same_job(clock, retired.world, retired.mode)
+                    self._unretire(clock.job)  # back from idle, with its clocks
+                applied = list(retired.applied) if retired else [-1] * clock.world
                 job = Job(clock.job, clock.world, clock.mode, applied)
                 self._jobs[clock.job] = job
                 self._forget_idle()
             self._jobs.move_to_end(clock.job)
-        if (job.world, job.mode) != (clock.world, clock.mode):
-            raise InvalidArgumentError(
-                f"job {clock.job!r} runs {job.world} rank(s) in {MODES[job.mode]} mode; this "
-                f"request says {clock.world} in {MODES.get(clock.mode, clock.mode)} mode"
-            )
+        _check_same_job(clock, job.world, job.mode)
         return job
 
     def snapshot(self) -> dict[str, dict]:
-        """Every job's world, mode and applied clocks (for checkpoints)."""
+        """Every job's world, mode and applied clocks, retired ones too (for checkpoints)."""
         with self._lock:
-            jobs = list(self._jobs.values())
+            jobs = [(j.name, j.world, j.mode, j.applied) for j in self._jobs.values()]
+            jobs += [(name, r.world, r.mode, r.applied) for name, r in self._retired.items()]
         return {
-            job.name: {"world": job.world, "mode": job.mode, "applied": list(job.applied)}
-            for job in jobs
+            name: {"world": world, "mode": mode, "applied": list(applied)}
+            for name, world, mode, applied in jobs
         }
 
     def cut_admits(self, cut: dict[str, list[int]]) -> Callable[[tuple[str, int, int]], bool]:
@@ -199,13 +211,21 @@ class StepClocks:
         """A job's applied clocks by rank: a retired job's last ones, and -1 for a job this
         shard has not seen yet (its first clocks may still be on their way)."""
         job = self._jobs.get(name)
-        if job is not None:
-            return job.applied
-        return self._retired.get(name, [-1] * world)
+        retired = self._retired.get(name)
+        applied = job.applied if job is not None else retired.applied if retired else None
+        if applied is None:
+            return [-1] * world
+        if len(applied) != world:
+            raise InvalidArgumentError(
+                f"the clock cut gives job {name!r} {world} rank(s); it runs {len(applied)}"
+            )
+        return applied
 
     def restore(self, jobs: dict[str, dict]) -> None:
         """Replace every job's clocks by a :meth:`snapshot` (nothing pending)."""
         with self._lock:
+            self._retired.clear()
+            self._retired_ranks = 0
             self._jobs = collections.OrderedDict(
                 (name, Job(name, state["world"], state["mode"], list(state["applied"])))
                 for name, state in jobs.items()
@@ -217,9 +237,22 @@ class StepClocks:
             job = self._jobs[name]
             if not job.pending and not job.waiters and not job.applying:
                 del self._jobs[name]
-                self._retired[name] = job.applied
-                while len(self._retired) > RETIRED_JOBS:
-                    self._retired.popitem(last=False)
+                if max(job.applied) >= 0:  # a job that applied nothing is like an unseen one
+                    self._retired[name] = Retired(job.world, job.mode, tuple(job.applied))
+                    self._retired_ranks += job.world
+                while self._retired_ranks > RETIRED_RANKS:
+                    self._unretire(next(iter(self._retired)))
+
+    def _unretire(self, name: str) -> None:
+        self._retired_ranks -= self._retired.pop(name).world
+
+
+def _check_same_job(clock: StepClockView, world: int, mode: int) -> None:
+    if (world, mode) != (clock.world, clock.mode):
+        raise InvalidArgumentError(
+            f"job {clock.job!r} runs {world} rank(s) in {MODES[mode]} mode; this request "
+            f"says {clock.world} in {MODES.get(clock.mode, clock.mode)} mode"
+        )
 
 
 def check_clock(clock: StepClockView) -> None:

@@ -99,11 +99,15 @@ class StepService:
             if job.mode == pb.EXACT:
                 job.pending.setdefault(step, {}).setdefault(rank, updates)
                 self._apply_complete_clocks(job)
-                try:
-                    job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
-                except ClockTimeoutError:
-                    job.withdraw(step, rank)  # told "not applied": it never will be
-                    raise
+                while True:
+                    try:
+                        job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
+                        break
+                    except ClockTimeoutError:
+                        if not job.being_applied(step):
+                            job.withdraw(step, rank)  # told "not applied": it never will be
+                            raise
+                        deadline = _deadline(clock)  # complete, its write held: wait it out
             else:
                 job.wait(
                     lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
@@ -156,7 +160,9 @@ class StepService:
                 self._apply(job, clock, updates)  # raises with the clock still pending
             finally:
                 job.applying.discard(EXACT_APPLIER)
-            job.pending.pop(step, None)
+                if job.watermark >= step:  # applied, even if its log record then failed
+                    job.pending.pop(step, None)
+                job.cond.notify_all()
             job.cond.notify_all()
 
     def _apply(self, job: Job, clock: StepClockView, updates: list[TableUpdate]) -> None:

@@ -96,9 +96,9 @@ def train(config: TrainConfig) -> dict:
             dense_opt.step()
             ebc.step()
             losses.append(_mean_over_ranks(loss.detach(), world))
-            if config.flush_every and len(losses) % config.flush_every == 0:
+            if _write_back_due(config, len(losses)):
                 with source.wait:
-                    flush(inner)  # what a crashed trainer can lose is bounded
+                    flush(inner)  # bounds what a crashed trainer loses of its replicas
             if progress:
                 progress.update(
                     len(losses), **_progress_fields(losses, source, config, world, start)
@@ -173,6 +173,14 @@ def _progress_fields(
         fields["overlapped"] = timing.overlapped / elapsed
         fields["lag"] = timing.lags[-1] if timing.lags else 0
     return fields
+
+
+def _write_back_due(config: TrainConfig, steps: int) -> bool:
+    """Whether replicated hot rows are written back after ``steps`` steps (every rank
+    agrees: all run the same steps)."""
+    return (
+        config.cache == "replicated" and config.flush_every > 0 and steps % config.flush_every == 0
+    )
 
 
 def _init_distributed(device: torch.device) -> tuple[int, int]:

@@ -123,8 +123,9 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "--flush-every",
         type=int,
         default=1000,
-        help="write what the rank holds (replicated hot rows, cached gradients, updates in "
-        "flight) back to the shards every N steps; 0: at the end only",
+        help="--cache replicated: write the hot rows stepped since the last write-back to "
+        "the shards every N steps (what a crashed trainer can lose); 0: at the end only. "
+        "Caches push each row after --push-bound local updates",
     )
     parser.add_argument(
         "--torch-threads",

@@ -214,3 +214,39 @@ def test_lookups_go_on_while_a_checkpoint_holds_a_clock_being_applied():
         thread.join(30)
         assert result["value"][0] is False
     assert lookup(server, [4], step=0)[1] == 0
+
+
+def test_a_wait_that_times_out_while_its_clock_is_written_keeps_waiting():
+    server = shard()
+    server.gate.pause("c1", 60)
+    try:
+        ranks = [
+            in_thread(update, server, 0, [4], np.ones((1, 3)), rank=r, wait_ms=200) for r in (0, 1)
+        ]
+        assert server.gate.await_held(1, 30)  # clock 0 is complete; its write is held
+        job = server.steps.clocks.job(clock(0, wait_ms=200))
+        assert job.await_waiters(1, 30)  # the other rank waits on it, past its 200 ms
+        ranks[0][0].join(0.5)
+        ranks[1][0].join(0.5)
+        assert all("error" not in result for _, result in ranks)  # told nothing false
+    finally:
+        server.gate.resume("c1")
+    for thread, result in ranks:
+        thread.join(30)
+        assert result["value"][0] is False  # applied, and both ranks were told so
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [1]
+
+
+def test_a_forgotten_job_comes_back_with_its_clocks_and_its_world():
+    from ember.ps_server import step_clocks
+
+    clocks = step_clocks.StepClocks()
+    job = clocks.job(clock(0, world=2))
+    job.mark_applied(0, 7)
+    for n in range(step_clocks.MAX_JOBS):  # newer jobs push it out
+        clocks.job(clock(0, world=1, job=f"other-{n}"))
+    assert "job-a" in clocks.snapshot()  # retired, still in checkpoints and cuts
+    assert clocks.cut_reached({"job-a": [7, 7]})()
+    with pytest.raises(InvalidArgumentError, match="runs 2 rank"):
+        clocks.job(clock(0, world=3))  # refused, and the retired clocks stay
+    assert clocks.job(clock(0, world=2)).applied == [7, 7]

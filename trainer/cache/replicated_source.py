@@ -208,22 +208,24 @@ class ReplicatedRowSource:
         """Write the hot rows stepped since the last flush back, with their optimizer state
         and versions (writer rank only), after the cold source's own flush. Training may
         go on afterwards (a periodic flush bounds what a crashed trainer loses)."""
-        flush_cold = getattr(self.cold, "flush", None)
-        if flush_cold is not None:
-            flush_cold()
-        for table, ids in self.hot_ids.items():
-            rows = self.dirty[table].nonzero().squeeze(1)
-            if self.writer and len(rows):
-                self.client.assign(
-                    table,
-                    ids[rows.cpu()],
-                    self.weights[table][rows].cpu(),
-                    self.state[table][rows].cpu(),
-                    versions=self.steps[table][rows].cpu(),
-                )
-            self.dirty[table][rows] = False
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()  # no rank reads the shards before the write-back is done
+        try:
+            flush_cold = getattr(self.cold, "flush", None)
+            if flush_cold is not None:
+                flush_cold()
+            for table, ids in self.hot_ids.items():
+                rows = self.dirty[table].nonzero().squeeze(1)
+                if self.writer and len(rows):
+                    self.client.assign(
+                        table,
+                        ids[rows.cpu()],
+                        self.weights[table][rows].cpu(),
+                        self.state[table][rows].cpu(),
+                        versions=self.steps[table][rows].cpu(),
+                    )
+                self.dirty[table][rows] = False
+        finally:  # a failed write-back must not leave the other ranks in the barrier
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.barrier()  # no rank reads the shards before the write-back is done
 
     def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
         weights, state = self.weights[table][rows], self.state[table][rows]
