@@ -79,7 +79,8 @@ class RawBytesClient:
             channel.close()
 
 
-def _time_per_op(operation: Callable[[], None], budget_s: float) -> float:
+def _timed_loop(operation: Callable[[], None], budget_s: float) -> tuple[float, int]:
+    """``(seconds, calls)`` of at least 3 calls filling ``budget_s``, after one warm call."""
     operation()  # warm
     count, start = 0, time.perf_counter()
     while True:
@@ -87,7 +88,12 @@ def _time_per_op(operation: Callable[[], None], budget_s: float) -> float:
         count += 1
         elapsed = time.perf_counter() - start
         if elapsed >= budget_s and count >= 3:
-            return elapsed / count
+            return elapsed, count
+
+
+def _time_per_op(operation: Callable[[], None], budget_s: float) -> float:
+    elapsed, count = _timed_loop(operation, budget_s)
+    return elapsed / count
 
 
 def bench_size(
@@ -113,17 +119,11 @@ def _timed_with_cpu(
 ) -> tuple[float, float, float]:
     """``(wall, client CPU, servers' CPU)`` seconds per operation."""
     servers_before, client_before = sum(map(process_cpu_seconds, server_pids)), time.process_time()
-    operation()  # warm
-    count, start = 1, time.perf_counter()
-    while True:
-        operation()
-        count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s and count >= 4:
-            break
+    elapsed, timed = _timed_loop(operation, budget_s)
+    count = timed + 1  # the CPU figures include the warm call
     client_cpu = (time.process_time() - client_before) / count
     servers_cpu = (sum(map(process_cpu_seconds, server_pids)) - servers_before) / count
-    return elapsed / (count - 1), client_cpu, servers_cpu
+    return elapsed / timed, client_cpu, servers_cpu
 
 
 def step_tables(ids_per_shard: int, num_shards: int) -> dict[str, np.ndarray]:
