@@ -22,10 +22,11 @@ from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 STEPS, BATCH, CARDINALITY = 15, 64, 300
 
 
-@pytest.mark.parametrize("mode", ["none", "replicated"])
+@pytest.mark.parametrize("mode", ["none", "replicated", "replicated-flushing"])
 def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
     cluster, tmp_path, table_name, mode
 ):
+    """``replicated-flushing`` writes the replicas back every 4 steps mid-run too."""
     report_path = tmp_path / "report.json"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -33,13 +34,14 @@ def test_two_rank_sgd_equals_a_single_process_run_on_the_union_of_batches(
         "--steps", str(STEPS), "--batch-size", str(BATCH), "--max-cardinality", str(CARDINALITY),
         "--optimizer", "sgd", "--sparse-lr", "0.5", "--dense-lr", "0.05", "--dim", "8",
         "--eval-batches", "1", "--no-progress", "--report", str(report_path),
-        "--table-prefix", table_name, "--cache", mode, "--cache-mb", "0.05",
+        "--table-prefix", table_name, "--cache", mode.split("-")[0], "--cache-mb", "0.05",
+        "--flush-every", "4" if mode.endswith("flushing") else "0",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(command, check=True, timeout=300, env=env, capture_output=True)
     report = json.loads(report_path.read_text())
     ps_losses = report["train_losses"]
-    if mode == "replicated":
+    if mode.startswith("replicated"):
         assert 0.2 < report["cache_hit_rate"] < 1.0  # hot rows served from the replicas
 
     config = TrainConfig(
