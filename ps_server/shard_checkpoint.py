@@ -36,7 +36,7 @@ from ember.ps_server.errors import (
     PermissionDeniedError,
 )
 from ember.ps_server.routing import shard_of
-from ember.ps_server.step_clocks import MAX_JOB_CHARS, MAX_WORLD
+from ember.ps_server.step_clocks import MAX_WORLD, sound_job_name
 from ember.ps_server.table import Table
 from ember.ps_server.table_spec import TableSpec
 
@@ -244,7 +244,7 @@ def check_cut(cut: dict[str, list[int]]) -> dict[str, list[int]]:
         InvalidArgumentError: otherwise.
     """
     for job, clocks in cut.items():
-        if not 0 < len(job) <= MAX_JOB_CHARS or not job.isprintable():
+        if not sound_job_name(job):
             raise InvalidArgumentError(f"clock cut: bad job name {job[:40]!r}")
         if not 0 < len(clocks) <= MAX_WORLD or min(clocks) < -1:
             raise InvalidArgumentError(

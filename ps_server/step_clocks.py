@@ -255,9 +255,14 @@ def _check_same_job(clock: StepClockView, world: int, mode: int) -> None:
         )
 
 
+def sound_job_name(name: str) -> bool:
+    """Whether ``name`` can name a job: 1..MAX_JOB_CHARS printable characters."""
+    return 0 < len(name) <= MAX_JOB_CHARS and name.isprintable()
+
+
 def check_clock(clock: StepClockView) -> None:
     """Raise InvalidArgumentError unless ``clock`` names a job, rank, mode and wait soundly."""
-    if not 0 < len(clock.job) <= MAX_JOB_CHARS or not clock.job.isprintable():
+    if not sound_job_name(clock.job):
         raise InvalidArgumentError(
             f"clock.job must be 1..{MAX_JOB_CHARS} printable characters, got {clock.job[:40]!r}"
         )

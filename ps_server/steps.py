@@ -194,21 +194,22 @@ class StepService:
             )  # fmt: skip
             return [pb.LogRecord(step=applied).SerializeToString()]
 
-        server = self._server
+        def apply() -> None:
+            for target, ids, grads in summed:
+                target.push(ids, grads, request_id)
+            job.mark_applied(clock.rank, clock.clock)
+
         if log:
             # The clock counts as applied inside the gate, with its rows: a checkpoint's pause
             # never sees one without the other. While a pause holds this write, the job's
             # condition is released (lookups and other ranks go on; ``job.applying`` keeps
             # another request from applying the same clock meanwhile).
             tag = (job.name, clock.rank, clock.clock)
+            server = self._server
             with server.gate.writing(tag, release=job.cond), server.journal.record(record):
-                for target, ids, grads in summed:
-                    target.push(ids, grads, request_id)
-                job.mark_applied(clock.rank, clock.clock)
+                apply()
         else:
-            for target, ids, grads in summed:
-                target.push(ids, grads, request_id)
-            job.mark_applied(clock.rank, clock.clock)
+            apply()
         job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
 
     def _refreshed(
