@@ -1,5 +1,5 @@
-"""Taking a checkpoint of a whole cluster: pause every shard, agree a clock cut, write,
-manifest last, commit."""
+"""Taking a checkpoint of a whole cluster: have trainers write their hot-row replicas back,
+pause every shard, agree a clock cut, write, manifest last, commit."""
 
 from __future__ import annotations
 
@@ -15,22 +15,30 @@ from ember.ps_server.checkpoint_format import (
 )
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.shard_rpc import ShardCall, ShardRPC
+from ember.ps_server.step_clocks import MAX_WAIT_MS
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import pb
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_S = 60.0
+DEFAULT_FLUSH_WAIT_S = 60.0
 
 
 def take_checkpoint(
-    rpc: ShardRPC, root: Path, incremental: bool = False, lease_s: float = DEFAULT_LEASE_S
+    rpc: ShardRPC,
+    root: Path,
+    incremental: bool = False,
+    lease_s: float = DEFAULT_LEASE_S,
+    flush_wait_s: float | None = DEFAULT_FLUSH_WAIT_S,
 ) -> tuple[Path, Manifest]:
     """Checkpoint every shard reachable through ``rpc`` into a new directory under ``root``.
 
-    Every shard pauses writes first, so all files hold one moment of the
-    cluster; each shard resumes as soon as its files are written. The
-    manifest is written only when every shard succeeded.
+    First every training job that holds hot-row replicas writes them back and
+    waits (see the FlushReplicas comment in the .proto). Then every shard
+    pauses writes, so all files hold one moment of the cluster; each shard
+    resumes as soon as its files are written. The manifest is written only
+    when every shard succeeded.
 
     Args:
         rpc: channels to all shards, in shard order; its timeout must cover
@@ -38,14 +46,17 @@ def take_checkpoint(
         root: checkpoint root, shared by all shards (same path on each).
         incremental: write only rows changed since the newest checkpoint under ``root``.
         lease_s: how long a shard holds writes waiting for the write call.
+        flush_wait_s: how long to wait for the replica jobs' write-backs; None: do not
+            ask (the checkpoint holds their hot rows as last written back).
 
     Returns:
         The new checkpoint's directory and manifest.
 
     Raises:
         ValueError: ``incremental`` without an earlier checkpoint under ``root``.
-        PSClientError: a shard refused or failed (writes resumed everywhere;
-            the directory is left without a manifest and never read).
+        PSClientError: a shard refused or failed, a replica job did not write back in
+            time or went on before the pause (writes resumed everywhere; the directory
+            is left without a manifest and never read).
     """
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -56,6 +67,7 @@ def take_checkpoint(
     checkpoint_id = directory.name
     shards = range(len(rpc.endpoints))
     try:
+        flushed = {} if flush_wait_s is None else _flush_replicas(rpc, checkpoint_id, flush_wait_s)
         paused = rpc.run(
             [
                 ShardCall(
@@ -66,11 +78,13 @@ def take_checkpoint(
                 for k in shards
             ]
         )
+        cut = clock_cut(paused)
+        _check_flushed_at_cut(flushed, dict(cut))
         request = pb.CheckpointRequest(
             checkpoint_id=checkpoint_id,
             directory=str(directory),
             base_id=base.name if base is not None else "",
-            cut=[pb.JobClocks(job=job, applied=clocks) for job, clocks in clock_cut(paused)],
+            cut=[pb.JobClocks(job=job, applied=clocks) for job, clocks in cut],
         )
         replies = rpc.run([ShardCall(k, "Checkpoint", request) for k in shards])
     except PSClientError:
@@ -127,6 +141,46 @@ def clock_cut(paused: list[pb.PauseWritesResponse]) -> list[tuple[str, list[int]
                 )
             cut[job.job] = [max(a, b) for a, b in zip(clocks, job.applied)]
     return list(cut.items())
+
+
+def _flush_replicas(rpc: ShardRPC, checkpoint_id: str, wait_s: float) -> dict[str, int]:
+    """Ask every replica job to write its hot rows back; per job, the clock it did so after."""
+    request = pb.FlushReplicasRequest(checkpoint_id=checkpoint_id, wait_ms=_wait_ms(wait_s))
+    replies = rpc.run(
+        [ShardCall(k, "FlushReplicas", request, wait_s) for k in range(len(rpc.endpoints))]
+    )
+    flushed: dict[str, int] = {}
+    for reply in replies:
+        for job in reply.jobs:
+            if flushed.setdefault(job.job, job.clock) != job.clock:
+                raise PSClientError(
+                    "(all shards)",
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"shards disagree on the clock job {job.job!r} wrote its replicas back "
+                    f"after: {flushed[job.job]} and {job.clock}",
+                )
+    return flushed
+
+
+def _check_flushed_at_cut(flushed: dict[str, int], cut: dict[str, list[int]]) -> None:
+    """A job that wrote its replicas back after clock f must be cut at f on every rank: had
+    it gone on, its hot rows would be older than the rest of the checkpoint."""
+    for job, clock in flushed.items():
+        clocks = cut.get(job)
+        if clocks is not None and any(c != clock for c in clocks):
+            raise PSClientError(
+                "(all shards)",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {job!r} wrote its hot-row replicas back after clock {clock}, but the "
+                f"shards had applied its clocks {clocks} at the pause (it went on before "
+                "writes paused); checkpoint abandoned, retry it",
+            )
+
+
+def _wait_ms(wait_s: float) -> int:
+    if not 0 < wait_s <= MAX_WAIT_MS / 1000:
+        raise ValueError(f"flush_wait_s must be in (0, {MAX_WAIT_MS // 1000}], got {wait_s}")
+    return max(1, round(wait_s * 1000))
 
 
 def _claim_directory(root: Path) -> Path:

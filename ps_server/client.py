@@ -19,7 +19,11 @@ import numpy as np
 import torch
 from ember.kernels.optim import state_width
 from ember.kernels.rows import scatter_rows
-from ember.ps_server.checkpoint_coordinator import DEFAULT_LEASE_S, take_checkpoint
+from ember.ps_server.checkpoint_coordinator import (
+    DEFAULT_FLUSH_WAIT_S,
+    DEFAULT_LEASE_S,
+    take_checkpoint,
+)
 from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
@@ -353,16 +357,22 @@ class PSClient:
         return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
 
     def checkpoint(
-        self, root: str | Path, incremental: bool = False, lease_s: float = DEFAULT_LEASE_S
+        self,
+        root: str | Path,
+        incremental: bool = False,
+        lease_s: float = DEFAULT_LEASE_S,
+        flush_wait_s: float | None = DEFAULT_FLUSH_WAIT_S,
     ) -> Path:
         """Write a consistent checkpoint of every shard under ``root``; returns its directory.
 
-        See :func:`ember.ps_server.checkpoint_coordinator.take_checkpoint`
-        (``root`` must be a path every shard can write; this client's
-        ``timeout_s`` must cover the slowest shard's write).
+        Training jobs that hold hot-row replicas write them back first (``flush_wait_s``
+        None: they are not asked). See
+        :func:`ember.ps_server.checkpoint_coordinator.take_checkpoint` (``root`` must be a
+        path every shard can write; this client's ``timeout_s`` must cover the slowest
+        shard's write).
         """
         self.ensure_topology()
-        return take_checkpoint(self._rpc, Path(root), incremental, lease_s)[0]
+        return take_checkpoint(self._rpc, Path(root), incremental, lease_s, flush_wait_s)[0]
 
     def ensure_topology(self) -> None:
         """Check once that endpoint k reports shard k of len(endpoints)."""

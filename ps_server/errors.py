@@ -77,6 +77,10 @@ class PermissionDeniedError(EmberError):
     """A control request names something outside what this shard may touch."""
 
 
+class TooManyJobsError(EmberError):
+    """The shard already tracks as many jobs of a kind as it keeps."""
+
+
 _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
     TableNotFoundError: grpc.StatusCode.NOT_FOUND,
@@ -91,6 +95,7 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     WriteLogLockedError: grpc.StatusCode.FAILED_PRECONDITION,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ClockTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    TooManyJobsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -204,6 +204,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
+        self.server.steps.replicas.settle(request.checkpoint_id, paused=True)
         jobs = self.server.steps.clocks.snapshot()
         return pb.PauseWritesResponse(
             jobs=[
@@ -217,6 +218,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
     ) -> pb.ResumeWritesResponse:
         self.server.checkpoints.resume(request.checkpoint_id)
+        self.server.steps.replicas.settle(request.checkpoint_id, paused=False)
         return pb.ResumeWritesResponse()
 
     def Checkpoint(
@@ -249,7 +251,25 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def Update(self, request: UpdateRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the UpdateRequest as decoded by the step codec; returns the serialised reply."""
         duplicate, refreshed, watermark = self.server.steps.update(request)
-        return encode_update_response(duplicate, refreshed, watermark)
+        flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
+        return encode_update_response(duplicate, refreshed, watermark, flush)
+
+    def FlushReplicas(
+        self, request: pb.FlushReplicasRequest, context: grpc.ServicerContext
+    ) -> pb.FlushReplicasResponse:
+        flushed = self.server.steps.replicas.request(request.checkpoint_id, request.wait_ms)
+        return pb.FlushReplicasResponse(
+            jobs=[pb.FlushedJob(job=job, clock=clock) for job, clock in flushed.items()]
+        )
+
+    def ReplicasFlushed(
+        self, request: pb.ReplicasFlushedRequest, context: grpc.ServicerContext
+    ) -> pb.ReplicasFlushedResponse:
+        """Held until the checkpoint that asked pauses writes (see the .proto)."""
+        paused = self.server.steps.replicas.flushed(
+            request.job, request.checkpoint_id, request.clock, request.release, request.wait_ms
+        )
+        return pb.ReplicasFlushedResponse(paused=paused)
 
 
 def _pull_stale_response(reply: PullStaleReply) -> pb.PullStaleResponse:

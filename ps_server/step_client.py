@@ -31,7 +31,7 @@ from ember.ps_server.step_codec import (
     encode_lookup_request,
     encode_update_request,
 )
-from ember.ps_server.wire import encode_ids, readonly_tensor
+from ember.ps_server.wire import encode_ids, pb, readonly_tensor
 
 MODES = ("exact", "async")
 _MODE_NUMBERS = {"exact": 1, "async": 2}  # ember.v1.UpdateMode
@@ -50,6 +50,8 @@ class StepJob:
             ``async`` (each rank's update is its own optimizer step).
         wait_s: how long a shard may hold a request for the other ranks before it
             fails, naming the ranks it waited for.
+        replica: the job's ranks train replicas of hot rows, which a checkpoint asks
+            them to write back first (see :meth:`StepClient.replicas_flushed`).
     """
 
     name: str
@@ -57,6 +59,7 @@ class StepJob:
     rank: int = 0
     mode: str = "exact"
     wait_s: float = 60.0
+    replica: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -69,12 +72,16 @@ class StepJob:
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
 
+    @property
+    def wait_ms(self) -> int:
+        """``wait_s`` as the wire carries it."""
+        return max(1, round(self.wait_s * 1000))
+
     def clock(self, step: int) -> StepClockView:
         """This rank's clock ``step`` as the wire carries it."""
         return StepClockView(
-            self.name, self.world, self.rank, step, _MODE_NUMBERS[self.mode],
-            max(1, round(self.wait_s * 1000)),
-        )  # fmt: skip
+            self.name, self.world, self.rank, step, _MODE_NUMBERS[self.mode], self.wait_ms
+        )
 
 
 class StepClient:
@@ -95,6 +102,9 @@ class StepClient:
             job.validate()
         self.client, self.job = client, job
         self._wire_bytes, self._wire_lock = 0, threading.Lock()
+        # A checkpoint waiting for this replica job's write-back, as the last update's
+        # replies said ("" when none).
+        self.flush_request = ""
         client.ensure_topology()
 
     @property
@@ -203,6 +213,7 @@ class StepClient:
                     per_shard_updates[shard],
                     clock_view,
                     [(table, encode_ids(ids)) for table, _, ids in per_shard_refresh[shard]],
+                    replica=self.job.replica,
                 ),
                 self._wait_s(clock_view),
             )
@@ -210,11 +221,12 @@ class StepClient:
         ]
 
         self._count_wire(sum(len(call.request) for call in calls))
-        watermarks = []
+        watermarks, flush_requests = [], []
 
         def collect(shard: int, reply: UpdateResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
+            flush_requests.append(reply.flush)
             for (table, positions, _), (found, values) in zip(
                 per_shard_refresh[shard], reply.refreshed, strict=True
             ):
@@ -237,6 +249,7 @@ class StepClient:
                 )
 
         self.client.shard_rpc.run(calls, on_reply=collect)
+        self.flush_request = max(flush_requests)  # a shard that asks, if any does
         result = {
             table: (
                 torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),
@@ -245,6 +258,27 @@ class StepClient:
             for table, (found, rows) in refreshed.items()
         }
         return result, min(watermarks)
+
+    def replicas_flushed(self, checkpoint_id: str, clock: int, release: bool = False) -> bool:
+        """Tell every shard this job wrote its hot-row replicas back after ``clock``, for
+        ``checkpoint_id`` ("" for none); ``release``: the job holds none from now on.
+
+        For a checkpoint the shards hold the call until it has paused writes (up to the
+        job's ``wait_s``), so the job takes no step in between. Returns whether every
+        shard saw the pause.
+        """
+        job = self.job
+        if job is None:
+            raise ValueError("reporting replicas needs a StepJob")
+        request = pb.ReplicasFlushedRequest(
+            job=job.name, checkpoint_id=checkpoint_id, clock=clock, release=release,
+            wait_ms=job.wait_ms,
+        )  # fmt: skip
+        calls = [
+            ShardCall(k, "ReplicasFlushed", request, job.wait_s)
+            for k in range(self.client.num_shards)
+        ]
+        return all(reply.paused for reply in self.client.shard_rpc.run(calls))
 
     def _route(self, table: str, ids: np.ndarray) -> list[np.ndarray]:
         return positions_by_shard(

@@ -74,6 +74,7 @@ class UpdateRequestView:
     tables: list[TableGradsView]
     clock: StepClockView | None
     refresh: list[TableIdsView]
+    replica: bool = False  # the job holds hot-row replicas
 
 
 @dataclasses.dataclass
@@ -92,6 +93,7 @@ class UpdateResponseView:
     duplicate: bool
     refreshed: list[tuple[memoryview, memoryview]]
     watermark: int
+    flush: str = ""  # the checkpoint waiting for the job's replicas to be written back
     size: int = 0  # bytes of the serialised message
 
 
@@ -148,6 +150,7 @@ def encode_update_request(
     tables: Sequence[tuple[str, Buffer, Buffer]],
     clock: StepClockView | None,
     refresh: Sequence[tuple[str, Buffer]] = (),
+    replica: bool = False,
 ) -> bytes:
     """Serialise an UpdateRequest of ``(table, ids, grads)`` entries and refresh ``(table, ids)``."""
     parts = [
@@ -156,7 +159,7 @@ def encode_update_request(
         for part in _message(1, [*_string(1, table), *_payload(2, ids), *_payload(3, grads)])
     ]
     refreshes = [part for table, ids in refresh for part in _table_ids(3, table, ids)]
-    return b"".join([*parts, *_clock(2, clock), *refreshes])
+    return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica))])
 
 
 def encode_lookup_response(values: Sequence[Buffer], watermark: int) -> bytes:
@@ -166,13 +169,13 @@ def encode_lookup_response(values: Sequence[Buffer], watermark: int) -> bytes:
 
 
 def encode_update_response(
-    duplicate: bool, refreshed: Sequence[tuple[Buffer, Buffer]], watermark: int
+    duplicate: bool, refreshed: Sequence[tuple[Buffer, Buffer]], watermark: int, flush: str = ""
 ) -> bytes:
     """Serialise an UpdateResponse."""
     parts = _scalar(1, int(duplicate))
     for positions, values in refreshed:
         parts += _message(2, [*_payload(1, positions), *_payload(2, values)])
-    return b"".join([*parts, *_scalar(3, watermark, int64_varint)])
+    return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush)])
 
 
 def _len_entry(number: int, buffer: Buffer) -> list[bytes | memoryview]:
@@ -250,6 +253,8 @@ def decode_update_request(data: bytes) -> UpdateRequestView:
     """Parse a serialised UpdateRequest without copying its payloads."""
     request = UpdateRequestView(tables=[], clock=None, refresh=[])
     for number, wire_type, value in fields(memoryview(data)):
+        if number == 4 and wire_type == VARINT:
+            request.replica = bool(value)
         if wire_type != LEN:
             continue
         if number == 1:
@@ -288,4 +293,6 @@ def decode_update_response(data: bytes) -> UpdateResponseView:
             response.refreshed.append((positions, values))
         elif number == 3 and wire_type == VARINT:
             response.watermark = int64(value)
+        elif number == 4 and wire_type == LEN:
+            response.flush = utf8(value, "flush")
     return response

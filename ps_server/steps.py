@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.id_arrays import sum_duplicates
+from ember.ps_server.replica_flush import ReplicaFlushes
 from ember.ps_server.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.step_codec import (
     LookupRequestView,
@@ -43,6 +44,7 @@ class StepService:
     def __init__(self, server: ParameterServer) -> None:
         self._server = server
         self.clocks = StepClocks()
+        self.replicas = ReplicaFlushes()
 
     def lookup(self, request: LookupRequestView) -> tuple[list[np.ndarray], int]:
         """Rows of every table of ``request`` in order, once its clock is reached.
@@ -88,6 +90,8 @@ class StepService:
         self._server.check_reply_size([(t, len(ids), t.spec.dim + 2) for t, ids in refresh])
         job = self.clocks.job(clock)
         rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
+        if request.replica:
+            self.replicas.holds_replica(job.name, deadline)
         with job.cond:
             if step <= job.applied[rank]:
                 return True, self._refreshed(job, step, refresh), job.watermark

@@ -102,6 +102,11 @@ class TrainConfig:
             )
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
+        if self.cache == "replicated" and not self.pipelined():
+            raise ValueError(
+                "cache replicated needs data_path auto or pipeline: its cold rows go through "
+                "the step pipeline, whose updates let a checkpoint ask for the replicas first"
+            )
         if self.clocked() and self.update_mode == "async" and self.staleness == 0:
             raise ValueError(ASYNC_NEEDS_STALENESS)
         if not self.clocked() and (self.staleness or self.update_mode != "exact"):

@@ -102,6 +102,11 @@ class PipelinedRowSource:
         control = self.steps.wire_bytes - payload.bytes_pulled - payload.bytes_pushed
         return dataclasses.replace(payload, bytes_control=max(0, control))
 
+    @property
+    def last_clock(self) -> int:
+        """The clock of the last update sent (-1 before the first)."""
+        return self._step - 1
+
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Start the lookup of the next step's rows (its ids are distinct per table)."""
         step = self._step + 1

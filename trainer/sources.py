@@ -90,7 +90,10 @@ def build_row_source(
     rank, world = rank_of
     cold = PSRowSource(client)
     if config.clocked():
-        job = StepJob(job_name(world), world, rank, config.update_mode, config.wait_s)
+        job = StepJob(
+            job_name(world), world, rank, config.update_mode, config.wait_s,
+            replica=config.cache == "replicated",
+        )  # fmt: skip
         cold = PipelinedRowSource(StepClient(client, job), config.staleness)
     if config.cache == "none":
         return cold
@@ -100,7 +103,7 @@ def build_row_source(
     hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
     if config.cache == "replicated":
         source = ReplicatedRowSource(
-            client, {s.name: s for s in specs}, hot, writer=rank == 0, device=device, cold=cold
+            client, {s.name: s for s in specs}, hot, writer=rank == 0, cold=cold, device=device
         )
     else:
         caches = {
@@ -149,10 +152,12 @@ def dealt(batches: Iterator[Batch], part: int, parts: int) -> Iterator[Batch]:
     return itertools.islice(batches, part, None, parts)
 
 
-def flush(source: RowSourceKind) -> None:
-    """Push, write back or wait for whatever the source holds locally or has in flight."""
-    flush_source = getattr(source, "flush", None)
-    if flush_source is not None:
+def flush(source: RowSourceKind, last: bool = False) -> None:
+    """Push, write back or wait for whatever the source holds locally or has in flight;
+    ``last``: training is over (replicas are no longer held)."""
+    if isinstance(source, ReplicatedRowSource):
+        source.flush(last=last)
+    elif (flush_source := getattr(source, "flush", None)) is not None:
         flush_source()
 
 

@@ -104,7 +104,7 @@ def train(config: TrainConfig) -> dict:
                     len(losses), **_progress_fields(losses, source, config, world, start)
                 )
         with source.wait:
-            flush(inner)
+            flush(inner, last=True)
         wall = time.perf_counter() - start
         report = run_report(
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader

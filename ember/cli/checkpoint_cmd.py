@@ -28,6 +28,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="write only rows changed since the newest checkpoint under --dir",
     )
     parser.add_argument(
+        "--flush-wait-s",
+        type=float,
+        default=60.0,
+        help="how long training jobs with hot-row replicas may take to write them back "
+        "first (default 60); the checkpoint fails, naming them, if one does not",
+    )
+    parser.add_argument(
+        "--no-flush",
+        action="store_true",
+        help="do not ask training jobs to write their hot-row replicas back: the checkpoint "
+        "holds those rows as last written back (for a job that died holding them)",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=600.0,
@@ -48,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"ember checkpoint: --timeout-s must be > 0, got {args.timeout_s}")
     try:
         with PSClient(endpoints, ClientConfig(timeout_s=args.timeout_s)) as client:
-            directory = client.checkpoint(args.dir, incremental=args.incremental)
+            directory = client.checkpoint(
+                args.dir,
+                incremental=args.incremental,
+                flush_wait_s=None if args.no_flush else args.flush_wait_s,
+            )
     except (ValueError, OSError, PSClientError) as error:
         raise SystemExit(f"ember checkpoint: {error}") from None
     print(f"checkpoint written: {directory}", flush=True)

@@ -391,14 +391,16 @@ class LookupResponse(_message.Message):
     def __init__(self, values: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("tables", "clock", "refresh")
+    __slots__ = ("tables", "clock", "refresh", "replica")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
     clock: StepClock
     refresh: _containers.RepeatedCompositeFieldContainer[TableIds]
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ...) -> None: ...
+    replica: bool
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., replica: _Optional[bool] = ...) -> None: ...
 
 class RefreshedRows(_message.Message):
     __slots__ = ("positions", "values")
@@ -409,14 +411,58 @@ class RefreshedRows(_message.Message):
     def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
-    __slots__ = ("duplicate", "refreshed", "watermark")
+    __slots__ = ("duplicate", "refreshed", "watermark", "flush")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REFRESHED_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     refreshed: _containers.RepeatedCompositeFieldContainer[RefreshedRows]
     watermark: int
-    def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ...) -> None: ...
+    flush: str
+    def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ..., flush: _Optional[str] = ...) -> None: ...
+
+class FlushReplicasRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "wait_ms")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    wait_ms: int
+    def __init__(self, checkpoint_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class FlushedJob(_message.Message):
+    __slots__ = ("job", "clock")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    clock: int
+    def __init__(self, job: _Optional[str] = ..., clock: _Optional[int] = ...) -> None: ...
+
+class FlushReplicasResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[FlushedJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[FlushedJob, _Mapping]]] = ...) -> None: ...
+
+class ReplicasFlushedRequest(_message.Message):
+    __slots__ = ("job", "checkpoint_id", "clock", "release", "wait_ms")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    checkpoint_id: str
+    clock: int
+    release: bool
+    wait_ms: int
+    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., clock: _Optional[int] = ..., release: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class ReplicasFlushedResponse(_message.Message):
+    __slots__ = ("paused",)
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    def __init__(self, paused: _Optional[bool] = ...) -> None: ...
 
 class LogRecord(_message.Message):
     __slots__ = ("create_table", "push", "assign", "step")

@@ -114,6 +114,16 @@ class ParameterServerStub:
                 request_serializer=ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.SerializeToString,
                 response_deserializer=ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.FromString,
                 _registered_method=True)
+        self.FlushReplicas = channel.unary_unary(
+                '/ember.v1.ParameterServer/FlushReplicas',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.FlushReplicasRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.FlushReplicasResponse.FromString,
+                _registered_method=True)
+        self.ReplicasFlushed = channel.unary_unary(
+                '/ember.v1.ParameterServer/ReplicasFlushed',
+                request_serializer=ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedRequest.SerializeToString,
+                response_deserializer=ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -215,6 +225,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FlushReplicas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicasFlushed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +319,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Update,
                     request_deserializer=ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.FromString,
                     response_serializer=ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.SerializeToString,
+            ),
+            'FlushReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlushReplicas,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.FlushReplicasRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.FlushReplicasResponse.SerializeToString,
+            ),
+            'ReplicasFlushed': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicasFlushed,
+                    request_deserializer=ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedRequest.FromString,
+                    response_serializer=ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +763,60 @@ class ParameterServer:
             '/ember.v1.ParameterServer/Update',
             ember_dot_v1_dot_parameter__server__pb2.UpdateRequest.SerializeToString,
             ember_dot_v1_dot_parameter__server__pb2.UpdateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlushReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/FlushReplicas',
+            ember_dot_v1_dot_parameter__server__pb2.FlushReplicasRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.FlushReplicasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicasFlushed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ember.v1.ParameterServer/ReplicasFlushed',
+            ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedRequest.SerializeToString,
+            ember_dot_v1_dot_parameter__server__pb2.ReplicasFlushedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from ember.kernels.optim import apply_rows
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.trainer.config import TrainConfig
@@ -18,6 +17,7 @@ from ember.trainer.train import synthetic_data, table_specs
 from ember.cli.train_cmd import train_argv
 from tests.support.criteo_file import write_criteo_file
 from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
+from tests.support.union_reference import union_reference
 
 STEPS, BATCH, CARDINALITY = 15, 64, 300
 
@@ -103,53 +103,6 @@ def test_bounded_staleness_keeps_auc_within_half_a_point_of_sync(tmp_path):
     assert abs(stale["heldout_auc"] - sync["heldout_auc"]) <= 0.005
 
 
-def union_reference(config, data, specs, start, ranks: int = 2):
-    """One process training on the union of every rank's batches, each row stepped once per
-    step with its summed gradient by the shard's own optimizer rule, from ``start`` rows
-    (weights, state, versions per table). Returns the losses and the final rows."""
-    weights = [rows.clone().requires_grad_() for rows, _, _ in start]
-    state = [moments.clone() for _, moments, _ in start]
-    versions = [v.clone() for _, _, v in start]
-    torch.manual_seed(config.seed)
-    model = DLRM(13, data.num_features, config.dim)
-    dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
-    losses = []
-    for step in range(config.steps):
-        parts = [data.batch(config.batch_size, step, "train", part=rank) for rank in range(ranks)]
-        embedded = torch.cat(
-            [
-                torch.stack(
-                    [
-                        torch.nn.functional.embedding_bag(
-                            f.values, w, f.offsets, mode="sum", include_last_offset=True
-                        )
-                        for f, w in zip(p.sparse, weights)
-                    ],
-                    dim=1,
-                )
-                for p in parts
-            ]
-        )
-        labels = torch.cat([p.labels for p in parts])
-        dense = torch.cat([p.dense for p in parts])
-        dense_opt.zero_grad()
-        for w in weights:
-            w.grad = None
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, embedded), labels)
-        loss.backward()
-        dense_opt.step()
-        losses.append(loss.item())
-        for feature, (spec, w) in enumerate(zip(specs, weights)):
-            touched = torch.unique(torch.cat([p.sparse[feature].values for p in parts]))
-            rows, moments = w.detach()[touched], state[feature][touched]
-            versions[feature][touched] += 1
-            apply_rows(spec.optimizer, rows, moments, w.grad[touched], versions[feature][touched])
-            with torch.no_grad():
-                w[touched] = rows
-            state[feature][touched] = moments
-    return losses, [(w.detach(), m, v) for w, m, v in zip(weights, state, versions)]
-
-
 @pytest.mark.parametrize(
     ("cache", "optimizer"),
     [("none", "adagrad"), ("none", "adam"), ("replicated", "adam")],
@@ -194,7 +147,8 @@ def test_two_ranks_with_staleness_0_equal_one_process_on_the_union_for_every_opt
     assert report["steps"] == config.steps and report["data_path"] == "pipeline"
     assert report["cache_hit_rate"] == (1.0 if cache == "replicated" else 0.0)
     assert report["max_clock_lag"] == 0
-    losses, expected = union_reference(config, data, specs, start)
+    losses, after = union_reference(config, data, specs, start)
+    expected = after[-1]
     np.testing.assert_allclose(report["train_losses"], losses, rtol=1e-4)
     with PSClient(cluster.endpoints) as client:
         for feature, (spec, size) in enumerate(zip(specs, sizes)):

@@ -44,22 +44,13 @@ def _cached(policy: str, overlap: bool = False):
     return build
 
 
-def _replicated(pipelined: bool):
-    def build(client, specs, batches):
-        hot = profile_hot_ids(
-            batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM
-        )
-        cold = None
-        if pipelined:
-            steps = StepClient(client, StepJob(f"sync-{uuid.uuid4().hex}"))
-            cold = PipelinedRowSource(steps, staleness=0)
-        source = ReplicatedRowSource(
-            client, {s.name: s for s in specs}, hot, writer=True, cold=cold
-        )
-        source.warm()
-        return source
-
-    return build
+def _replicated(client, specs, batches):
+    hot = profile_hot_ids(batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM)
+    steps = StepClient(client, StepJob(f"sync-{uuid.uuid4().hex}", replica=True))
+    cold = PipelinedRowSource(steps, staleness=0)
+    source = ReplicatedRowSource(client, {s.name: s for s in specs}, hot, writer=True, cold=cold)
+    source.warm()
+    return source
 
 
 def _flush_and_check_write_back(client: PSClient, source: ReplicatedRowSource) -> None:
@@ -76,9 +67,8 @@ def _flush_and_check_write_back(client: PSClient, source: ReplicatedRowSource) -
 
 SOURCES = {
     "direct": lambda client, specs, batches: PSRowSource(client),
-    "replicated": _replicated(pipelined=False),
-    "replicated-pipeline": _replicated(pipelined=True),
-    "replicated-pipeline-flushing": _replicated(pipelined=True),  # written back every 5 steps
+    "replicated": _replicated,
+    "replicated-flushing": _replicated,  # written back every 5 steps
     "static-cache": _cached("static"),
     "lru-cache": _cached("lru"),
     "lfu-cache": _cached("lfu"),

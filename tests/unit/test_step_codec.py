@@ -70,21 +70,24 @@ def test_lookup_requests_match_the_generated_code_both_ways(tables, clock):
     tables=st.lists(st.tuples(names, blobs, blobs), max_size=4),
     clock=clocks,
     refresh=st.lists(st.tuples(names, blobs), max_size=3),
+    replica=st.booleans(),
 )
-def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh):
-    encoded = encode_update_request(tables, clock, refresh)
+def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh, replica):
+    encoded = encode_update_request(tables, clock, refresh, replica)
     parsed = pb.UpdateRequest.FromString(encoded)
     assert [(t.table, t.ids, t.grads) for t in parsed.tables] == tables
     assert [(t.table, t.ids) for t in parsed.refresh] == refresh
-    assert _view_clock(parsed, parsed.HasField("clock")) == clock
+    assert _view_clock(parsed, parsed.HasField("clock")) == clock and parsed.replica == replica
     generated = pb.UpdateRequest(
         tables=[pb.TableGrads(table=t, ids=i, grads=g) for t, i, g in tables],
         clock=_pb_clock(clock),
         refresh=[pb.TableIds(table=t, ids=i) for t, i in refresh],
+        replica=replica,
     ).SerializeToString()
     view = decode_update_request(generated)
     assert [(t.table, bytes(t.ids), bytes(t.grads)) for t in view.tables] == tables
     assert [(t.table, bytes(t.ids)) for t in view.refresh] == refresh and view.clock == clock
+    assert view.replica == replica
 
 
 @settings(max_examples=80, deadline=None)
@@ -93,26 +96,31 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
     watermark=st.integers(-(2**63), 2**63 - 1),
     duplicate=st.booleans(),
     refreshed=st.lists(st.tuples(blobs, blobs), max_size=3),
+    flush=names,
 )
-def test_responses_match_the_generated_code_both_ways(values, watermark, duplicate, refreshed):
+def test_responses_match_the_generated_code_both_ways(
+    values, watermark, duplicate, refreshed, flush
+):
     parsed = pb.LookupResponse.FromString(encode_lookup_response(values, watermark))
     assert list(parsed.values) == values and parsed.watermark == watermark
     view = decode_lookup_response(
         pb.LookupResponse(values=values, watermark=watermark).SerializeToString()
     )
     assert [bytes(v) for v in view.values] == values and view.watermark == watermark
-    encoded = encode_update_response(duplicate, refreshed, watermark)
+    encoded = encode_update_response(duplicate, refreshed, watermark, flush)
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
+    assert parsed.flush == flush
     assert [(r.positions, r.values) for r in parsed.refreshed] == refreshed
     view = decode_update_response(
         pb.UpdateResponse(
             duplicate=duplicate,
             refreshed=[pb.RefreshedRows(positions=p, values=v) for p, v in refreshed],
             watermark=watermark,
+            flush=flush,
         ).SerializeToString()
     )
-    assert view.duplicate == duplicate and view.watermark == watermark
+    assert view.duplicate == duplicate and view.watermark == watermark and view.flush == flush
     assert [(bytes(p), bytes(v)) for p, v in view.refreshed] == refreshed
 
 
@@ -134,10 +142,10 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
     cases = [
         (encode_lookup_request([("a", ids), ("b", ids[:2])], clock), decode_lookup_request,
          pb.LookupRequest),
-        (encode_update_request([("a", ids, grads)], clock, [("a", ids)]), decode_update_request,
-         pb.UpdateRequest),
+        (encode_update_request([("a", ids, grads)], clock, [("a", ids)], replica=True),
+         decode_update_request, pb.UpdateRequest),
         (encode_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
-        (encode_update_response(True, [(ids, grads)], 3), decode_update_response,
+        (encode_update_response(True, [(ids, grads)], 3, "ckpt-1"), decode_update_response,
          pb.UpdateResponse),
     ]  # fmt: skip
     for valid, ours, message in cases:

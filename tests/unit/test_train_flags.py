@@ -51,6 +51,7 @@ def test_train_argv_round_trips_every_config_field():
         ({"data_path": "serial", "staleness": 1}, "staleness and update_mode belong to the clock"),
         ({"update_mode": "eventual"}, "update_mode must be one of exact, async"),
         ({"data_path": "fast"}, "data_path must be one of auto, pipeline, serial"),
+        ({"cache": "replicated", "data_path": "serial"}, "cache replicated needs data_path"),
     ],
 )
 def test_invalid_train_configs_are_refused(change, message):

@@ -13,22 +13,29 @@ versions that count the steps taken, so the shards continue exactly where
 the replicas stopped. With one rank nothing about hot rows crosses the
 network until then.
 
-Cold rows go through another row source (the PS directly, or the step
-pipeline), which sees every step's calls with the cold ids only.
+Cold rows go through the step pipeline, which sees every step's calls with
+the cold ids only. Its updates tell the shards that this job holds replicas,
+and their answers carry a checkpoint's request for a write-back: the writer
+rank raises it, all ranks flush after the same step, and the writer reports
+the write-back, which the shards hold until the checkpoint has paused writes
+(see the FlushReplicas comment in the .proto).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 
 import torch
 import torch.distributed as dist
 from ember.kernels.optim import apply_rows, state_width
 from ember.ps_server.client import PSClient
 from ember.ps_server.table_spec import TableSpec
-from ember.trainer.embedding import PSRowSource, RowSource
+from ember.trainer.pipeline import PipelinedRowSource
 from ember.trainer.traffic import CountingClient, TrafficStats
+
+log = logging.getLogger(__name__)
 
 
 class ReplicatedRowSource:
@@ -39,9 +46,13 @@ class ReplicatedRowSource:
         specs: ``{table: TableSpec}`` of every table looked up.
         hot_ids: ``{table: ids}`` replicated on every rank; the same on all ranks.
         writer: whether this rank writes the hot rows back on ``flush()`` (one rank does).
+        cold: the step pipeline of the other rows; its job must say it holds replicas.
         device: where the replicas live and their gradients are all-reduced (NCCL needs
             the GPU).
-        cold: the source of the other rows (default: the PS directly, through ``client``).
+
+    Raises:
+        ValueError: a cold pipeline whose job does not say it holds replicas (a checkpoint
+            would not ask this job to write them back).
     """
 
     def __init__(
@@ -50,11 +61,17 @@ class ReplicatedRowSource:
         specs: dict[str, TableSpec],
         hot_ids: dict[str, torch.Tensor],
         writer: bool,
+        cold: PipelinedRowSource,
         device: str | torch.device = "cpu",
-        cold: RowSource | None = None,
     ) -> None:
+        if not cold.steps.job.replica:
+            raise ValueError(
+                "the cold pipeline's StepJob must have replica=True, so that a checkpoint "
+                "asks this job to write its replicas back first"
+            )
         self.client = CountingClient(client)
-        self.cold = cold if cold is not None else PSRowSource(client)
+        self.cold = cold
+        self._flushed_for = ""  # the last checkpoint this rank flushed for
         self.allreduce_bytes = 0
         self.specs = specs
         self.device = torch.device(device)
@@ -125,13 +142,11 @@ class ReplicatedRowSource:
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Let the cold source start fetching the next step's cold rows."""
-        prefetch = getattr(self.cold, "prefetch", None)
-        if prefetch is not None:
-            self._located = {}
-            for table, ids in requests.items():
-                position, hot = self._locate(table, ids)
-                self._located[table] = (ids, position, hot, ids[~hot])
-            prefetch({table: located[3] for table, located in self._located.items()})
+        self._located = {}
+        for table, ids in requests.items():
+            position, hot = self._locate(table, ids)
+            self._located[table] = (ids, position, hot, ids[~hot])
+        self.cold.prefetch({table: located[3] for table, located in self._located.items()})
 
     def _hot_rows(
         self, requests: dict[str, torch.Tensor], remember: bool
@@ -159,9 +174,10 @@ class ReplicatedRowSource:
         """Apply the hot rows' gradients (summed over ranks) on every replica; hand cold ones on.
 
         With one rank the touched rows step at once. With several, two all-reduces:
-        the touched mask over every hot row (one byte per row), then the gradients of
-        the rows any rank touched (their union, identical on every rank), so the bytes
-        follow the rows a step touches, not the size of the hot set.
+        the touched mask over every hot row (one byte per row, and one for a checkpoint's
+        request to flush), then the gradients of the rows any rank touched (their union,
+        identical on every rank), so the bytes follow the rows a step touches, not the
+        size of the hot set. When a checkpoint asked, every rank flushes after this step.
         """
         hot_grads, cold = {}, {}
         for table, (ids, grads) in updates.items():
@@ -169,23 +185,30 @@ class ReplicatedRowSource:
             if table in self.hot_ids and bool(hot.any()):
                 hot_grads[table] = (position[hot].to(self.device), grads[hot].to(self.device))
             cold[table] = (ids[~hot], grads[~hot])
+        asked = self.cold.steps.flush_request if self.writer else ""
+        flush = asked not in ("", self._flushed_for)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            hot_grads = self._summed_over_ranks(hot_grads)
+            hot_grads, flush = self._summed_over_ranks(hot_grads, flush)
         for table, (rows, grads) in hot_grads.items():
             if len(rows):
                 self._update(table, rows, grads)
         self.cold.apply_gradients(cold)
+        if flush:
+            self.flush(checkpoint_id=asked)
 
     def _summed_over_ranks(
-        self, hot_grads: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self, hot_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], flush: bool
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], bool]:
         """Every rank's hot-row gradients summed, per table ``(rows, grads)``: the rows any
-        rank touched, ascending. Every rank calls this once per step, tables in one order."""
-        touched = torch.zeros(self._hot_rows_total, dtype=torch.uint8, device=self.device)
+        rank touched, ascending; and whether any rank wants to flush after this step.
+        Every rank calls this once per step, tables in one order."""
+        touched = torch.zeros(self._hot_rows_total + 1, dtype=torch.uint8, device=self.device)
         for table, (rows, _) in hot_grads.items():
             touched[self._offsets[table] + rows] = 1
+        touched[-1] = int(flush)
         dist.all_reduce(touched, op=dist.ReduceOp.MAX)
-        union = touched.nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
+        flush = bool(touched[-1])
+        union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
         parts = {}
         for table, offset in self._offsets.items():
             inside = (union >= offset) & (union < offset + len(self.hot_ids[table]))
@@ -202,16 +225,21 @@ class ReplicatedRowSource:
         for table, (rows, sums) in parts.items():
             summed[table] = (rows, flat[start : start + sums.numel()].view_as(sums))
             start += sums.numel()
-        return summed
+        return summed, flush
 
-    def flush(self) -> None:
+    def flush(self, checkpoint_id: str = "", last: bool = False) -> None:
         """Write the hot rows stepped since the last flush back, with their optimizer state
-        and versions (writer rank only), after the cold source's own flush. Training may
-        go on afterwards (a periodic flush bounds what a crashed trainer loses)."""
+        and versions (writer rank only), after the cold pipeline's updates are applied.
+        Every rank calls it after the same step. Training may go on afterwards (a periodic
+        flush bounds what a crashed trainer loses).
+
+        Args:
+            checkpoint_id: the checkpoint that asked for this write-back: the writer reports
+                it, and the shards hold the report until that checkpoint paused writes.
+            last: this job trains no further; the shards stop counting it as a replica job.
+        """
         try:
-            flush_cold = getattr(self.cold, "flush", None)
-            if flush_cold is not None:
-                flush_cold()
+            self.cold.flush()
             for table, ids in self.hot_ids.items():
                 rows = self.dirty[table].nonzero().squeeze(1)
                 if self.writer and len(rows):
@@ -223,6 +251,16 @@ class ReplicatedRowSource:
                         versions=self.steps[table][rows].cpu(),
                     )
                 self.dirty[table][rows] = False
+            if self.writer and (checkpoint_id or last):
+                steps = self.cold.steps
+                paused = steps.replicas_flushed(checkpoint_id, self.cold.last_clock, last)
+                self._flushed_for = checkpoint_id
+                if checkpoint_id and not last and not paused:
+                    log.warning(
+                        "checkpoint %s did not pause writes while this job waited after its "
+                        "write-back; if it goes on, it will refuse the clock cut",
+                        checkpoint_id,
+                    )
         finally:  # a failed write-back must not leave the other ranks in the barrier
             if dist.is_initialized() and dist.get_world_size() > 1:
                 dist.barrier()  # no rank reads the shards before the write-back is done

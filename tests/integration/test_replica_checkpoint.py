@@ -1,0 +1,198 @@
+"""A checkpoint taken while ranks train hot-row replicas holds what they hold: the ranks
+write their replicas back after one step and wait until writes are paused, so the
+checkpoint's hot and cold rows are both those of that step (see FlushReplicas in the .proto).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.checkpoint_coordinator import take_checkpoint
+from ember.ps_server.client import PSClient
+from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.config import ShardConfig
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.recovery import recover
+from ember.ps_server.server import ParameterServer
+from ember.ps_server.step_client import StepClient, StepJob
+from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire import encode_ids
+from ember.trainer.config import TrainConfig
+from ember.trainer.train import synthetic_data, table_specs
+
+from ember.cli.train_cmd import train_argv
+from tests.support.union_reference import union_reference
+
+STEPS = 30
+
+
+def restored_rows(directory, spec: TableSpec, size: int):
+    """Rows, optimizer state and versions of ids 0..size-1 in a checkpoint (one shard)."""
+    server = ParameterServer(0, 1)
+    recover(server, ShardConfig(restore=str(directory)))
+    reply = server.pull(spec.name, encode_ids(np.arange(size, dtype=np.int64)), with_state=True)
+    return torch.from_numpy(reply.values), torch.from_numpy(reply.state), reply.versions
+
+
+def cut_step(directory) -> int:
+    """Steps of the (only) training job a checkpoint holds, from its clock cut."""
+    applied = {
+        tuple(job["applied"])
+        for path in directory.glob("shard-*.meta.json")
+        for job in json.loads(path.read_text())["step_clocks"].values()
+    }
+    assert len(applied) <= 1 and all(len(set(clocks)) == 1 for clocks in applied), applied
+    return applied.pop()[0] + 1 if applied else 0
+
+
+def test_checkpoints_taken_while_two_replica_ranks_train_hold_one_step_of_every_row(
+    tmp_path, table_name
+):
+    """Checkpoints back to back while two ranks train (hot rows replicated, cold rows through
+    the step pipeline): each one equals one process on the union of the ranks' batches after
+    the step of its clock cut, hot and cold rows, optimizer state and versions alike."""
+    root = tmp_path / "ckpt"
+    with LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster:
+        config = TrainConfig(
+            endpoints=tuple(cluster.endpoints), steps=STEPS, batch_size=64, max_cardinality=300,
+            optimizer="adagrad", sparse_lr=0.05, dense_lr=0.05, dim=8, table_prefix=table_name,
+            cache="replicated", cache_mb=0.05, profile_batches=4,
+        )  # fmt: skip
+        data = synthetic_data(config)
+        specs = table_specs(config, data.num_features)
+        sizes = data.config.cardinalities
+        generator = torch.Generator().manual_seed(3)
+        with PSClient(cluster.endpoints) as client:
+            for spec, size in zip(specs, sizes):
+                client.create_table(spec)
+                # Earlier training sets Adagrad's state: from a zero state its first step of
+                # a row is +-lr whatever the gradient's size, so a tiny gradient summed in
+                # another order could flip it.
+                for _ in range(2):
+                    client.push(
+                        spec.name, torch.arange(size), torch.randn(size, 8, generator=generator)
+                    )
+            start = [
+                client.pull_with_state(spec.name, torch.arange(size))
+                for spec, size in zip(specs, sizes)
+            ]
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+            "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
+            "--report", str(tmp_path / "report.json"), "--device", "cpu", "--eval-batches", "1",
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        with open(tmp_path / "trainers.log", "wb") as log:
+            trainers = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+            directories = []
+            with PSClient(cluster.endpoints) as coordinator:
+                deadline = time.monotonic() + 240
+                while trainers.poll() is None and time.monotonic() < deadline:
+                    directories.append(coordinator.checkpoint(root))
+            code = trainers.wait(timeout=120)
+        assert code == 0, (tmp_path / "trainers.log").read_text()[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert 0.2 < report["cache_hit_rate"] < 1.0  # hot rows and cold rows both
+    _, after = union_reference(config, data, specs, start)
+    by_step = {cut_step(directory): directory for directory in directories}
+    assert len([step for step in by_step if 0 < step < STEPS]) >= 2, by_step  # mid-run
+    for step, directory in sorted(by_step.items()):
+        for feature, (spec, size) in enumerate(zip(specs, sizes)):
+            rows, state, versions = restored_rows(directory, spec, size)
+            weights, moments, held = after[step][feature]
+            where = f"{directory.name} (step {step}), {spec.name}"
+            assert torch.equal(torch.from_numpy(versions), held), where
+            torch.testing.assert_close(rows, weights, rtol=1e-4, atol=1e-5, msg=where)
+            torch.testing.assert_close(state, moments, rtol=1e-4, atol=1e-6, msg=where)
+
+
+SPEC = TableSpec("emb", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+
+
+def _replica_job(client: PSClient, name: str) -> StepClient:
+    """A replica job that has sent clock 0 (so every shard counts it) and then stopped."""
+    steps = StepClient(client, StepJob(name, replica=True, wait_s=30))
+    steps.update({"emb": (torch.arange(4), torch.ones(4, 4))}, clock=0)
+    return steps
+
+
+def test_a_replica_job_that_never_flushes_fails_the_checkpoint_naming_it(tmp_path):
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        _replica_job(client, "job-silent")
+        started = time.monotonic()
+        with pytest.raises(PSClientError) as refused:
+            client.checkpoint(root, flush_wait_s=0.5)
+        assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "job-silent" in str(refused.value) and "--no-flush" in str(refused.value)
+        assert time.monotonic() - started < 10
+        assert not list(root.glob("*/manifest.json"))  # nothing that claims to be complete
+        client.push("emb", torch.arange(4), torch.ones(4, 4))  # writes were resumed
+        directory = client.checkpoint(root, flush_wait_s=None)  # the operator's way out
+        assert (directory / "manifest.json").exists()
+
+
+def test_a_job_that_releases_its_replicas_is_not_waited_for(tmp_path):
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        steps = _replica_job(client, "job-done")
+        assert steps.replicas_flushed("", clock=0, release=True) is False
+        directory = client.checkpoint(root, flush_wait_s=0.5)
+        assert cut_step(directory) == 1
+
+
+class _GoesOnAfterFlush:
+    """The coordinator's RPCs, with a replica job that takes another step after its write-back
+    report returns unheld (as if its hold had run out) and before the pause."""
+
+    def __init__(self, rpc, steps: StepClient) -> None:
+        self.rpc, self.endpoints, self._steps = rpc, rpc.endpoints, steps
+
+    def run(self, calls, on_reply=None):
+        replies = self.rpc.run(calls, on_reply)
+        if calls[0].method == "FlushReplicas":
+            self._steps.update({"emb": (torch.arange(4), torch.ones(4, 4))}, clock=1)
+        return replies
+
+
+def test_a_job_that_goes_on_after_its_flush_fails_the_cut(tmp_path):
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        steps = _replica_job(client, "job-eager")
+        rpc = _GoesOnAfterFlush(client.shard_rpc, steps)
+        reporter = threading.Thread(target=_report_when_asked, args=(steps,))
+        reporter.start()
+        with pytest.raises(PSClientError) as refused:
+            take_checkpoint(rpc, root, flush_wait_s=30)
+        reporter.join(30)
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "job-eager" in str(refused.value) and "after clock 0" in str(refused.value)
+        assert not list(root.glob("*/manifest.json"))
+
+
+def _report_when_asked(steps: StepClient) -> None:
+    """The job's write-back report, unheld (a tiny wait), once a checkpoint asks for it."""
+    deadline = time.monotonic() + 30
+    while not steps.flush_request and time.monotonic() < deadline:
+        steps.update({}, clock=0)  # a duplicate of clock 0: only asks what the shards want
+    quick = StepClient(steps.client, StepJob(steps.job.name, replica=True, wait_s=0.001))
+    quick.replicas_flushed(steps.flush_request, clock=0)
