@@ -34,7 +34,15 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 CUDA_SRC = Path(__file__).resolve().parent / "cuda"
-CPU_SOURCES = ("hash_map.cpp", "rows.cpp", "unique.cpp", "optim.cpp", "pack.cpp", "route.cpp")
+CPU_SOURCES = (
+    "hash_map.cpp",
+    "rows.cpp",
+    "unique.cpp",
+    "optim.cpp",
+    "pack.cpp",
+    "route.cpp",
+    "init.cpp",
+)
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
 HEADERS = (CSRC / "checks.h", CUDA_SRC / "cuda_checks.cuh")
 OPS = (
@@ -50,9 +58,10 @@ OPS = (
     "pack_rows",
     "unpack_rows",
     "shard_of",
+    "uniform_rows",
 )
 # Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
-CPU_ONLY_OPS = ("hash_gather_rows", "shard_of")
+CPU_ONLY_OPS = ("hash_gather_rows", "shard_of", "uniform_rows")
 MODES = ("auto", "native", "reference")
 
 

@@ -6,8 +6,12 @@ is the same on any number of shards, after a restore and on a re-pull.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
+from ember.kernels.loader import native_backend_for
+from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.routing import mix64, name_salt
 from ember.ps_server.table_spec import InitKind, TableSpec
 
@@ -24,6 +28,17 @@ def _element_bits(spec: TableSpec, ids: np.ndarray) -> np.ndarray:
         return mix64(row_keys[:, None] + columns[None, :])
 
 
+@functools.lru_cache(maxsize=256)
+def _seed_key(seed: int) -> int:
+    """``mix64(seed)`` as the signed integer the native op takes."""
+    return _signed(mix64(np.array([seed], dtype=np.uint64))[0])
+
+
+def _signed(word: np.uint64) -> int:
+    """A 64-bit word as the signed integer an op's ``int`` argument carries."""
+    return int(word.view(np.int64))
+
+
 def initial_rows(spec: TableSpec, ids: np.ndarray) -> torch.Tensor:
     """Initial float32 rows [len(ids), spec.dim] for int64 ``ids`` of table ``spec``.
 
@@ -35,6 +50,11 @@ def initial_rows(spec: TableSpec, ids: np.ndarray) -> torch.Tensor:
     init = spec.initializer
     if init.kind is InitKind.ZEROS or len(ids) == 0:
         return torch.zeros(len(ids), spec.dim, dtype=torch.float32)
+    id_batch = id_tensor(ids)
+    if init.kind is InitKind.UNIFORM and native_backend_for(id_batch):  # the same bits
+        return torch.ops.ember.uniform_rows(
+            id_batch, _signed(name_salt(spec.name)), _seed_key(init.seed), spec.dim, init.scale
+        )
     bits = _element_bits(spec, ids)
     u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) * _INV_2_24
     if init.kind is InitKind.UNIFORM:

@@ -200,7 +200,7 @@ class StepService:
 
         def apply() -> None:
             for target, ids, grads in summed:
-                target.push(ids, grads, request_id)
+                target.push(ids, grads, request_id, distinct=True)
             job.mark_applied(clock.rank, clock.clock)
 
         if log:

@@ -182,14 +182,17 @@ class Table:
             rows.versions[absent] = 0
         return rows
 
-    def push(self, ids: np.ndarray, grads: torch.Tensor, request_id: str) -> tuple[bool, int]:
-        """Apply summed gradients once per distinct id.
+    def push(
+        self, ids: np.ndarray, grads: torch.Tensor, request_id: str, distinct: bool = False
+    ) -> tuple[bool, int]:
+        """Apply summed gradients once per distinct id (``distinct``: the caller has summed
+        them already).
 
         Returns:
             ``(duplicate, rows_updated)``; ``duplicate`` is true (and nothing is
             applied) when ``request_id`` was applied before.
         """
-        unique_ids, summed = sum_duplicates(ids, grads)
+        unique_ids, summed = (ids, grads) if distinct else sum_duplicates(ids, grads)
         with self._lock:
             self.counters.push_requests += 1
             if request_id in self._applied:

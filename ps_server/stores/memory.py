@@ -125,7 +125,10 @@ class InMemoryStore:
             if create is None:
                 raise KeyError(f"update of {int(missing.sum())} ids the store does not hold")
             new_ids = ids[missing.numpy()]
-            slots[missing] = self._write(id_tensor(new_ids), create(new_ids))
+            rows = create(new_ids)
+            new_slots = self._claim(id_tensor(new_ids))
+            self._scatter(new_slots, rows)
+            slots[missing] = new_slots
         fused_row_update(optimizer, self._weights, self._state, self._versions, slots, grads)
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
@@ -164,15 +167,22 @@ class InMemoryStore:
         index = self._index.find(id_batch)
         absent = index < 0
         if bool(absent.any()):
-            new_slots = self._allocate(int(absent.sum()))
-            self._index.insert(id_batch[absent], new_slots)
-            self._rows += len(new_slots)
-            index[absent] = new_slots
-        scatter_rows(self._weights, index, rows.weights.contiguous())
-        if self.state_width:
-            scatter_rows(self._state, index, rows.state.contiguous())
-        scatter_rows(self._versions, index, rows.versions.contiguous())
+            index[absent] = self._claim(id_batch[absent])
+        self._scatter(index, rows)
         return index
+
+    def _claim(self, id_batch: torch.Tensor) -> torch.Tensor:
+        """Slots for distinct ids the index does not hold, entered in it; returns them."""
+        new_slots = self._allocate(len(id_batch))
+        self._index.insert(id_batch, new_slots)
+        self._rows += len(new_slots)
+        return new_slots
+
+    def _scatter(self, slots: torch.Tensor, rows: RowBatch) -> None:
+        scatter_rows(self._weights, slots, rows.weights.contiguous())
+        if self.state_width:
+            scatter_rows(self._state, slots, rows.state.contiguous())
+        scatter_rows(self._versions, slots, rows.versions.contiguous())
 
     def _allocate(self, count: int) -> torch.Tensor:
         """``count`` free slots: reused ones first, then new ones (growing the buffers)."""
