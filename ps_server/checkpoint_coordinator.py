@@ -4,6 +4,7 @@ pause every shard, agree a clock cut, write, manifest last, commit."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -14,8 +15,14 @@ from ember.ps_server.checkpoint_format import (
     next_checkpoint_id,
 )
 from ember.ps_server.errors import PSClientError
+from ember.ps_server.replica_checkpoint import (
+    check_replicas_at_pause,
+    flush_replicas,
+    flush_wait_ms,
+    new_flush_id,
+    release_jobs,
+)
 from ember.ps_server.shard_rpc import ShardCall, ShardRPC
-from ember.ps_server.step_clocks import MAX_WAIT_MS
 from ember.ps_server.table_spec import TableSpec
 from ember.ps_server.wire import pb
 
@@ -30,7 +37,8 @@ def take_checkpoint(
     root: Path,
     incremental: bool = False,
     lease_s: float = DEFAULT_LEASE_S,
-    flush_wait_s: float | None = DEFAULT_FLUSH_WAIT_S,
+    flush_wait_s: float = DEFAULT_FLUSH_WAIT_S,
+    release: Sequence[str] = (),
 ) -> tuple[Path, Manifest]:
     """Checkpoint every shard reachable through ``rpc`` into a new directory under ``root``.
 
@@ -46,18 +54,21 @@ def take_checkpoint(
         root: checkpoint root, shared by all shards (same path on each).
         incremental: write only rows changed since the newest checkpoint under ``root``.
         lease_s: how long a shard holds writes waiting for the write call.
-        flush_wait_s: how long to wait for the replica jobs' write-backs; None: do not
-            ask (the checkpoint holds their hot rows as last written back).
+        flush_wait_s: how long to wait for the replica jobs' write-backs.
+        release: replica jobs whose trainers died, no longer waited for from now on
+            (their hot rows are in the checkpoint as last written back).
 
     Returns:
         The new checkpoint's directory and manifest.
 
     Raises:
-        ValueError: ``incremental`` without an earlier checkpoint under ``root``.
+        ValueError: ``incremental`` without an earlier checkpoint under ``root``, or a
+            bad ``flush_wait_s``.
         PSClientError: a shard refused or failed, a replica job did not write back in
             time or went on before the pause (writes resumed everywhere; the directory
             is left without a manifest and never read).
     """
+    wait_ms = flush_wait_ms(flush_wait_s)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     base = latest_checkpoint(root) if incremental else None
@@ -65,21 +76,17 @@ def take_checkpoint(
         raise ValueError(f"no checkpoint under {root} to be incremental to; take a full one first")
     directory = _claim_directory(root)
     checkpoint_id = directory.name
+    flush_id = new_flush_id(checkpoint_id)
     shards = range(len(rpc.endpoints))
     try:
-        flushed = {} if flush_wait_s is None else _flush_replicas(rpc, checkpoint_id, flush_wait_s)
-        paused = rpc.run(
-            [
-                ShardCall(
-                    k,
-                    "PauseWrites",
-                    pb.PauseWritesRequest(checkpoint_id=checkpoint_id, lease_s=lease_s),
-                )
-                for k in shards
-            ]
+        release_jobs(rpc, release)
+        flush_replicas(rpc, flush_id, wait_ms)
+        pause = pb.PauseWritesRequest(
+            checkpoint_id=checkpoint_id, lease_s=lease_s, flush_id=flush_id
         )
+        paused = rpc.run([ShardCall(k, "PauseWrites", pause) for k in shards])
+        check_replicas_at_pause(paused, rpc.endpoints)
         cut = clock_cut(paused)
-        _check_flushed_at_cut(flushed, dict(cut))
         request = pb.CheckpointRequest(
             checkpoint_id=checkpoint_id,
             directory=str(directory),
@@ -88,7 +95,7 @@ def take_checkpoint(
         )
         replies = rpc.run([ShardCall(k, "Checkpoint", request) for k in shards])
     except PSClientError:
-        _resume_all(rpc, checkpoint_id)
+        _resume_all(rpc, checkpoint_id, flush_id)
         raise
     manifest = Manifest(
         id=checkpoint_id,
@@ -143,46 +150,6 @@ def clock_cut(paused: list[pb.PauseWritesResponse]) -> list[tuple[str, list[int]
     return list(cut.items())
 
 
-def _flush_replicas(rpc: ShardRPC, checkpoint_id: str, wait_s: float) -> dict[str, int]:
-    """Ask every replica job to write its hot rows back; per job, the clock it did so after."""
-    request = pb.FlushReplicasRequest(checkpoint_id=checkpoint_id, wait_ms=_wait_ms(wait_s))
-    replies = rpc.run(
-        [ShardCall(k, "FlushReplicas", request, wait_s) for k in range(len(rpc.endpoints))]
-    )
-    flushed: dict[str, int] = {}
-    for reply in replies:
-        for job in reply.jobs:
-            if flushed.setdefault(job.job, job.clock) != job.clock:
-                raise PSClientError(
-                    "(all shards)",
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"shards disagree on the clock job {job.job!r} wrote its replicas back "
-                    f"after: {flushed[job.job]} and {job.clock}",
-                )
-    return flushed
-
-
-def _check_flushed_at_cut(flushed: dict[str, int], cut: dict[str, list[int]]) -> None:
-    """A job that wrote its replicas back after clock f must be cut at f on every rank: had
-    it gone on, its hot rows would be older than the rest of the checkpoint."""
-    for job, clock in flushed.items():
-        clocks = cut.get(job)
-        if clocks is not None and any(c != clock for c in clocks):
-            raise PSClientError(
-                "(all shards)",
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {job!r} wrote its hot-row replicas back after clock {clock}, but the "
-                f"shards had applied its clocks {clocks} at the pause (it went on before "
-                "writes paused); checkpoint abandoned, retry it",
-            )
-
-
-def _wait_ms(wait_s: float) -> int:
-    if not 0 < wait_s <= MAX_WAIT_MS / 1000:
-        raise ValueError(f"flush_wait_s must be in (0, {MAX_WAIT_MS // 1000}], got {wait_s}")
-    return max(1, round(wait_s * 1000))
-
-
 def _claim_directory(root: Path) -> Path:
     """Create the next checkpoint directory; a concurrent coordinator gets the one after."""
     while True:
@@ -194,11 +161,15 @@ def _claim_directory(root: Path) -> Path:
             continue
 
 
-def _resume_all(rpc: ShardRPC, checkpoint_id: str) -> None:
+def _resume_all(rpc: ShardRPC, checkpoint_id: str, flush_id: str) -> None:
     try:
         rpc.run(
             [
-                ShardCall(k, "ResumeWrites", pb.ResumeWritesRequest(checkpoint_id=checkpoint_id))
+                ShardCall(
+                    k,
+                    "ResumeWrites",
+                    pb.ResumeWritesRequest(checkpoint_id=checkpoint_id, flush_id=flush_id),
+                )
                 for k in range(len(rpc.endpoints))
             ]
         )

@@ -361,18 +361,21 @@ class PSClient:
         root: str | Path,
         incremental: bool = False,
         lease_s: float = DEFAULT_LEASE_S,
-        flush_wait_s: float | None = DEFAULT_FLUSH_WAIT_S,
+        flush_wait_s: float = DEFAULT_FLUSH_WAIT_S,
+        release: Sequence[str] = (),
     ) -> Path:
         """Write a consistent checkpoint of every shard under ``root``; returns its directory.
 
-        Training jobs that hold hot-row replicas write them back first (``flush_wait_s``
-        None: they are not asked). See
+        Training jobs that hold hot-row replicas write them back first; ``release`` names
+        jobs that died holding them, not waited for from now on. See
         :func:`ember.ps_server.checkpoint_coordinator.take_checkpoint` (``root`` must be a
         path every shard can write; this client's ``timeout_s`` must cover the slowest
         shard's write).
         """
         self.ensure_topology()
-        return take_checkpoint(self._rpc, Path(root), incremental, lease_s, flush_wait_s)[0]
+        return take_checkpoint(self._rpc, Path(root), incremental, lease_s, flush_wait_s, release)[
+            0
+        ]
 
     def ensure_topology(self) -> None:
         """Check once that endpoint k reports shard k of len(endpoints)."""

@@ -1,11 +1,13 @@
-"""ReplicaFlushes: a checkpoint's wait for the jobs that train hot-row replicas (see the .proto).
+"""ReplicaFlushes: the jobs that train hot-row replicas, and checkpoints' requests that they
+write them back first (see FlushReplicas in the .proto).
 
 Ranks that train replicas of hot rows hold rows the shards do not. A
-checkpoint asks those jobs to write them back first: each replica job's
-Updates are answered with the checkpoint's id until the job reports its
+checkpoint asks those jobs to write them back: each replica job's Updates are
+answered with the checkpoint's flush id until the job reports its
 write-back, and the checkpoint waits for every replica job this shard knows.
 The report is held until the checkpoint has paused writes, so the job takes
-no further step before the pause and its clock cut is the step it flushed at.
+no further step before the pause. At the pause the shard lists every replica
+job with its report, and the coordinator checks them against the clocks.
 """
 
 from __future__ import annotations
@@ -15,162 +17,153 @@ import threading
 import time
 
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError, TooManyJobsError
-from ember.ps_server.step_clocks import MAX_JOBS, MAX_WAIT_MS, sound_job_name
+from ember.ps_server.step_clocks import MAX_WAIT_MS, sound_job_name
 
-REMEMBERED_CHECKPOINTS = 64  # checkpoints whose outcome (paused or not) held reports may ask
+# Replica jobs per shard. Each one that has reported holds a shard worker thread until the
+# pause, so this stays well below the shard's workers (32 by default).
+MAX_REPLICA_JOBS = 16
+REMEMBERED_FLUSHES = 64  # flush ids whose outcome (paused or not) held reports may ask
+REPORTS_PER_JOB = 8  # reports kept per job for flushes not settled yet
 
 
 class ReplicaFlushes:
-    """The replica jobs of one shard and the checkpoints waiting for their write-backs."""
+    """The replica jobs of one shard and the flushes checkpoints ask of them."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        # Per replica job, the clock it flushed at for each waiting checkpoint.
-        self._jobs: dict[str, dict[str, int]] = {}
-        self._waiting: list[str] = []  # checkpoints waiting for write-backs, oldest first
-        # Checkpoints whose write-backs are in but that have not paused yet, with the time
-        # they give up by (a coordinator that died must not hold new jobs for ever).
-        self._windows: dict[str, float] = {}
-        # Checkpoints that paused writes (True) or gave up (False), newest last.
+        # Per replica job, the clock it reported for each flush id not settled yet.
+        self._jobs: dict[str, collections.OrderedDict[str, int]] = {}
+        self._asking: list[str] = []  # flush ids whose FlushReplicas waits, oldest first
+        # Flushes whose checkpoint paused writes (True) or gave up (False), newest last.
         self._outcomes: collections.OrderedDict[str, bool] = collections.OrderedDict()
 
-    def holds_replica(self, job: str, deadline: float) -> None:
-        """Note that ``job`` holds replicas, before its update is applied. A job new here
-        waits while a checkpoint is between its write-backs and its pause (it was not
-        asked to flush, so it must take no step before that pause), until ``deadline``.
+    def holds_replica(self, job: str) -> None:
+        """Count ``job`` as a replica job (an Update says it holds replicas).
 
         Raises:
-            TooManyJobsError: this shard already knows MAX_JOBS replica jobs.
-            ClockTimeoutError: the deadline passed first (nothing applied).
+            TooManyJobsError: this shard already counts MAX_REPLICA_JOBS others.
         """
         with self._cond:
-            if job in self._jobs:
-                return
-            if len(self._jobs) >= MAX_JOBS:
-                raise TooManyJobsError(
-                    f"this shard already has {MAX_JOBS} jobs holding replicas; a job that "
-                    "finishes releases its place (ReplicasFlushed with release)"
-                )
-            while self._pausing():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ClockTimeoutError(
-                        f"job {job!r}: a checkpoint that did not ask it for its replicas "
-                        "has not paused writes in time; retry the update"
-                    )
-                self._cond.wait(min(remaining, self._next_expiry()))
-            self._jobs[job] = {}
-            self._cond.notify_all()
+            self._job(job)
 
     def asked(self, job: str) -> str:
-        """The oldest checkpoint waiting for ``job``'s write-back ("" when none)."""
+        """The oldest flush id waiting for ``job``'s write-back ("" when none)."""
         with self._cond:
-            flushed = self._jobs.get(job)
-            if flushed is None:
+            reports = self._jobs.get(job)
+            if reports is None:
                 return ""
-            return next((c for c in self._waiting if c not in flushed), "")
+            return next((f for f in self._asking if f not in reports), "")
 
-    def request(self, checkpoint_id: str, wait_ms: int) -> dict[str, int]:
+    def request(self, flush_id: str, wait_ms: int) -> dict[str, int]:
         """Wait until every replica job (those known now and those that appear meanwhile)
-        has written its replicas back for ``checkpoint_id``; returns each job's clock.
+        has reported a write-back for ``flush_id``; returns each job's clock.
 
         Raises:
-            InvalidArgumentError: a bad id or wait.
-            ClockTimeoutError: ``wait_ms`` passed first; names the jobs still holding rows.
+            InvalidArgumentError: a bad id or wait, or an id already asked for.
+            ClockTimeoutError: ``wait_ms`` passed first; names the jobs that did not report.
         """
-        _check_id(checkpoint_id, "checkpoint_id")
+        _check_id(flush_id)
         deadline = _deadline(wait_ms)
         with self._cond:
-            if checkpoint_id in self._waiting:
-                raise InvalidArgumentError(f"checkpoint {checkpoint_id!r} already waits here")
-            self._waiting.append(checkpoint_id)
-            self._outcomes.pop(checkpoint_id, None)  # an id reused under another root
+            if flush_id in self._asking or flush_id in self._outcomes:
+                raise InvalidArgumentError(f"flush id {flush_id!r} was used before")
+            self._asking.append(flush_id)
             try:
                 while True:
                     behind = sorted(
-                        j for j, done in self._jobs.items() if checkpoint_id not in done
+                        j for j, reports in self._jobs.items() if flush_id not in reports
                     )
                     if not behind:
-                        self._windows[checkpoint_id] = deadline  # until it pauses or gives up
-                        return {job: done[checkpoint_id] for job, done in self._jobs.items()}
+                        return {job: reports[flush_id] for job, reports in self._jobs.items()}
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise ClockTimeoutError(
-                            f"checkpoint {checkpoint_id!r}: job(s) {', '.join(behind)} did not "
-                            f"write their hot-row replicas back within {wait_ms} ms (a trainer "
-                            "died, or is stuck); a checkpoint without their rows needs "
-                            "--no-flush"
+                            f"job(s) {', '.join(behind)} did not write their hot-row replicas "
+                            f"back within {wait_ms} ms; a trainer died or is stuck (a job that "
+                            "died: ember checkpoint --release-job JOB)"
                         )
                     self._cond.wait(remaining)
             finally:
-                self._waiting.remove(checkpoint_id)
-                for done in self._jobs.values():
-                    done.pop(checkpoint_id, None)
+                self._asking.remove(flush_id)
 
-    def flushed(
-        self, job: str, checkpoint_id: str, clock: int, release: bool, wait_ms: int
-    ) -> bool:
-        """``job`` wrote its replicas back after ``clock`` (for ``checkpoint_id``, if any);
-        with ``release`` it holds none from now on. For a checkpoint (and without
-        ``release``) the call then waits until that checkpoint paused writes (True) or gave
-        up, or ``wait_ms`` passed (False), so the job takes no step before the pause.
+    def flushed(self, job: str, flush_id: str, clock: int, release: bool, wait_ms: int) -> bool:
+        """``job`` wrote its replicas back after ``clock`` (for ``flush_id``, if any); with
+        ``release`` it holds none from now on. For a flush id (and without ``release``)
+        the call then waits until that checkpoint paused writes (True) or gave up, or
+        ``wait_ms`` passed (False), so the job takes no step before the pause.
 
         Raises:
             InvalidArgumentError: a bad job name, id, clock or wait (nothing recorded).
+            TooManyJobsError: a job this shard does not count, beyond MAX_REPLICA_JOBS.
         """
         if not sound_job_name(job):
             raise InvalidArgumentError(f"job must be 1..128 printable characters, got {job[:40]!r}")
-        if checkpoint_id:
-            _check_id(checkpoint_id, "checkpoint_id")
+        if flush_id:
+            _check_id(flush_id)
         if clock < -1:
             raise InvalidArgumentError(f"a flushed clock must be >= -1, got {clock}")
-        deadline = _deadline(wait_ms)
+        held = bool(flush_id) and not release
+        deadline = _deadline(wait_ms) if held else 0.0
         with self._cond:
             if release:
                 self._jobs.pop(job, None)
-            elif checkpoint_id in self._waiting and job in self._jobs:
-                self._jobs[job][checkpoint_id] = clock
+            elif flush_id and flush_id not in self._outcomes:
+                reports = self._job(job)  # a report may come before this shard's request
+                reports[flush_id] = clock
+                while len(reports) > REPORTS_PER_JOB:
+                    reports.popitem(last=False)
             self._cond.notify_all()
-            if release or not checkpoint_id:
+            if not held:
                 return False
-            while checkpoint_id not in self._outcomes:
+            while flush_id not in self._outcomes:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._cond.wait(remaining)
-            return self._outcomes[checkpoint_id]
+            return self._outcomes[flush_id]
 
-    def settle(self, checkpoint_id: str, paused: bool) -> None:
-        """Record that ``checkpoint_id`` paused writes or gave up (the first word counts)."""
+    def at_pause(self, flush_id: str) -> dict[str, int | None]:
+        """Every replica job with the clock it reported for ``flush_id`` (None: it did not),
+        as a checkpoint pauses writes."""
         with self._cond:
-            self._windows.pop(checkpoint_id, None)
-            self._outcomes.setdefault(checkpoint_id, paused)
-            while len(self._outcomes) > REMEMBERED_CHECKPOINTS:
+            return {job: reports.get(flush_id) for job, reports in self._jobs.items()}
+
+    def settle(self, flush_id: str, paused: bool) -> None:
+        """``flush_id``'s checkpoint paused writes or gave up (the first word counts): held
+        reports are answered, and the reports for it are dropped."""
+        if not flush_id or not sound_job_name(flush_id):
+            return
+        with self._cond:
+            self._outcomes.setdefault(flush_id, paused)
+            while len(self._outcomes) > REMEMBERED_FLUSHES:
                 self._outcomes.popitem(last=False)
+            for reports in self._jobs.values():
+                reports.pop(flush_id, None)
             self._cond.notify_all()
 
-    def _pausing(self) -> bool:
-        """Whether a checkpoint is between its write-backs and its pause (caller holds the
-        condition); expired ones are dropped."""
-        now = time.monotonic()
-        for checkpoint_id, until in list(self._windows.items()):
-            if until <= now:
-                del self._windows[checkpoint_id]
-        return bool(self._windows)
-
-    def _next_expiry(self) -> float:
-        return max(0.0, min(self._windows.values()) - time.monotonic())
-
     def jobs(self) -> list[str]:
-        """The replica jobs this shard knows (diagnostics, tests)."""
+        """The replica jobs this shard counts (diagnostics, tests)."""
         with self._cond:
             return sorted(self._jobs)
 
+    def _job(self, job: str) -> collections.OrderedDict[str, int]:
+        """``job``'s reports, counting it first if new (caller holds the condition)."""
+        reports = self._jobs.get(job)
+        if reports is None:
+            if len(self._jobs) >= MAX_REPLICA_JOBS:
+                raise TooManyJobsError(
+                    f"this shard already counts {MAX_REPLICA_JOBS} jobs holding replicas; a job "
+                    "releases its place when it ends (or: ember checkpoint --release-job JOB)"
+                )
+            reports = self._jobs[job] = collections.OrderedDict()
+            self._cond.notify_all()
+        return reports
 
-def _check_id(checkpoint_id: str, field: str) -> None:
-    if not sound_job_name(checkpoint_id):
+
+def _check_id(flush_id: str) -> None:
+    if not sound_job_name(flush_id):
         raise InvalidArgumentError(
-            f"{field} must be 1..128 printable characters, got {checkpoint_id[:40]!r}"
+            f"a flush id must be 1..128 printable characters, got {flush_id[:40]!r}"
         )
 
 

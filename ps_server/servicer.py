@@ -204,21 +204,30 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
-        self.server.steps.replicas.settle(request.checkpoint_id, paused=True)
+        replicas = self.server.steps.replicas
+        reported = replicas.at_pause(request.flush_id)  # writes are paused: nothing moves
         jobs = self.server.steps.clocks.snapshot()
+        replicas.settle(request.flush_id, paused=True)  # held reports go on (to the gate)
         return pb.PauseWritesResponse(
             jobs=[
                 pb.JobClocks(job=name, applied=job["applied"])
                 for name, job in jobs.items()
                 if job["mode"] == pb.EXACT  # an async job's clocks are per shard, not cut
-            ]
-        )
+            ],
+            replicas=[
+                pb.ReplicaJob(
+                    job=name, flushed=clock is not None, clock=clock if clock is not None else -1,
+                    applied=jobs[name]["applied"] if name in jobs else [],
+                )
+                for name, clock in reported.items()
+            ],
+        )  # fmt: skip
 
     def ResumeWrites(
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
     ) -> pb.ResumeWritesResponse:
         self.server.checkpoints.resume(request.checkpoint_id)
-        self.server.steps.replicas.settle(request.checkpoint_id, paused=False)
+        self.server.steps.replicas.settle(request.flush_id, paused=False)
         return pb.ResumeWritesResponse()
 
     def Checkpoint(
@@ -257,7 +266,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def FlushReplicas(
         self, request: pb.FlushReplicasRequest, context: grpc.ServicerContext
     ) -> pb.FlushReplicasResponse:
-        flushed = self.server.steps.replicas.request(request.checkpoint_id, request.wait_ms)
+        flushed = self.server.steps.replicas.request(request.flush_id, request.wait_ms)
         return pb.FlushReplicasResponse(
             jobs=[pb.FlushedJob(job=job, clock=clock) for job, clock in flushed.items()]
         )
@@ -267,7 +276,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     ) -> pb.ReplicasFlushedResponse:
         """Held until the checkpoint that asked pauses writes (see the .proto)."""
         paused = self.server.steps.replicas.flushed(
-            request.job, request.checkpoint_id, request.clock, request.release, request.wait_ms
+            request.job, request.flush_id, request.clock, request.release, request.wait_ms
         )
         return pb.ReplicasFlushedResponse(paused=paused)
 

@@ -259,9 +259,10 @@ class StepClient:
         }
         return result, min(watermarks)
 
-    def replicas_flushed(self, checkpoint_id: str, clock: int, release: bool = False) -> bool:
+    def replicas_flushed(self, flush_id: str, clock: int, release: bool = False) -> bool:
         """Tell every shard this job wrote its hot-row replicas back after ``clock``, for
-        ``checkpoint_id`` ("" for none); ``release``: the job holds none from now on.
+        ``flush_id`` (a checkpoint's request, "" for none); ``release``: the job holds none
+        from now on.
 
         For a checkpoint the shards hold the call until it has paused writes (up to the
         job's ``wait_s``), so the job takes no step in between. Returns whether every
@@ -271,7 +272,7 @@ class StepClient:
         if job is None:
             raise ValueError("reporting replicas needs a StepJob")
         request = pb.ReplicasFlushedRequest(
-            job=job.name, checkpoint_id=checkpoint_id, clock=clock, release=release,
+            job=job.name, flush_id=flush_id, clock=clock, release=release,
             wait_ms=job.wait_ms,
         )  # fmt: skip
         calls = [

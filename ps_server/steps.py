@@ -91,7 +91,7 @@ class StepService:
         job = self.clocks.job(clock)
         rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
         if request.replica:
-            self.replicas.holds_replica(job.name, deadline)
+            self.replicas.holds_replica(job.name)
         with job.cond:
             if step <= job.applied[rank]:
                 return True, self._refreshed(job, step, refresh), job.watermark

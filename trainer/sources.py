@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import SyntheticCriteo
 from ember.trainer.embedding import PSRowSource
 from ember.trainer.pipeline import PipelinedRowSource, PipelineTiming
+
+log = logging.getLogger(__name__)
 
 RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedRowSource
 
@@ -159,6 +162,16 @@ def flush(source: RowSourceKind, last: bool = False) -> None:
         source.flush(last=last)
     elif (flush_source := getattr(source, "flush", None)) is not None:
         flush_source()
+
+
+def release(source: RowSourceKind) -> None:
+    """Training failed: a replicated source stops holding its replicas on the shards (best
+    effort; the rows stepped since its last write-back are lost)."""
+    if isinstance(source, ReplicatedRowSource):
+        try:
+            source.release()
+        except Exception as error:  # noqa: BLE001 - the failure being raised matters more
+            log.warning("could not release this job's replicas on the shards: %s", error)
 
 
 def pipeline_timing(source: RowSourceKind) -> PipelineTiming | None:

@@ -41,6 +41,7 @@ from ember.trainer.sources import (
     dealt,
     flush,
     pipeline_timing,
+    release,
 )
 from torch.nn.parallel import DistributedDataParallel
 
@@ -78,33 +79,38 @@ def train(config: TrainConfig) -> dict:
         # A file's parts can differ by a batch between ranks; synthetic parts never do.
         uneven = config.criteo_path is not None and world > 1
         upcoming = next(batches, None)
-        while len(losses) < config.steps:
-            has_batch = upcoming is not None
-            if uneven:
-                has_batch = _every_rank_has_a_batch(has_batch, device)
-            if not has_batch:
-                break
-            batch, upcoming = upcoming, next(batches, None)
-            dense_opt.zero_grad()
-            pooled = ebc(batch.sparse)
-            if upcoming is not None and len(losses) + 1 < config.steps:
-                ebc.prefetch(upcoming.sparse)  # the next step's rows, fetched while this computes
-            batch = batch.to(device)
-            logits = dense_model(batch.dense, pooled)
-            loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-            loss.backward()
-            dense_opt.step()
-            ebc.step()
-            losses.append(_mean_over_ranks(loss.detach(), world))
-            if _write_back_due(config, len(losses)):
-                with source.wait:
-                    flush(inner)  # bounds what a crashed trainer loses of its replicas
-            if progress:
-                progress.update(
-                    len(losses), **_progress_fields(losses, source, config, world, start)
-                )
-        with source.wait:
-            flush(inner, last=True)
+        try:
+            while len(losses) < config.steps:
+                has_batch = upcoming is not None
+                if uneven:
+                    has_batch = _every_rank_has_a_batch(has_batch, device)
+                if not has_batch:
+                    break
+                batch, upcoming = upcoming, next(batches, None)
+                dense_opt.zero_grad()
+                pooled = ebc(batch.sparse)
+                if upcoming is not None and len(losses) + 1 < config.steps:
+                    # The next step's rows, fetched while this one computes.
+                    ebc.prefetch(upcoming.sparse)
+                batch = batch.to(device)
+                logits = dense_model(batch.dense, pooled)
+                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+                loss.backward()
+                dense_opt.step()
+                ebc.step()
+                losses.append(_mean_over_ranks(loss.detach(), world))
+                if _write_back_due(config, len(losses)):
+                    with source.wait:
+                        flush(inner)  # bounds what a crashed trainer loses of its replicas
+                if progress:
+                    progress.update(
+                        len(losses), **_progress_fields(losses, source, config, world, start)
+                    )
+            with source.wait:
+                flush(inner, last=True)
+        except BaseException:
+            release(inner)  # checkpoints stop waiting for this job's replicas
+            raise
         wall = time.perf_counter() - start
         report = run_report(
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader

@@ -35,10 +35,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "first (default 60); the checkpoint fails, naming them, if one does not",
     )
     parser.add_argument(
-        "--no-flush",
-        action="store_true",
-        help="do not ask training jobs to write their hot-row replicas back: the checkpoint "
-        "holds those rows as last written back (for a job that died holding them)",
+        "--release-job",
+        action="append",
+        default=[],
+        metavar="JOB",
+        help="a training job that died holding hot-row replicas: stop waiting for it (its "
+        "rows are in the checkpoint as last written back); repeatable",
     )
     parser.add_argument(
         "--timeout-s",
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
             directory = client.checkpoint(
                 args.dir,
                 incremental=args.incremental,
-                flush_wait_s=None if args.no_flush else args.flush_wait_s,
+                flush_wait_s=args.flush_wait_s,
+                release=args.release_job,
             )
     except (ValueError, OSError, PSClientError) as error:
         raise SystemExit(f"ember checkpoint: {error}") from None

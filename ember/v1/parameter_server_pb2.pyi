@@ -261,12 +261,14 @@ class ListTablesResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[TableSpec, _Mapping]]] = ...) -> None: ...
 
 class PauseWritesRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "lease_s")
+    __slots__ = ("checkpoint_id", "lease_s", "flush_id")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
     lease_s: float
-    def __init__(self, checkpoint_id: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    flush_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., lease_s: _Optional[float] = ..., flush_id: _Optional[str] = ...) -> None: ...
 
 class JobClocks(_message.Message):
     __slots__ = ("job", "applied")
@@ -276,17 +278,33 @@ class JobClocks(_message.Message):
     applied: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, job: _Optional[str] = ..., applied: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ReplicaJob(_message.Message):
+    __slots__ = ("job", "flushed", "clock", "applied")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    flushed: bool
+    clock: int
+    applied: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job: _Optional[str] = ..., flushed: _Optional[bool] = ..., clock: _Optional[int] = ..., applied: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class PauseWritesResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "replicas")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobClocks]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaJob, _Mapping]]] = ...) -> None: ...
 
 class ResumeWritesRequest(_message.Message):
-    __slots__ = ("checkpoint_id",)
+    __slots__ = ("checkpoint_id", "flush_id")
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
     checkpoint_id: str
-    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+    flush_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., flush_id: _Optional[str] = ...) -> None: ...
 
 class ResumeWritesResponse(_message.Message):
     __slots__ = ()
@@ -423,12 +441,12 @@ class UpdateResponse(_message.Message):
     def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ..., flush: _Optional[str] = ...) -> None: ...
 
 class FlushReplicasRequest(_message.Message):
-    __slots__ = ("checkpoint_id", "wait_ms")
-    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("flush_id", "wait_ms")
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
-    checkpoint_id: str
+    flush_id: str
     wait_ms: int
-    def __init__(self, checkpoint_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, flush_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class FlushedJob(_message.Message):
     __slots__ = ("job", "clock")
@@ -445,18 +463,18 @@ class FlushReplicasResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[FlushedJob, _Mapping]]] = ...) -> None: ...
 
 class ReplicasFlushedRequest(_message.Message):
-    __slots__ = ("job", "checkpoint_id", "clock", "release", "wait_ms")
+    __slots__ = ("job", "flush_id", "clock", "release", "wait_ms")
     JOB_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_ID_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     job: str
-    checkpoint_id: str
+    flush_id: str
     clock: int
     release: bool
     wait_ms: int
-    def __init__(self, job: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., clock: _Optional[int] = ..., release: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, job: _Optional[str] = ..., flush_id: _Optional[str] = ..., clock: _Optional[int] = ..., release: _Optional[bool] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class ReplicasFlushedResponse(_message.Message):
     __slots__ = ("paused",)

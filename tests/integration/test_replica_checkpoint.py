@@ -101,9 +101,12 @@ def test_checkpoints_taken_while_two_replica_ranks_train_hold_one_step_of_every_
     report = json.loads((tmp_path / "report.json").read_text())
     assert 0.2 < report["cache_hit_rate"] < 1.0  # hot rows and cold rows both
     _, after = union_reference(config, data, specs, start)
-    by_step = {cut_step(directory): directory for directory in directories}
+    by_step: dict[int, list] = {}
+    for directory in directories:
+        by_step.setdefault(cut_step(directory), []).append(directory)
     assert len([step for step in by_step if 0 < step < STEPS]) >= 2, by_step  # mid-run
-    for step, directory in sorted(by_step.items()):
+    checked = [(step, d) for step, ds in sorted(by_step.items()) for d in {ds[0], ds[-1]}]
+    for step, directory in checked:  # the first and the last of each step
         for feature, (spec, size) in enumerate(zip(specs, sizes)):
             rows, state, versions = restored_rows(directory, spec, size)
             weights, moments, held = after[step][feature]
@@ -123,7 +126,7 @@ def _replica_job(client: PSClient, name: str) -> StepClient:
     return steps
 
 
-def test_a_replica_job_that_never_flushes_fails_the_checkpoint_naming_it(tmp_path):
+def test_a_replica_job_that_never_flushes_fails_the_checkpoint_until_released(tmp_path):
     root = tmp_path / "ckpt"
     with (
         LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
@@ -135,12 +138,13 @@ def test_a_replica_job_that_never_flushes_fails_the_checkpoint_naming_it(tmp_pat
         with pytest.raises(PSClientError) as refused:
             client.checkpoint(root, flush_wait_s=0.5)
         assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert "job-silent" in str(refused.value) and "--no-flush" in str(refused.value)
+        assert "job-silent" in str(refused.value) and "--release-job" in str(refused.value)
         assert time.monotonic() - started < 10
         assert not list(root.glob("*/manifest.json"))  # nothing that claims to be complete
         client.push("emb", torch.arange(4), torch.ones(4, 4))  # writes were resumed
-        directory = client.checkpoint(root, flush_wait_s=None)  # the operator's way out
-        assert (directory / "manifest.json").exists()
+        directory = client.checkpoint(root, flush_wait_s=0.5, release=["job-silent"])
+        assert (directory / "manifest.json").exists() and cut_step(directory) == 1
+        assert client.checkpoint(root, flush_wait_s=0.5)  # released for good
 
 
 def test_a_job_that_releases_its_replicas_is_not_waited_for(tmp_path):
@@ -156,21 +160,36 @@ def test_a_job_that_releases_its_replicas_is_not_waited_for(tmp_path):
         assert cut_step(directory) == 1
 
 
-class _GoesOnAfterFlush:
-    """The coordinator's RPCs, with a replica job that takes another step after its write-back
-    report returns unheld (as if its hold had run out) and before the pause."""
+class _AfterFlush:
+    """The coordinator's RPCs, with ``action`` run between FlushReplicas and PauseWrites."""
 
-    def __init__(self, rpc, steps: StepClient) -> None:
-        self.rpc, self.endpoints, self._steps = rpc, rpc.endpoints, steps
+    def __init__(self, rpc, action) -> None:
+        self.rpc, self.endpoints, self._action = rpc, rpc.endpoints, action
 
     def run(self, calls, on_reply=None):
         replies = self.rpc.run(calls, on_reply)
         if calls[0].method == "FlushReplicas":
-            self._steps.update({"emb": (torch.arange(4), torch.ones(4, 4))}, clock=1)
+            self._action()
         return replies
 
 
-def test_a_job_that_goes_on_after_its_flush_fails_the_cut(tmp_path):
+def _report_when_asked(steps: StepClient, wait_s: float = 30) -> None:
+    """The job's write-back report at clock 0 once a checkpoint asks for it (held up to
+    ``wait_s``)."""
+    deadline, answered = time.monotonic() + 30, steps.flush_request
+    while steps.flush_request in ("", answered) and time.monotonic() < deadline:
+        steps.update({}, clock=0)  # a duplicate of clock 0: only asks what the shards want
+    reporter = StepClient(steps.client, StepJob(steps.job.name, replica=True, wait_s=wait_s))
+    reporter.replicas_flushed(steps.flush_request, clock=0)
+
+
+def _step(steps: StepClient, clock: int) -> None:
+    steps.update({"emb": (torch.arange(4), torch.ones(4, 4))}, clock=clock)
+
+
+def test_a_job_that_goes_on_after_its_flush_fails_the_checkpoint(tmp_path):
+    """Its report came back unheld (as if its hold had run out) and it took clock 1 before
+    the pause: its hot rows would be of clock 0, its other rows of clock 1."""
     root = tmp_path / "ckpt"
     with (
         LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
@@ -178,21 +197,46 @@ def test_a_job_that_goes_on_after_its_flush_fails_the_cut(tmp_path):
     ):
         client.create_table(SPEC)
         steps = _replica_job(client, "job-eager")
-        rpc = _GoesOnAfterFlush(client.shard_rpc, steps)
-        reporter = threading.Thread(target=_report_when_asked, args=(steps,))
+        reporter = threading.Thread(target=_report_when_asked, args=(steps, 0.001))
         reporter.start()
         with pytest.raises(PSClientError) as refused:
-            take_checkpoint(rpc, root, flush_wait_s=30)
+            take_checkpoint(_AfterFlush(client.shard_rpc, lambda: _step(steps, 1)), root)
         reporter.join(30)
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "job-eager" in str(refused.value) and "after clock 0" in str(refused.value)
         assert not list(root.glob("*/manifest.json"))
 
 
-def _report_when_asked(steps: StepClient) -> None:
-    """The job's write-back report, unheld (a tiny wait), once a checkpoint asks for it."""
-    deadline = time.monotonic() + 30
-    while not steps.flush_request and time.monotonic() < deadline:
-        steps.update({}, clock=0)  # a duplicate of clock 0: only asks what the shards want
-    quick = StepClient(steps.client, StepJob(steps.job.name, replica=True, wait_s=0.001))
-    quick.replicas_flushed(steps.flush_request, clock=0)
+def test_a_job_that_starts_after_the_request_fails_the_checkpoint(tmp_path):
+    """No shard asked it (it was not a replica job yet), and it applied a clock before the
+    pause: the checkpoint would hold its cold rows of that clock without its hot rows."""
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        with pytest.raises(PSClientError) as refused:
+            take_checkpoint(
+                _AfterFlush(client.shard_rpc, lambda: _replica_job(client, "late")), root
+            )
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "'late'" in str(refused.value) and "did not write them back" in str(refused.value)
+        assert client.checkpoint(root, flush_wait_s=0.5, release=["late"])  # a retry works
+
+
+def test_checkpoint_ids_repeated_under_two_roots_ask_for_a_new_flush_each(tmp_path):
+    """Both roots start at the same checkpoint id; the job must still be asked twice."""
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(tmp_path)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        steps = _replica_job(client, "job-twice")
+        directories = []
+        for root in (tmp_path / "a", tmp_path / "b"):
+            reporter = threading.Thread(target=_report_when_asked, args=(steps,))
+            reporter.start()
+            directories.append(client.checkpoint(root, flush_wait_s=30))
+            reporter.join(30)
+        assert [d.name for d in directories] == [directories[0].name] * 2

@@ -5,19 +5,15 @@ import time
 
 import pytest
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError, TooManyJobsError
-from ember.ps_server.replica_flush import ReplicaFlushes
-from ember.ps_server.step_clocks import MAX_JOBS
-
-
-def later(seconds: float) -> float:
-    return time.monotonic() + seconds
+from ember.ps_server.replica_flush import MAX_REPLICA_JOBS, ReplicaFlushes
 
 
 def spin_until(ready) -> None:
     """Until ``ready()`` (state another thread sets), for at most 30 s."""
-    deadline = later(30)
+    deadline = time.monotonic() + 30
     while not ready():
         assert time.monotonic() < deadline, "timed out"
+        time.sleep(0)  # let the other thread run
 
 
 def in_thread(call) -> tuple[threading.Thread, list]:
@@ -27,39 +23,56 @@ def in_thread(call) -> tuple[threading.Thread, list]:
     return thread, result
 
 
-def test_a_checkpoint_waits_for_every_replica_job_and_gets_their_clocks():
+def test_a_checkpoint_waits_for_every_replica_job_and_their_reports_wait_for_the_pause():
     flushes = ReplicaFlushes()
-    flushes.holds_replica("a", later(1))
-    flushes.holds_replica("b", later(1))
-    waiter, result = in_thread(lambda: flushes.request("c1", 30_000))
+    flushes.holds_replica("a")
+    flushes.holds_replica("b")
+    waiter, result = in_thread(lambda: flushes.request("f1", 30_000))
     # Each job learns of the request from its next update's answer, until it reports.
-    spin_until(lambda: flushes.asked("a") == "c1")
-    assert flushes.asked("b") == "c1"
-    reporter, outcome = in_thread(lambda: flushes.flushed("a", "c1", 7, False, 30_000))
+    spin_until(lambda: flushes.asked("a") == "f1")
+    assert flushes.asked("b") == "f1"
+    reporter, outcome = in_thread(lambda: flushes.flushed("a", "f1", 7, False, 30_000))
     spin_until(lambda: flushes.asked("a") == "")
-    assert flushes.flushed("b", "", 3, True, 1) is False  # b finishes: released, not waited for
+    assert waiter.is_alive()  # b has not reported
+    assert flushes.flushed("b", "", 3, True, 0) is False  # b ends: released, not waited for
     waiter.join(30)
     assert result == [{"a": 7}]
+    assert flushes.at_pause("f1") == {"a": 7}
     assert reporter.is_alive()  # a's report is held: the checkpoint has not paused
-    flushes.settle("c1", paused=True)
+    flushes.settle("f1", paused=True)
     reporter.join(30)
     assert outcome == [True]  # held until the pause, then told it happened
-    assert flushes.jobs() == ["a"]
+    assert flushes.at_pause("f1") == {"a": None}  # settled: its reports are dropped
 
 
-def test_a_checkpoint_names_the_jobs_that_did_not_report_in_time():
+def test_a_checkpoint_names_the_job_that_did_not_report_in_time():
     flushes = ReplicaFlushes()
-    flushes.holds_replica("silent", later(1))
-    flushes.holds_replica("quick", later(1))
-    flushes.flushed("quick", "c1", 0, True, 1)
+    flushes.holds_replica("silent")
+    flushes.holds_replica("quick")
+    reporter, _ = in_thread(lambda: flushes.flushed("quick", "f1", 0, False, 30_000))
     started = time.monotonic()
-    with pytest.raises(ClockTimeoutError, match=r"job\(s\) silent did not write"):
-        flushes.request("c1", 200)
+    with pytest.raises(ClockTimeoutError, match=r"job\(s\) silent did not write") as error:
+        flushes.request("f1", 200)
+    assert "quick" not in str(error.value) and "--release-job" in str(error.value)
     assert time.monotonic() - started >= 0.2
     assert flushes.asked("silent") == ""  # the request is withdrawn
+    assert flushes.at_pause("f1") == {"silent": None, "quick": 0}
+    flushes.settle("f1", paused=False)  # the coordinator gives up: ResumeWrites
+    reporter.join(30)
 
 
-def test_a_write_back_report_is_held_until_the_checkpoint_pauses_or_gives_up():
+def test_a_report_that_comes_before_the_shards_request_counts():
+    flushes = ReplicaFlushes()
+    flushes.holds_replica("j")
+    reporter, outcome = in_thread(lambda: flushes.flushed("j", "f1", 5, False, 30_000))
+    spin_until(lambda: flushes.at_pause("f1") == {"j": 5})
+    assert flushes.request("f1", 1) == {"j": 5}  # no wait: the report is in
+    flushes.settle("f1", paused=True)
+    reporter.join(30)
+    assert outcome == [True]
+
+
+def test_a_report_is_held_until_its_checkpoint_pauses_or_gives_up_or_its_wait_ends():
     flushes = ReplicaFlushes()
     flushes.settle("paused", paused=True)
     flushes.settle("abandoned", paused=False)
@@ -68,52 +81,38 @@ def test_a_write_back_report_is_held_until_the_checkpoint_pauses_or_gives_up():
     started = time.monotonic()
     assert flushes.flushed("j", "never", 1, False, 200) is False  # the coordinator died
     assert time.monotonic() - started >= 0.2
-    assert flushes.flushed("j", "", 1, False, 30_000) is False  # no checkpoint: not held
-    assert flushes.flushed("j", "never", 1, True, 30_000) is False  # released: not held
+    assert flushes.flushed("j", "", 1, False, 0) is False  # no checkpoint: not held
+    assert flushes.flushed("j", "never", 1, True, 0) is False  # released: not held
+    assert flushes.jobs() == []
 
 
-def test_a_new_replica_job_waits_while_a_checkpoint_is_between_write_backs_and_pause():
+def test_a_flush_id_is_used_once():
     flushes = ReplicaFlushes()
-    flushes.holds_replica("old", later(1))
-    waiter, result = in_thread(lambda: flushes.request("c1", 30_000))
-    spin_until(lambda: flushes.asked("old") == "c1")
-    reporter, _ = in_thread(lambda: flushes.flushed("old", "c1", 4, False, 30_000))
-    waiter.join(30)
-    assert result == [{"old": 4}]
-    flushes.holds_replica("old", later(0.001))  # known: never held
-    started = time.monotonic()
-    with pytest.raises(ClockTimeoutError, match="has not paused writes"):
-        flushes.holds_replica("new", later(0.2))  # it was not asked to flush: no step yet
-    assert time.monotonic() - started >= 0.2 and "new" not in flushes.jobs()
-    flushes.settle("c1", paused=True)
-    reporter.join(30)
-    flushes.holds_replica("new", later(0.001))
-    assert flushes.jobs() == ["new", "old"]
-
-
-def test_a_window_whose_coordinator_died_closes_at_its_deadline():
-    flushes = ReplicaFlushes()
-    assert flushes.request("c1", 200) == {}  # no replica jobs: its window opens at once
-    started = time.monotonic()
-    flushes.holds_replica("new", later(30))
-    assert 0.1 <= time.monotonic() - started < 10
+    assert flushes.request("f1", 1000) == {}
+    flushes.settle("f1", paused=True)
+    with pytest.raises(InvalidArgumentError, match="was used before"):
+        flushes.request("f1", 1000)
 
 
 def test_bad_requests_are_refused_before_anything_is_recorded():
     flushes = ReplicaFlushes()
     for call in (
         lambda: flushes.request("", 1000),
-        lambda: flushes.request("c1", 0),
-        lambda: flushes.request("c1", 3_600_001),
-        lambda: flushes.flushed("", "c1", 0, False, 1000),
-        lambda: flushes.flushed("j", "c\n1", 0, False, 1000),
-        lambda: flushes.flushed("j", "c1", -2, False, 1000),
-        lambda: flushes.flushed("j", "c1", 0, False, 0),
+        lambda: flushes.request("f1", 0),
+        lambda: flushes.request("f1", 3_600_001),
+        lambda: flushes.flushed("", "f1", 0, False, 1000),
+        lambda: flushes.flushed("j", "f\n1", 0, False, 1000),
+        lambda: flushes.flushed("j", "f1", -2, False, 1000),
+        lambda: flushes.flushed("j", "f1", 0, False, 0),
     ):
         with pytest.raises(InvalidArgumentError):
             call()
     assert flushes.jobs() == []
-    for k in range(MAX_JOBS):
-        flushes.holds_replica(f"job-{k}", later(1))
-    with pytest.raises(TooManyJobsError, match="releases its place"):
-        flushes.holds_replica("one-too-many", later(1))
+    flushes.settle("x" * 200, paused=True)  # an unsound id is not remembered
+    assert flushes.flushed("j", "", 0, False, 0) is False
+    for k in range(MAX_REPLICA_JOBS):
+        flushes.holds_replica(f"job-{k}")
+    with pytest.raises(TooManyJobsError, match="release-job"):
+        flushes.holds_replica("one-too-many")
+    flushes.flushed("job-0", "", 0, True, 0)
+    flushes.holds_replica("one-too-many")  # a released job's place is free

@@ -71,7 +71,7 @@ class ReplicatedRowSource:
             )
         self.client = CountingClient(client)
         self.cold = cold
-        self._flushed_for = ""  # the last checkpoint this rank flushed for
+        self._flushed_for = ""  # the last flush id this rank reported
         self.allreduce_bytes = 0
         self.specs = specs
         self.device = torch.device(device)
@@ -194,7 +194,7 @@ class ReplicatedRowSource:
                 self._update(table, rows, grads)
         self.cold.apply_gradients(cold)
         if flush:
-            self.flush(checkpoint_id=asked)
+            self.flush(flush_id=asked)
 
     def _summed_over_ranks(
         self, hot_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], flush: bool
@@ -227,17 +227,19 @@ class ReplicatedRowSource:
             start += sums.numel()
         return summed, flush
 
-    def flush(self, checkpoint_id: str = "", last: bool = False) -> None:
+    def flush(self, flush_id: str = "", last: bool = False) -> None:
         """Write the hot rows stepped since the last flush back, with their optimizer state
         and versions (writer rank only), after the cold pipeline's updates are applied.
         Every rank calls it after the same step. Training may go on afterwards (a periodic
         flush bounds what a crashed trainer loses).
 
         Args:
-            checkpoint_id: the checkpoint that asked for this write-back: the writer reports
-                it, and the shards hold the report until that checkpoint paused writes.
+            flush_id: a checkpoint's request for this write-back: once every rank's
+                updates are applied, the writer reports it, and the shards hold the report
+                (and so this job) until that checkpoint paused writes.
             last: this job trains no further; the shards stop counting it as a replica job.
         """
+        failure = None
         try:
             self.cold.flush()
             for table, ids in self.hot_ids.items():
@@ -251,19 +253,33 @@ class ReplicatedRowSource:
                         versions=self.steps[table][rows].cpu(),
                     )
                 self.dirty[table][rows] = False
-            if self.writer and (checkpoint_id or last):
-                steps = self.cold.steps
-                paused = steps.replicas_flushed(checkpoint_id, self.cold.last_clock, last)
-                self._flushed_for = checkpoint_id
-                if checkpoint_id and not last and not paused:
-                    log.warning(
-                        "checkpoint %s did not pause writes while this job waited after its "
-                        "write-back; if it goes on, it will refuse the clock cut",
-                        checkpoint_id,
-                    )
-        finally:  # a failed write-back must not leave the other ranks in the barrier
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                dist.barrier()  # no rank reads the shards before the write-back is done
+        except Exception as error:  # noqa: BLE001 - raised after both barriers, which every rank meets
+            failure = error
+        _barrier()  # every rank's updates are applied (async mode: each rank's own)
+        if failure is None and self.writer and (flush_id or last):
+            try:
+                self._report(flush_id, last)
+            except Exception as error:  # noqa: BLE001 - raised after the second barrier
+                failure = error
+        _barrier()  # no rank steps (or reads the shards) before the write-back is reported
+        if failure is not None:
+            raise failure
+
+    def release(self) -> None:
+        """This job stops training without a last write-back (it failed): the shards stop
+        counting it as a replica job, so checkpoints no longer wait for it (writer rank)."""
+        if self.writer:
+            self.cold.steps.replicas_flushed("", self.cold.last_clock, release=True)
+
+    def _report(self, flush_id: str, last: bool) -> None:
+        paused = self.cold.steps.replicas_flushed(flush_id, self.cold.last_clock, last)
+        self._flushed_for = flush_id
+        if flush_id and not last and not paused:
+            log.warning(
+                "the checkpoint of flush %s did not pause writes while this job waited after "
+                "its write-back; if it goes on, it will refuse this job's clocks",
+                flush_id,
+            )
 
     def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
         weights, state = self.weights[table][rows], self.state[table][rows]
@@ -279,6 +295,11 @@ class ReplicatedRowSource:
             return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), dtype=torch.bool)
         position = torch.searchsorted(hot_ids, ids).clamp(max=len(hot_ids) - 1)
         return position, hot_ids[position] == ids
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def _with_cold(

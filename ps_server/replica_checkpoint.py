@@ -1,0 +1,82 @@
+"""A checkpoint coordinator's side of replica flushes (see FlushReplicas in the .proto): ask
+the jobs that train hot-row replicas to write them back before writes pause, release jobs
+that died holding them, and check at the pause that every such job is at its flush."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import grpc
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.shard_rpc import ShardCall, ShardRPC
+from ember.ps_server.step_clocks import MAX_WAIT_MS
+from ember.ps_server.wire import pb
+
+
+def flush_wait_ms(wait_s: float) -> int:
+    """``wait_s`` as the wire carries it.
+
+    Raises:
+        ValueError: not in (0, 3600] seconds.
+    """
+    if not 0 < wait_s <= MAX_WAIT_MS / 1000:
+        raise ValueError(f"flush_wait_s must be in (0, {MAX_WAIT_MS // 1000}], got {wait_s}")
+    return max(1, round(wait_s * 1000))
+
+
+def new_flush_id(checkpoint_id: str) -> str:
+    """A flush id new for this attempt (checkpoint ids repeat across roots)."""
+    return f"{checkpoint_id}-{uuid.uuid4().hex}"
+
+
+def release_jobs(rpc: ShardRPC, jobs: Sequence[str]) -> None:
+    """Stop counting ``jobs`` as holding replicas on every shard (jobs whose trainers died:
+    their rows since the last write-back are lost with them)."""
+    calls = [
+        ShardCall(k, "ReplicasFlushed", pb.ReplicasFlushedRequest(job=job, release=True))
+        for job in jobs
+        for k in range(len(rpc.endpoints))
+    ]
+    if calls:
+        rpc.run(calls)
+
+
+def flush_replicas(rpc: ShardRPC, flush_id: str, wait_ms: int) -> None:
+    """Ask every replica job to write its hot rows back; returns once every shard has had
+    every job it counts report (each report is then held until the pause)."""
+    request = pb.FlushReplicasRequest(flush_id=flush_id, wait_ms=wait_ms)
+    rpc.run(
+        [ShardCall(k, "FlushReplicas", request, wait_ms / 1000) for k in range(len(rpc.endpoints))]
+    )
+
+
+def check_replicas_at_pause(paused: list[pb.PauseWritesResponse], endpoints: list[str]) -> None:
+    """Every replica job that applied a clock reported a write-back for this checkpoint, and
+    every shard's applied clocks of it equal the clock it reported: otherwise its hot rows
+    would be older than its other rows in the checkpoint.
+
+    Raises:
+        PSClientError: FAILED_PRECONDITION naming the job.
+    """
+    for endpoint, reply in zip(endpoints, paused, strict=True):
+        for replica in reply.replicas:
+            applied = list(replica.applied)
+            if replica.flushed and any(clock != replica.clock for clock in applied):
+                reason = (
+                    f"wrote its hot-row replicas back after clock {replica.clock}, but had "
+                    f"applied clocks {applied} at the pause (it went on before writes paused)"
+                )
+            elif not replica.flushed and max(applied, default=-1) >= 0:
+                reason = (
+                    f"holds hot-row replicas and had applied clocks {applied} at the pause, "
+                    "but did not write them back for this checkpoint (it started after the "
+                    "request, or its report was lost)"
+                )
+            else:
+                continue
+            raise PSClientError(
+                endpoint,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {replica.job!r} {reason}; checkpoint abandoned, retry it",
+            )
