@@ -1,10 +1,8 @@
 """WriteLog: a shard's write-ahead log, in numbered segment files with group commit.
 
-Files ``<dir>/shard-S-of-N.<segment>.wal``; each record, written with one
-``writev``, is a 16-byte header (``EMW2``, the payload length and the
-payload's CRC-32 as uint32, then the CRC-32 of those 12 bytes), the payload (a
-serialised ``LogRecord``) and the trailer ``EMWE``. The header's own CRC makes
-the length trustworthy; the trailer means a whole record never ends in zeros. :meth:`WriteLog.append`
+Files ``<dir>/shard-S-of-N.<segment>.wal`` of records (a serialised
+``LogRecord`` each, framed as :mod:`log_records` says, written with one
+``writev``). :meth:`WriteLog.append`
 hands a record to the OS and returns a ticket; :meth:`WriteLog.sync` makes it
 durable. With fsync ``always`` the caller syncs before acknowledging, and one
 fsync covers every record appended before it (group commit); with
@@ -21,7 +19,7 @@ logs or a checkpoint base of another shard count.
 A checkpoint :meth:`rotate`\\s to a new segment under its write pause and,
 once durable, :meth:`commit_base` records it in ``shard-S-of-N.base.json``
 and deletes the segments it covers. Replay reads the segments from the base
-on. Only a torn last record (see :func:`_is_torn_tail`) is cut off, with a
+on. Only a torn last record (see :func:`log_records.is_torn_tail`) is cut off, with a
 warning; any other damage stops the start, naming the file and byte offset.
 """
 
@@ -34,7 +32,6 @@ import logging
 import os
 import re
 import socket
-import struct
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -47,19 +44,14 @@ from ember.ps_server.errors import (
     TopologyMismatchError,
     WriteLogLockedError,
 )
+from ember.ps_server.log_records import FRAMING, TRAILER, header, segment_records
 from ember.ps_server.proto_wire import Buffer
 from ember.ps_server.shard_fault import ShardFault
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"EMW2"
-OLD_MAGIC = b"EMWL"  # the first format: no header CRC, no trailer
-TRAILER = b"EMWE"
-_HEADER = struct.Struct("<4sIII")  # magic, payload length, payload CRC-32, CRC-32 of the first 12
-_FRAMING = _HEADER.size + len(TRAILER)
 FSYNC_POLICIES = ("always", "interval")
 _FILE_OF_SHARD = re.compile(r"^shard-(\d+)-of-(\d+)\.(?:\d{8}\.wal|base\.json)$")
-_BLOCK = 4096  # a crash leaves whole file blocks unwritten: they read back as zeros
 _MAX_WRITEV_PARTS = 512
 
 
@@ -202,7 +194,8 @@ class WriteLog:
         for position, number in enumerate(segments):
             if number != first + position:
                 raise DurableFileCorruptError(f"{self._segment_path(first + position)}: missing")
-            yield from self._read_segment(number, last=position == len(segments) - 1)
+            last = position == len(segments) - 1
+            yield from segment_records(self._segment_path(number), last)
 
     def verify(self) -> int:
         """Check every record after the base (cutting a torn tail) without applying; returns
@@ -237,12 +230,12 @@ class WriteLog:
         for part in parts:
             crc = zlib.crc32(part, crc)
             length += part.nbytes
-        header = memoryview(_header(length, crc))
+        head = memoryview(header(length, crc))
         with self._append_lock:
             self.fault.check()
             start = self._segment_bytes
             try:
-                _write_all(self._fd, [header, *parts, memoryview(TRAILER)])
+                _write_all(self._fd, [head, *parts, memoryview(TRAILER)])
             except OSError as error:
                 self._cut_back(start)
                 self._fail(
@@ -251,8 +244,8 @@ class WriteLog:
                     "Fix the disk (free space), then restart the shard: it recovers every "
                     "acknowledged write from the log"
                 )
-            self._segment_bytes += _FRAMING + length
-            self._appended += _FRAMING + length
+            self._segment_bytes += FRAMING + length
+            self._appended += FRAMING + length
             return self._appended
 
     def sync(self, ticket: int) -> None:
@@ -390,46 +383,6 @@ class WriteLog:
     def _segment_path(self, number: int) -> Path:
         return self.directory / f"{self._prefix}.{number:08d}.wal"
 
-    def _read_segment(self, number: int, last: bool) -> Iterator[bytes]:
-        path = self._segment_path(number)
-        data = path.read_bytes()
-        if data.startswith(OLD_MAGIC):
-            raise DurableFileCorruptError(
-                f"{path}: written by an earlier Ember in the previous log format ({OLD_MAGIC!r}); "
-                "replay it with that version, take a checkpoint, and start this version with "
-                "--restore and an empty --wal directory"
-            )
-        offset = 0
-        while offset < len(data):
-            problem = _record_problem(data, offset)
-            if problem is None:
-                _, length, _, _ = _HEADER.unpack_from(data, offset)
-                yield data[offset + _HEADER.size : offset + _HEADER.size + length]
-                offset += _FRAMING + length
-                continue
-            intact = _next_intact_record(data, offset + 1)
-            if last and _is_torn_tail(data, offset):
-                log.warning(
-                    "%s: torn last record at byte %d (%s) ignored; the log is cut there",
-                    path, offset, problem,
-                )  # fmt: skip
-                with open(path, "r+b") as handle:
-                    handle.truncate(offset)
-                    os.fsync(handle.fileno())
-                return
-            after = (
-                f"an intact record follows at byte {intact}"
-                if intact is not None
-                else "it is not what a crash mid-append leaves"
-            )
-            raise DurableFileCorruptError(
-                f"{path}: record at byte {offset} is damaged ({problem}), and {after}: the log "
-                "is corrupt, so the shard will not start. Restore the log file from a backup, or "
-                f"accept losing this record and every later one of this shard (truncate the "
-                f"file to {offset} bytes and delete later segments), or start from a checkpoint "
-                "with an empty --wal directory"
-            )
-
 
 def _close_quietly(fd: int, path: Path) -> None:
     """Close a segment whose records are already fsynced (a close error loses nothing)."""
@@ -449,69 +402,3 @@ def _write_all(fd: int, parts: list[memoryview]) -> None:
             pending.pop(0)
         if written:
             pending[0] = pending[0][written:]
-
-
-def _header(length: int, crc: int) -> bytes:
-    head = struct.pack("<4sII", MAGIC, length, crc)
-    return head + struct.pack("<I", zlib.crc32(head))
-
-
-def _record_problem(data: bytes, offset: int) -> str | None:
-    """Why the record at ``offset`` is not whole and intact, or None."""
-    if len(data) - offset < _HEADER.size:
-        return f"{len(data) - offset} bytes left, a header needs {_HEADER.size}"
-    magic, length, crc, header_crc = _HEADER.unpack_from(data, offset)
-    actual = zlib.crc32(memoryview(data)[offset : offset + 12])
-    if actual != header_crc:
-        return f"header CRC-32 {actual:#010x} does not match the recorded {header_crc:#010x}"
-    if magic != MAGIC:
-        return f"magic {magic!r}, expected {MAGIC!r}"
-    end = offset + _FRAMING + length
-    if end > len(data):
-        return f"{length}-byte payload runs past the end of the file"
-    actual = zlib.crc32(memoryview(data)[offset + _HEADER.size : end - len(TRAILER)])
-    if actual != crc:
-        return f"CRC-32 {actual:#010x} does not match the recorded {crc:#010x}"
-    if data[end - len(TRAILER) : end] != TRAILER:
-        return f"trailer {bytes(data[end - len(TRAILER) : end])!r}, expected {TRAILER!r}"
-    return None
-
-
-def _next_intact_record(data: bytes, start: int) -> int | None:
-    """Offset of the first whole, intact record at or after ``start``, if any."""
-    position = data.find(MAGIC, start)
-    while position >= 0:
-        if _record_problem(data, position) is None:
-            return position
-        position = data.find(MAGIC, position + 1)
-    return None
-
-
-def _is_torn_tail(data: bytes, offset: int) -> bool:
-    """Whether the damaged record at ``offset``, the last in the log, is what a crash
-    mid-append leaves: never something a flipped bit can make of a whole record.
-
-    An append is one write that extends the file. A crash leaves its first
-    bytes (the file ends early: fewer bytes than a header, or than the length
-    its intact header gives), or the file extended over blocks that were never
-    written and read back as zeros: a header whose blocks (all but a first one
-    it shares with the previous record) are zeros to the end of the file, or a
-    record whose last block is zeros (a whole record ends with the trailer). Bytes after the
-    damaged record that hold an intact record make it corruption.
-    """
-    if len(data) - offset < _HEADER.size:
-        return True
-    _, length, _, header_crc = _HEADER.unpack_from(data, offset)
-    if zlib.crc32(memoryview(data)[offset : offset + 12]) != header_crc:
-        # Unwritten from the header's last block on (the header may straddle a block whose
-        # first part was written with the previous record).
-        boundary = -(-offset // _BLOCK) * _BLOCK
-        start = boundary if boundary < offset + _HEADER.size else offset
-        return data[start:] == bytes(len(data) - start)
-    end = offset + _FRAMING + length
-    if end > len(data):
-        return True  # the intact header's length says it was cut short
-    if _next_intact_record(data, end) is not None:
-        return False
-    last_block = max(offset + _HEADER.size, (end - 1) // _BLOCK * _BLOCK)
-    return data[last_block:end] == bytes(end - last_block)

@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
-from ember.ps_server import write_log
+from ember.ps_server import log_records, write_log
 from ember.ps_server.errors import (
     DurableFileCorruptError,
     ShardFailedError,
@@ -150,7 +150,7 @@ def test_a_flipped_bit_in_a_last_record_whose_payload_ends_in_zeros_is_corruptio
     log = open_log(tmp_path)
     last = b"assign-versions" + bytes(7)
     # The first record's size puts a file block boundary 3 bytes into the last one's zeros.
-    first = 4096 + 3 + len(write_log.TRAILER) - 2 * FRAMING - len(last)
+    first = 4096 + 3 + len(log_records.TRAILER) - 2 * FRAMING - len(last)
     log.sync(log.append(b"f" * first))
     log.sync(log.append(last))
     log.close()
@@ -168,7 +168,7 @@ def test_a_torn_record_whose_partial_payload_holds_a_whole_frame_is_still_torn(t
     intact-looking frame is a torn tail (its intact header says how long it really is)."""
     log = open_log(tmp_path)
     log.sync(log.append(b"first"))
-    embedded = write_log._header(5, zlib.crc32(b"fake!")) + b"fake!" + write_log.TRAILER
+    embedded = log_records.header(5, zlib.crc32(b"fake!")) + b"fake!" + log_records.TRAILER
     log.sync(log.append(b"x" * 64 + embedded + b"y" * 64))
     log.close()
     (segment,) = tmp_path.glob("*.wal")
