@@ -77,6 +77,10 @@ class PermissionDeniedError(EmberError):
     """A control request names something outside what this shard may touch."""
 
 
+class ReplicaReleasedError(EmberError):
+    """A training job that released its hot-row replicas says it holds them again."""
+
+
 class TooManyJobsError(EmberError):
     """The shard already tracks as many jobs of a kind as it keeps."""
 
@@ -96,6 +100,7 @@ _STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ClockTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
     TooManyJobsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ReplicaReleasedError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 

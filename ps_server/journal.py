@@ -77,6 +77,8 @@ def replay(server: ParameterServer, write_log: WriteLog) -> int:
             server.assign(a.table, a.ids, a.values, a.state, a.request_id, a.versions)
         elif entry == "step":
             server.steps.replay(record.step)
+        elif entry == "replica_released":
+            server.steps.replicas.release(record.replica_released.job)
         count += 1
     log.info("replayed %d logged requests from %s", count, write_log.directory)
     return count

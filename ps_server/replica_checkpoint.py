@@ -1,14 +1,13 @@
 """A checkpoint coordinator's side of replica flushes (see FlushReplicas in the .proto): ask
 the jobs that train hot-row replicas to write them back before writes pause, release jobs
-that died holding them, and check at the pause that every such job is at its flush."""
+that died holding them. (Each shard checks at the pause that every such job is at its
+flush.)"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 
-import grpc
-from ember.ps_server.errors import PSClientError
 from ember.ps_server.shard_rpc import ShardCall, ShardRPC
 from ember.ps_server.step_clocks import MAX_WAIT_MS
 from ember.ps_server.wire import pb
@@ -49,34 +48,3 @@ def flush_replicas(rpc: ShardRPC, flush_id: str, wait_ms: int) -> None:
     rpc.run(
         [ShardCall(k, "FlushReplicas", request, wait_ms / 1000) for k in range(len(rpc.endpoints))]
     )
-
-
-def check_replicas_at_pause(paused: list[pb.PauseWritesResponse], endpoints: list[str]) -> None:
-    """Every replica job that applied a clock reported a write-back for this checkpoint, and
-    every shard's applied clocks of it equal the clock it reported: otherwise its hot rows
-    would be older than its other rows in the checkpoint.
-
-    Raises:
-        PSClientError: FAILED_PRECONDITION naming the job.
-    """
-    for endpoint, reply in zip(endpoints, paused, strict=True):
-        for replica in reply.replicas:
-            applied = list(replica.applied)
-            if replica.flushed and any(clock != replica.clock for clock in applied):
-                reason = (
-                    f"wrote its hot-row replicas back after clock {replica.clock}, but had "
-                    f"applied clocks {applied} at the pause (it went on before writes paused)"
-                )
-            elif not replica.flushed and max(applied, default=-1) >= 0:
-                reason = (
-                    f"holds hot-row replicas and had applied clocks {applied} at the pause, "
-                    "but did not write them back for this checkpoint (it started after the "
-                    "request, or its report was lost)"
-                )
-            else:
-                continue
-            raise PSClientError(
-                endpoint,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"job {replica.job!r} {reason}; checkpoint abandoned, retry it",
-            )

@@ -6,8 +6,9 @@ checkpoint asks those jobs to write them back: each replica job's Updates are
 answered with the checkpoint's flush id until the job reports its
 write-back, and the checkpoint waits for every replica job this shard knows.
 The report is held until the checkpoint has paused writes, so the job takes
-no further step before the pause. At the pause the shard lists every replica
-job with its report, and the coordinator checks them against the clocks.
+no further step before the pause, and at the pause the shard checks every
+replica job's report against its clocks. Released jobs are remembered, so a
+straggling Update cannot count one again.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import collections
 import threading
 import time
 
-from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError, TooManyJobsError
+from ember.ps_server.errors import (
+    ClockTimeoutError,
+    InvalidArgumentError,
+    ReplicaReleasedError,
+    TooManyJobsError,
+)
 from ember.ps_server.step_clocks import MAX_WAIT_MS, sound_job_name
 
 # Replica jobs per shard. Each one that has reported holds a shard worker thread until the
@@ -24,6 +30,7 @@ from ember.ps_server.step_clocks import MAX_WAIT_MS, sound_job_name
 MAX_REPLICA_JOBS = 16
 REMEMBERED_FLUSHES = 64  # flush ids whose outcome (paused or not) held reports may ask
 REPORTS_PER_JOB = 8  # reports kept per job for flushes not settled yet
+MAX_RELEASED = 4096  # released job names remembered (oldest forgotten first)
 
 
 class ReplicaFlushes:
@@ -36,15 +43,41 @@ class ReplicaFlushes:
         self._asking: list[str] = []  # flush ids whose FlushReplicas waits, oldest first
         # Flushes whose checkpoint paused writes (True) or gave up (False), newest last.
         self._outcomes: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    def holds_replica(self, job: str) -> None:
-        """Count ``job`` as a replica job (an Update says it holds replicas).
+    def holds_replica(self, job: str, replaying: bool = False) -> None:
+        """Count ``job`` as a replica job (an Update says it holds replicas; ``replaying``: a
+        logged one, counted whatever the limits).
 
         Raises:
+            ReplicaReleasedError: ``job`` released its replicas before.
             TooManyJobsError: this shard already counts MAX_REPLICA_JOBS others.
         """
         with self._cond:
-            self._job(job)
+            if replaying:
+                self._jobs.setdefault(job, collections.OrderedDict())
+            elif job in self._released:
+                raise ReplicaReleasedError(
+                    f"job {job!r} released its hot-row replicas; it cannot hold them again "
+                    "(a new run needs a new job name)"
+                )
+            else:
+                self._job(job)
+
+    def holding(self, job: str) -> bool:
+        """Whether ``job`` counts as a replica job here."""
+        with self._cond:
+            return job in self._jobs
+
+    def release(self, job: str) -> None:
+        """``job`` holds no replicas from now on (it ended, or its trainer died)."""
+        with self._cond:
+            self._jobs.pop(job, None)
+            self._released[job] = None
+            self._released.move_to_end(job)
+            while len(self._released) > MAX_RELEASED:
+                self._released.popitem(last=False)
+            self._cond.notify_all()
 
     def asked(self, job: str) -> str:
         """The oldest flush id waiting for ``job``'s write-back ("" when none)."""
@@ -78,43 +111,43 @@ class ReplicaFlushes:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise ClockTimeoutError(
-                            f"job(s) {', '.join(behind)} did not write their hot-row replicas "
-                            f"back within {wait_ms} ms; a trainer died or is stuck (a job that "
-                            "died: ember checkpoint --release-job JOB)"
+                            f"job(s) {', '.join(behind)} did not report writing their hot-row "
+                            f"replicas back within {wait_ms} ms: a trainer died or is stuck, or "
+                            "this shard had no worker thread free (each reported job holds one "
+                            "until the pause); for a job whose trainer died: ember checkpoint "
+                            "--release-job JOB"
                         )
                     self._cond.wait(remaining)
             finally:
                 self._asking.remove(flush_id)
 
-    def flushed(self, job: str, flush_id: str, clock: int, release: bool, wait_ms: int) -> bool:
-        """``job`` wrote its replicas back after ``clock`` (for ``flush_id``, if any); with
-        ``release`` it holds none from now on. For a flush id (and without ``release``)
-        the call then waits until that checkpoint paused writes (True) or gave up, or
-        ``wait_ms`` passed (False), so the job takes no step before the pause.
+    def flushed(self, job: str, flush_id: str, clock: int, wait_ms: int) -> bool:
+        """``job`` wrote its replicas back after ``clock`` for ``flush_id`` (if any). For a
+        flush id the call then waits until that checkpoint paused writes (True) or gave up,
+        or ``wait_ms`` passed (False), so the job takes no step before the pause.
 
         Raises:
             InvalidArgumentError: a bad job name, id, clock or wait (nothing recorded).
+            ReplicaReleasedError: ``job`` released its replicas before.
             TooManyJobsError: a job this shard does not count, beyond MAX_REPLICA_JOBS.
         """
-        if not sound_job_name(job):
-            raise InvalidArgumentError(f"job must be 1..128 printable characters, got {job[:40]!r}")
+        check_job_name(job)
         if flush_id:
             _check_id(flush_id)
         if clock < -1:
             raise InvalidArgumentError(f"a flushed clock must be >= -1, got {clock}")
-        held = bool(flush_id) and not release
-        deadline = _deadline(wait_ms) if held else 0.0
+        deadline = _deadline(wait_ms) if flush_id else 0.0
+        if flush_id:
+            self.holds_replica(job)  # a report may come before any Update since a restart
         with self._cond:
-            if release:
-                self._jobs.pop(job, None)
-            elif flush_id and flush_id not in self._outcomes:
+            if not flush_id:
+                return False
+            if flush_id not in self._outcomes:
                 reports = self._job(job)  # a report may come before this shard's request
                 reports[flush_id] = clock
                 while len(reports) > REPORTS_PER_JOB:
                     reports.popitem(last=False)
-            self._cond.notify_all()
-            if not held:
-                return False
+                self._cond.notify_all()
             while flush_id not in self._outcomes:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -122,11 +155,39 @@ class ReplicaFlushes:
                 self._cond.wait(remaining)
             return self._outcomes[flush_id]
 
-    def at_pause(self, flush_id: str) -> dict[str, int | None]:
-        """Every replica job with the clock it reported for ``flush_id`` (None: it did not),
-        as a checkpoint pauses writes."""
+    def unflushed(self, flush_id: str, applied: dict[str, list[int]]) -> list[str]:
+        """Why a checkpoint pausing writes now would hold some replica job's hot rows older
+        than its other rows: per replica job that applied a clock here (``applied``, per
+        job its clocks by rank), one that did not report for ``flush_id`` or is not at the
+        clock it reported. Empty when none."""
+        problems = []
         with self._cond:
-            return {job: reports.get(flush_id) for job, reports in self._jobs.items()}
+            for job, reports in self._jobs.items():
+                clocks, reported = applied.get(job, []), reports.get(flush_id)
+                if reported is None and max(clocks, default=-1) >= 0:
+                    problems.append(
+                        f"job {job!r} holds hot-row replicas and had applied clocks {clocks}, "
+                        "but did not write them back for this checkpoint (it started after "
+                        "the request, or its report was lost)"
+                    )
+                elif reported is not None and any(c != reported for c in clocks):
+                    problems.append(
+                        f"job {job!r} wrote its hot-row replicas back after clock {reported}, "
+                        f"but had applied clocks {clocks} (it went on before writes paused)"
+                    )
+        return problems
+
+    def snapshot(self) -> dict[str, list[str]]:
+        """The jobs holding replicas and those that released them (for checkpoints)."""
+        with self._cond:
+            return {"holding": sorted(self._jobs), "released": list(self._released)}
+
+    def restore(self, state: dict[str, list[str]]) -> None:
+        """Replace the jobs by a :meth:`snapshot` (nothing reported)."""
+        with self._cond:
+            self._jobs = {job: collections.OrderedDict() for job in state.get("holding", [])}
+            self._released = collections.OrderedDict.fromkeys(state.get("released", []))
+            self._cond.notify_all()
 
     def settle(self, flush_id: str, paused: bool) -> None:
         """``flush_id``'s checkpoint paused writes or gave up (the first word counts): held
@@ -158,6 +219,12 @@ class ReplicaFlushes:
             reports = self._jobs[job] = collections.OrderedDict()
             self._cond.notify_all()
         return reports
+
+
+def check_job_name(job: str) -> None:
+    """Raise InvalidArgumentError unless ``job`` can name a job."""
+    if not sound_job_name(job):
+        raise InvalidArgumentError(f"job must be 1..128 printable characters, got {job[:40]!r}")
 
 
 def _check_id(flush_id: str) -> None:

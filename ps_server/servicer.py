@@ -18,7 +18,12 @@ import grpc
 import torch
 from ember.kernels.loader import native_ops_available
 from ember.ps_server.config import ShardConfig, message_size_options
-from ember.ps_server.errors import EmberError, InvalidArgumentError, status_code_for
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    EmberError,
+    InvalidArgumentError,
+    status_code_for,
+)
 from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.recovery import recover
 from ember.ps_server.server import ParameterServer, PullStaleReply
@@ -205,23 +210,24 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
         replicas = self.server.steps.replicas
-        reported = replicas.at_pause(request.flush_id)  # writes are paused: nothing moves
-        jobs = self.server.steps.clocks.snapshot()
+        jobs = self.server.steps.clocks.snapshot()  # writes are paused: nothing moves
+        problems = replicas.unflushed(
+            request.flush_id, {name: job["applied"] for name, job in jobs.items()}
+        )
+        if problems:
+            self.server.checkpoints.resume(request.checkpoint_id)
+            replicas.settle(request.flush_id, paused=False)
+            raise CheckpointStateError(
+                f"checkpoint {request.checkpoint_id!r} refused: {'; '.join(problems)}; retry it"
+            )
         replicas.settle(request.flush_id, paused=True)  # held reports go on (to the gate)
         return pb.PauseWritesResponse(
             jobs=[
                 pb.JobClocks(job=name, applied=job["applied"])
                 for name, job in jobs.items()
                 if job["mode"] == pb.EXACT  # an async job's clocks are per shard, not cut
-            ],
-            replicas=[
-                pb.ReplicaJob(
-                    job=name, flushed=clock is not None, clock=clock if clock is not None else -1,
-                    applied=jobs[name]["applied"] if name in jobs else [],
-                )
-                for name, clock in reported.items()
-            ],
-        )  # fmt: skip
+            ]
+        )
 
     def ResumeWrites(
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
@@ -275,8 +281,11 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.ReplicasFlushedRequest, context: grpc.ServicerContext
     ) -> pb.ReplicasFlushedResponse:
         """Held until the checkpoint that asked pauses writes (see the .proto)."""
+        if request.release:
+            self.server.steps.release_replica(request.job)
+            return pb.ReplicasFlushedResponse(paused=False)
         paused = self.server.steps.replicas.flushed(
-            request.job, request.flush_id, request.clock, request.release, request.wait_ms
+            request.job, request.flush_id, request.clock, request.wait_ms
         )
         return pb.ReplicasFlushedResponse(paused=paused)
 

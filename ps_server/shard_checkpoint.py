@@ -122,7 +122,7 @@ class ShardCheckpoints:
             self._written_log_segment = write_log.rotate() if write_log is not None else 0
             files = write_shard_files(
                 tables, self._server.shard, self._server.num_shards, target, bool(base_id),
-                self._server.steps.clocks.snapshot(),
+                self._server.steps.clocks.snapshot(), self._server.steps.replicas.snapshot(),
             )  # fmt: skip
             self._server.fault.check()  # nothing read while the shard failed is a checkpoint
             self._written_checkpoint, self._written_directory = checkpoint_id, target
@@ -225,6 +225,7 @@ class ShardCheckpoints:
             )
             meta = _shard_meta(*chain[-1], self._server.shard, self._server.num_shards)
             self._server.steps.clocks.restore(meta.get("step_clocks", {}))
+            self._server.steps.replicas.restore(meta.get("replica_jobs", {}))
         self._committed_checkpoint = self._written_checkpoint = latest.id
         return rows
 
@@ -260,9 +261,11 @@ def write_shard_files(
     directory: Path,
     incremental: bool,
     step_clocks: dict[str, dict] | None = None,
+    replica_jobs: dict[str, list[str]] | None = None,
 ) -> list[FileEntry]:
     """Write a row file per table and the shard's metadata file into ``directory``
-    (the push deduplication windows and the training jobs' step clocks)."""
+    (the push deduplication windows, the training jobs' step clocks and which of them hold
+    or released hot-row replicas)."""
     directory.mkdir(parents=True, exist_ok=True)
     files = [
         table.write_snapshot(
@@ -275,6 +278,7 @@ def write_shard_files(
         "num_shards": num_shards,
         "applied_request_ids": {t.spec.name: t.applied_request_ids() for t in tables},
         "step_clocks": step_clocks or {},
+        "replica_jobs": replica_jobs or {},
     }
     meta_path = directory / f"shard-{shard}-of-{num_shards}.meta.json"
     data = json.dumps(meta).encode()
@@ -369,6 +373,13 @@ def _shard_meta(directory: Path, manifest: Manifest, shard: int, num_shards: int
                 and state["world"] == len(state["applied"])
             ):
                 raise TypeError("a job's clocks do not match its world")
+        replicas = body.get("replica_jobs", {})
+        if not all(
+            isinstance(replicas.get(key, []), list)
+            and all(isinstance(job, str) and sound_job_name(job) for job in replicas.get(key, []))
+            for key in ("holding", "released")
+        ):
+            raise TypeError("replica_jobs must list job names under holding and released")
         return body
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise DurableFileCorruptError(f"{path}: unreadable ({error!r})") from error

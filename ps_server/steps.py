@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.id_arrays import sum_duplicates
-from ember.ps_server.replica_flush import ReplicaFlushes
+from ember.ps_server.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.step_codec import (
     LookupRequestView,
@@ -128,9 +128,23 @@ class StepService:
             self._server.fault.check()  # the clock's log record may have failed to sync
             return False, self._refreshed(job, step, refresh), job.watermark
 
+    def release_replica(self, job: str) -> None:
+        """``job`` holds no hot-row replicas from now on (logged, so a restart knows)."""
+        check_job_name(job)
+
+        def record() -> list[bytes]:
+            released = pb.ReplicaReleased(job=job)
+            return [pb.LogRecord(replica_released=released).SerializeToString()]
+
+        with self._server.gate.writing(), self._server.journal.record(record):
+            self.replicas.release(job)
+        self._server.fault.check()  # its log record may have failed to sync
+
     def replay(self, record: pb.StepApplied) -> None:
         """Apply a logged clock again at recovery (no log record is written)."""
         c = record.clock
+        if record.replica:
+            self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
         job = self.clocks.job(clock)
         updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
@@ -190,6 +204,7 @@ class StepService:
                     job=job.name, world=job.world, rank=clock.rank, clock=clock.clock,
                     mode=job.mode, wait_ms=1,
                 ),
+                replica=self.replicas.holding(job.name),
                 tables=[
                     pb.TableGrads(table=t.spec.name, ids=i.astype("<i8").tobytes(),
                                   grads=g.numpy().tobytes())

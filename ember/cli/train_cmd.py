@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
+import sys
 from pathlib import Path
 
 from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
@@ -175,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
     """Train this rank; rank 0 prints the summary and writes the report."""
     from ember.trainer.train import train
 
+    # torchrun stops the other ranks with SIGTERM when one fails: unwind (and release this
+    # job's replicas on the shards) instead of dying on the spot.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     report = train(config_from_args(args, endpoints_from_args(args, "train")))
     if report["rank"] == 0:
         print_summary(report)

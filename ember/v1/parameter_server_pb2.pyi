@@ -278,25 +278,11 @@ class JobClocks(_message.Message):
     applied: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, job: _Optional[str] = ..., applied: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class ReplicaJob(_message.Message):
-    __slots__ = ("job", "flushed", "clock", "applied")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    FLUSHED_FIELD_NUMBER: _ClassVar[int]
-    CLOCK_FIELD_NUMBER: _ClassVar[int]
-    APPLIED_FIELD_NUMBER: _ClassVar[int]
-    job: str
-    flushed: bool
-    clock: int
-    applied: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job: _Optional[str] = ..., flushed: _Optional[bool] = ..., clock: _Optional[int] = ..., applied: _Optional[_Iterable[int]] = ...) -> None: ...
-
 class PauseWritesResponse(_message.Message):
-    __slots__ = ("jobs", "replicas")
+    __slots__ = ("jobs",)
     JOBS_FIELD_NUMBER: _ClassVar[int]
-    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobClocks]
-    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaJob]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaJob, _Mapping]]] = ...) -> None: ...
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobClocks, _Mapping]]] = ...) -> None: ...
 
 class ResumeWritesRequest(_message.Message):
     __slots__ = ("checkpoint_id", "flush_id")
@@ -483,21 +469,31 @@ class ReplicasFlushedResponse(_message.Message):
     def __init__(self, paused: _Optional[bool] = ...) -> None: ...
 
 class LogRecord(_message.Message):
-    __slots__ = ("create_table", "push", "assign", "step")
+    __slots__ = ("create_table", "push", "assign", "step", "replica_released")
     CREATE_TABLE_FIELD_NUMBER: _ClassVar[int]
     PUSH_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_RELEASED_FIELD_NUMBER: _ClassVar[int]
     create_table: CreateTableRequest
     push: PushBatchRequest
     assign: AssignRequest
     step: StepApplied
-    def __init__(self, create_table: _Optional[_Union[CreateTableRequest, _Mapping]] = ..., push: _Optional[_Union[PushBatchRequest, _Mapping]] = ..., assign: _Optional[_Union[AssignRequest, _Mapping]] = ..., step: _Optional[_Union[StepApplied, _Mapping]] = ...) -> None: ...
+    replica_released: ReplicaReleased
+    def __init__(self, create_table: _Optional[_Union[CreateTableRequest, _Mapping]] = ..., push: _Optional[_Union[PushBatchRequest, _Mapping]] = ..., assign: _Optional[_Union[AssignRequest, _Mapping]] = ..., step: _Optional[_Union[StepApplied, _Mapping]] = ..., replica_released: _Optional[_Union[ReplicaReleased, _Mapping]] = ...) -> None: ...
+
+class ReplicaReleased(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class StepApplied(_message.Message):
-    __slots__ = ("clock", "tables")
+    __slots__ = ("clock", "tables", "replica")
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     clock: StepClock
     tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
-    def __init__(self, clock: _Optional[_Union[StepClock, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ...) -> None: ...
+    replica: bool
+    def __init__(self, clock: _Optional[_Union[StepClock, _Mapping]] = ..., tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., replica: _Optional[bool] = ...) -> None: ...

@@ -240,3 +240,34 @@ def test_checkpoint_ids_repeated_under_two_roots_ask_for_a_new_flush_each(tmp_pa
             directories.append(client.checkpoint(root, flush_wait_s=30))
             reporter.join(30)
         assert [d.name for d in directories] == [directories[0].name] * 2
+
+
+def test_which_jobs_hold_replicas_survives_a_restart_and_a_restore(tmp_path):
+    """The write-ahead log and checkpoints record which jobs hold replicas and which released
+    them: a restarted shard still waits for a job that holds some (it would otherwise take
+    its cold rows without its hot rows), and still refuses a released one."""
+    root = tmp_path / "ckpt"
+    args = ["--checkpoint-root", str(root), "--wal", str(tmp_path / "wal")]
+    with LocalCluster(1, extra_args=args) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        held = _replica_job(client, "held")
+        done = _replica_job(client, "done")
+        assert done.replicas_flushed("", clock=0, release=True) is False
+        cluster.kill_shard(0)
+        cluster.restart_shard(0)  # replays the log
+        with pytest.raises(PSClientError) as refused:
+            client.checkpoint(root, flush_wait_s=0.5)
+        assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "held" in str(refused.value) and "done" not in str(refused.value)
+        with pytest.raises(PSClientError) as again:
+            _step(done, 1)
+        assert again.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "released its hot-row replicas" in str(again.value)
+        reporter = threading.Thread(target=_report_when_asked, args=(held,))
+        reporter.start()
+        directory = client.checkpoint(root, flush_wait_s=30)
+        reporter.join(30)
+    restored = ParameterServer(0, 1)
+    recover(restored, ShardConfig(restore=str(directory)))
+    assert restored.steps.replicas.jobs() == ["held"]
+    assert restored.steps.replicas.snapshot()["released"] == ["done"]
