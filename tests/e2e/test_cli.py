@@ -13,6 +13,7 @@ import torch
 from ember.ps_server.checkpoint_format import Manifest
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.step_client import StepClient, StepJob
 from ember.ps_server.table_spec import TableSpec
 
 from tests.support.native import require_native
@@ -133,6 +134,29 @@ def test_checkpoint_command_writes_a_checkpoint_and_refuses_a_baseless_increment
         assert f"checkpoint written: {directory}" in done.stdout
         manifest = Manifest.load(directory)
         assert [entry.rows for entry in manifest.files[0] if entry.table == "t"] == [3]
+
+
+def test_checkpoint_command_names_a_silent_replica_job_and_releases_it_when_told(tmp_path):
+    with (
+        LocalCluster(1, extra_args=["--checkpoint-root", str(tmp_path)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(TableSpec("t", dim=4))
+        steps = StepClient(client, StepJob("job-gone", replica=True))
+        steps.update({"t": (torch.arange(3), torch.ones(3, 4))}, clock=0)  # then it died
+        base = [*EMBER, "checkpoint", "--endpoints", cluster.endpoints[0], "--dir", str(tmp_path)]
+        refused = subprocess.run(
+            [*base, "--flush-wait-s", "0.5"], capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert "job-gone" in refused.stderr and "--release-job" in refused.stderr
+        done = subprocess.run(
+            [*base, "--flush-wait-s", "0.5", "--release-job", "job-gone"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "checkpoint written" in done.stdout
 
 
 def test_flags_can_come_from_the_environment(tmp_path):

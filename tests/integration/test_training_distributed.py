@@ -17,7 +17,7 @@ from ember.trainer.train import synthetic_data, table_specs
 from ember.cli.train_cmd import train_argv
 from tests.support.criteo_file import write_criteo_file
 from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
-from tests.support.union_reference import union_reference
+from tests.support.union_reference import pretrained_tables, union_reference
 
 STEPS, BATCH, CARDINALITY = 15, 64, 300
 
@@ -123,18 +123,8 @@ def test_two_ranks_with_staleness_0_equal_one_process_on_the_union_for_every_opt
     data = synthetic_data(config)
     specs = table_specs(config, data.num_features)
     sizes = data.config.cardinalities
-    generator = torch.Generator().manual_seed(3)
     with PSClient(cluster.endpoints) as client:
-        for spec, size in zip(specs, sizes):
-            client.create_table(spec)
-            for _ in range(2):  # earlier training: version 2, state set
-                client.push(
-                    spec.name, torch.arange(size), torch.randn(size, 8, generator=generator)
-                )
-        start = [
-            client.pull_with_state(spec.name, torch.arange(size))
-            for spec, size in zip(specs, sizes)
-        ]
+        start = pretrained_tables(client, specs, sizes)
     report_path = tmp_path / "report.json"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

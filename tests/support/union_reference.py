@@ -60,3 +60,19 @@ def union_reference(config, data, specs, start, ranks: int = 2):
             ]
         )
     return losses, after
+
+
+def pretrained_tables(client, specs, sizes, dim: int = 8) -> list:
+    """Create the tables and give every row an earlier training (two steps of random
+    gradients: version 2, optimizer state set); returns their rows (weights, state,
+    versions per table), the start of :func:`union_reference`. From a zero state an Adagrad
+    or Adam step of a row is about +-lr whatever the gradient's size, so a tiny gradient
+    summed in another order than the reference's could flip it."""
+    generator = torch.Generator().manual_seed(3)
+    for spec, size in zip(specs, sizes):
+        client.create_table(spec)
+        for _ in range(2):
+            client.push(spec.name, torch.arange(size), torch.randn(size, dim, generator=generator))
+    return [
+        client.pull_with_state(spec.name, torch.arange(size)) for spec, size in zip(specs, sizes)
+    ]
