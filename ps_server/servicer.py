@@ -209,18 +209,13 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         self, request: pb.PauseWritesRequest, context: grpc.ServicerContext
     ) -> pb.PauseWritesResponse:
         self.server.checkpoints.pause(request.checkpoint_id, request.lease_s)
-        replicas = self.server.steps.replicas
-        jobs = self.server.steps.clocks.snapshot()  # writes are paused: nothing moves
-        problems = replicas.unflushed(
-            request.flush_id, {name: job["applied"] for name, job in jobs.items()}
-        )
-        if problems:
+        try:
+            jobs = self.server.steps.clocks_at_pause(request.flush_id)
+        except CheckpointStateError as error:
             self.server.checkpoints.resume(request.checkpoint_id)
-            replicas.settle(request.flush_id, paused=False)
             raise CheckpointStateError(
-                f"checkpoint {request.checkpoint_id!r} refused: {'; '.join(problems)}; retry it"
-            )
-        replicas.settle(request.flush_id, paused=True)  # held reports go on (to the gate)
+                f"checkpoint {request.checkpoint_id!r} refused: {error}; retry it"
+            ) from None
         return pb.PauseWritesResponse(
             jobs=[
                 pb.JobClocks(job=name, applied=job["applied"])

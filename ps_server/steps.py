@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.errors import CheckpointStateError, ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
@@ -127,6 +127,23 @@ class StepService:
                     job.cond.notify_all()
             self._server.fault.check()  # the clock's log record may have failed to sync
             return False, self._refreshed(job, step, refresh), job.watermark
+
+    def clocks_at_pause(self, flush_id: str) -> dict[str, dict]:
+        """The jobs' clocks (see :meth:`StepClocks.snapshot`) as a checkpoint with
+        ``flush_id`` pauses writes, its held write-back reports answered.
+
+        Raises:
+            CheckpointStateError: a replica job is not at the clock of its write-back
+                (see :meth:`ReplicaFlushes.unflushed`); the flush is given up.
+        """
+        jobs = self.clocks.snapshot()  # writes are paused: nothing moves
+        problems = self.replicas.unflushed(
+            flush_id, {name: job["applied"] for name, job in jobs.items()}
+        )
+        self.replicas.settle(flush_id, paused=not problems)
+        if problems:
+            raise CheckpointStateError("; ".join(problems))
+        return jobs
 
     def release_replica(self, job: str) -> None:
         """``job`` holds no hot-row replicas from now on (logged, so a restart knows)."""

@@ -52,6 +52,27 @@ def cut_step(directory) -> int:
     return applied.pop()[0] + 1 if applied else 0
 
 
+def train_while_checkpointing(config, cluster, root, tmp_path, extra=()) -> list:
+    """Two ranks under torchrun train ``config`` while checkpoints are taken back to back
+    under ``root``; returns their directories once the ranks have ended well."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
+        "--device", "cpu", "--eval-batches", "1", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "trainers.log", "wb") as log:
+        trainers = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        directories = []
+        with PSClient(cluster.endpoints) as coordinator:
+            deadline = time.monotonic() + 240
+            while trainers.poll() is None and time.monotonic() < deadline:
+                directories.append(coordinator.checkpoint(root))
+        code = trainers.wait(timeout=120)
+    assert code == 0, (tmp_path / "trainers.log").read_text()[-3000:]
+    return directories
+
+
 def test_checkpoints_taken_while_two_replica_ranks_train_hold_one_step_of_every_row(
     tmp_path, table_name
 ):
@@ -70,21 +91,9 @@ def test_checkpoints_taken_while_two_replica_ranks_train_hold_one_step_of_every_
         sizes = data.config.cardinalities
         with PSClient(cluster.endpoints) as client:
             start = pretrained_tables(client, specs, sizes)
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
-            "--report", str(tmp_path / "report.json"), "--device", "cpu", "--eval-batches", "1",
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        with open(tmp_path / "trainers.log", "wb") as log:
-            trainers = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-            directories = []
-            with PSClient(cluster.endpoints) as coordinator:
-                deadline = time.monotonic() + 240
-                while trainers.poll() is None and time.monotonic() < deadline:
-                    directories.append(coordinator.checkpoint(root))
-            code = trainers.wait(timeout=120)
-        assert code == 0, (tmp_path / "trainers.log").read_text()[-3000:]
+        directories = train_while_checkpointing(
+            config, cluster, root, tmp_path, ["--report", str(tmp_path / "report.json")]
+        )
     report = json.loads((tmp_path / "report.json").read_text())
     assert 0.2 < report["cache_hit_rate"] < 1.0  # hot rows and cold rows both
     _, after = union_reference(config, data, specs, start)
@@ -120,21 +129,7 @@ def test_checkpoints_taken_while_two_async_replica_ranks_train_each_hold_one_ste
         with PSClient(cluster.endpoints) as client:  # every shard has every table first
             for spec in table_specs(config, synthetic_data(config).num_features):
                 client.create_table(spec)
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            "-m", "ember.cli.main", "train", *train_argv(config), "--no-progress",
-            "--device", "cpu", "--eval-batches", "1",
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        with open(tmp_path / "trainers.log", "wb") as log:
-            trainers = subprocess.Popen(command, env=env, stdout=log, stderr=log)
-            directories = []
-            with PSClient(cluster.endpoints) as coordinator:
-                deadline = time.monotonic() + 240
-                while trainers.poll() is None and time.monotonic() < deadline:
-                    directories.append(coordinator.checkpoint(root))
-            code = trainers.wait(timeout=120)
-        assert code == 0, (tmp_path / "trainers.log").read_text()[-3000:]
+        directories = train_while_checkpointing(config, cluster, root, tmp_path)
     steps = [cut_step(directory) for directory in directories]  # asserts ranks agree
     assert len({step for step in steps if 0 < step < 12}) >= 2, steps
 
