@@ -45,17 +45,17 @@ import numpy as np
 import redis
 import torch
 from bench_timing import paired_medians
-from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.durability.shard_fault import ShardFault
+from ember.ps_server.durability.write_log import WriteLog
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.table import Table
 from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.stores.base import RowBatch
 from ember.ps_server.stores.redis_marker import RedisShardMarker
 from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore, row_key_prefix
 from ember.ps_server.stores.row_codec import encode_rows
-from ember.ps_server.table import Table
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.write_log import WriteLog
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.data.synthetic import zipf_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

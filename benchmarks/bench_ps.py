@@ -34,15 +34,15 @@ import numpy as np
 import torch
 from bench_timing import process_cpu_seconds
 from ember.kernels.dedup import unique_inverse
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.fanout import FanOut
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
-from ember.ps_server.fanout import FanOut
-from ember.ps_server.malloc_tuning import retain_freed_buffers
 from ember.ps_server.routing import positions_by_shard, shard_of
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.step_codec import encode_lookup_request
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from ember.ps_server.wire.step_codec import encode_lookup_request
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data
 

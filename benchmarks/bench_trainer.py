@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from bench_timing import process_cpu_seconds
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM

@@ -21,8 +21,8 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
-from ember.ps_server.config import message_size_options
-from ember.ps_server.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.wire.messages import message_size_options
 
 SERVICE = "ember.bench.Echo"
 

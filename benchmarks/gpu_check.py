@@ -29,7 +29,7 @@ from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import apply_rows, fused_row_update, state_width
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
 
 def reference(op: Callable[..., object], *args: object) -> object:

@@ -16,9 +16,9 @@ import numpy as np
 import psutil
 import torch
 from ember.kernels.optim import state_width
-from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.table import Table
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.table import Table
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 
 def measure(

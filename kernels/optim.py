@@ -19,7 +19,7 @@ SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM = 1, 2, 3, 4  # the wire enum numbers
 
 
 class RowOptimizer(Protocol):
-    """An optimizer and its hyper-parameters (``ember.ps_server.table_spec.OptimizerSpec``)."""
+    """An optimizer and its hyper-parameters (``ember.ps_server.wire.table_spec.OptimizerSpec``)."""
 
     kind: int | enum.Enum
     lr: float

@@ -6,8 +6,8 @@ import dataclasses
 import os
 
 import torch
-from ember.ps_server.step_client import MODES
-from ember.ps_server.table_spec import OptimizerKind
+from ember.ps_server.client.step_client import MODES
+from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.cache.hot_cache import POLICIES
 from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
 

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 import torch
-from ember.ps_server.step_client import StepClient
+from ember.ps_server.client.step_client import StepClient
 from ember.trainer.traffic import TrafficStats
 
 MAX_STALENESS = 64  # each step in flight holds a thread here and a request on the shards

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
-from ember.ps_server.client import PSClient
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
 from ember.trainer.cache.profiler import profile_hot_ids

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ember.ps_server.client import PSClient
-from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig, process_group_backend, resolve_device
 from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader

@@ -54,8 +54,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Take the checkpoint and print its directory."""
-    from ember.ps_server.client import PSClient
-    from ember.ps_server.config import ClientConfig
+    from ember.ps_server.client.config import ClientConfig
+    from ember.ps_server.client.ps_client import PSClient
     from ember.ps_server.errors import PSClientError
 
     endpoints = endpoints_from_args(args, "checkpoint")

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from ember.env import env_value
-from ember.ps_server.config import DEFAULT_MAX_MESSAGE_BYTES, ShardConfig
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     from ember.kernels.loader import KernelBuildError
     from ember.ps_server.errors import EmberError
-    from ember.ps_server.servicer import serve_until_signalled
+    from ember.ps_server.shard.servicer import serve_until_signalled
 
     config = ShardConfig(
         shard=args.shard,

@@ -9,7 +9,7 @@ from ember.ps_server.stores.base import RowBatch, RowStore
 from ember.ps_server.stores.memory import InMemoryStore
 
 if TYPE_CHECKING:
-    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.durability.shard_fault import ShardFault
     from ember.ps_server.stores.redis_marker import RedisShardMarker
 
 __all__ = [

@@ -22,7 +22,7 @@ import sys, torch
 import ember.ps_server.stores, ember.trainer.cache, ember.trainer.data, ember.trainer.models
 from ember.ps_server.client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.kernels.loader import native_ops_available
 
 assert native_ops_available()

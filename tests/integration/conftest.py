@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
 
 from tests.support.redis_server import RedisServer, require_redis_server

@@ -7,21 +7,25 @@ import threading
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.checkpoint_coordinator import clock_cut, take_checkpoint
-from ember.ps_server.checkpoint_format import Manifest
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.config import ShardConfig
+from ember.ps_server.durability.checkpoint_coordinator import clock_cut, take_checkpoint
+from ember.ps_server.durability.checkpoint_format import Manifest
+from ember.ps_server.durability.recovery import recover
 from ember.ps_server.errors import CheckpointStateError
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.recovery import recover
 from ember.ps_server.routing import shard_of
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.shard_rpc import ShardCall
-from ember.ps_server.step_clocks import StepClocks
-from ember.ps_server.step_codec import StepClockView, decode_update_request, encode_update_request
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import encode_ids, pb
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.step_clocks import StepClocks
+from ember.ps_server.wire.messages import encode_ids, pb
+from ember.ps_server.wire.step_codec import (
+    StepClockView,
+    decode_update_request,
+    encode_update_request,
+)
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 SGD = OptimizerSpec(OptimizerKind.SGD, lr=1.0)
 SPEC = TableSpec("emb", dim=4, optimizer=SGD)

@@ -7,13 +7,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.checkpoint_format import MANIFEST, Manifest
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
+from ember.ps_server.durability.checkpoint_format import MANIFEST, Manifest
 from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError, PSClientError
 from ember.ps_server.routing import shard_of
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.pushers import StepPusher, expected_rows, step_grads
 

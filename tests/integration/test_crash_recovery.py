@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.pushers import PATIENT, StepPusher, expected_rows, step_grads
 from tests.support.redis_server import RedisServer, require_redis_server

@@ -6,10 +6,10 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
 from ember.trainer.models.dlrm import DLRM

@@ -7,12 +7,12 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.initializers import initial_rows
 from ember.ps_server.routing import shard_of
-from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import encode_ids, pb, pb_grpc
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.messages import encode_ids, pb, pb_grpc
+from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.reference import OPTIMIZERS, ReferenceRow
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import redis
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
-from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError, ShardFailedError
 from ember.ps_server.routing import shard_of
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
 
 from tests.support.health import serving_status
@@ -170,7 +170,7 @@ def test_a_write_is_conditional_on_the_marker_it_read(own_redis):
     """Another process takes the shard over between a push's read and its write: Redis aborts
     the write (WATCH), and the shard stops instead of overwriting the new owner's rows."""
     from ember.kernels.optim import state_width
-    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.durability.shard_fault import ShardFault
     from ember.ps_server.stores import RowBatch, open_marker, open_store
 
     fault = ShardFault()
@@ -231,7 +231,7 @@ def test_an_empty_log_over_a_redis_holding_the_shards_rows_is_refused(own_redis,
 def test_a_read_checks_the_marker_after_its_rows(own_redis, monkeypatch):
     """A flush between a marker read and a row read would hand out nothing-found as fresh
     rows: the marker is read after the rows, in the same pipeline."""
-    from ember.ps_server.shard_fault import ShardFault
+    from ember.ps_server.durability.shard_fault import ShardFault
     from ember.ps_server.stores import open_marker, open_store, redis_store
 
     marker = open_marker(own_redis.url, 0, 1, ShardFault())
@@ -252,10 +252,10 @@ def test_a_read_checks_the_marker_after_its_rows(own_redis, monkeypatch):
 def test_a_first_start_that_dies_midway_does_not_block_the_next(own_redis, tmp_path, monkeypatch):
     """A new cluster's first start with --wal writes its marker, then dies (Redis blinked):
     the log has begun, so the next start rebuilds rather than refusing as if rows were lost."""
-    from ember.ps_server import recovery
-    from ember.ps_server.config import ShardConfig
+    from ember.ps_server.durability import recovery
     from ember.ps_server.errors import StoreUnavailableError
-    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.shard.config import ShardConfig
+    from ember.ps_server.shard.server import ParameterServer
 
     config = ShardConfig(store=own_redis.url, wal=str(tmp_path / "wal"))
 

@@ -14,16 +14,16 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.checkpoint_coordinator import take_checkpoint
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.config import ShardConfig
+from ember.ps_server.durability.checkpoint_coordinator import take_checkpoint
+from ember.ps_server.durability.recovery import recover
 from ember.ps_server.errors import PSClientError
-from ember.ps_server.recovery import recover
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import encode_ids
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import encode_ids
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data, table_specs
 

@@ -2,13 +2,17 @@
 so an update retried after the restart is a duplicate, never applied twice."""
 
 import numpy as np
-from ember.ps_server.checkpoint_format import Manifest
-from ember.ps_server.config import ShardConfig
-from ember.ps_server.recovery import recover
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.step_codec import StepClockView, decode_update_request, encode_update_request
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import encode_ids, pb
+from ember.ps_server.durability.checkpoint_format import Manifest
+from ember.ps_server.durability.recovery import recover
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import encode_ids, pb
+from ember.ps_server.wire.step_codec import (
+    StepClockView,
+    decode_update_request,
+    encode_update_request,
+)
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 SPEC = TableSpec("emb", dim=4, optimizer=OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.1))
 IDS = np.arange(0, 60, 3, dtype=np.int64)

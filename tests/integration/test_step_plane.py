@@ -6,11 +6,11 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.errors import PSClientError
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.reference import ReferenceRow
 

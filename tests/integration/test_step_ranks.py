@@ -11,7 +11,7 @@ import time
 import uuid
 
 import numpy as np
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.routing import shard_of
 
 from tests.support.step_rank import IDS

@@ -11,7 +11,7 @@ import torch
 from ember.kernels.optim import apply_rows, state_width
 from ember.ps_server.errors import StoreCorruptError, StoreUnavailableError
 from ember.ps_server.stores import RowBatch, open_store
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
 from tests.support.redis_server import RedisServer, require_redis_server
 

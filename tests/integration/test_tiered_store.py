@@ -10,7 +10,7 @@ from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores import RowBatch, open_store
 from ember.ps_server.stores.redis_store import RedisStore
 from ember.ps_server.stores.tiered import TieredStore
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
 from tests.support.redis_server import RedisServer, require_redis_server
 
@@ -93,10 +93,10 @@ def test_redis_lost_during_admission_changes_nothing(tmp_path, table_name):
 def test_concurrent_stats_pushes_and_evictions_lose_no_update(redis_server, table_name):
     """Stats walk the tier's slot arrays while pushes grow them and evict rows: after a
     flush, Redis holds every pushed row's value (a lost dirty flag leaves a stale row)."""
-    from ember.ps_server.initializers import initial_rows
-    from ember.ps_server.server import ParameterServer
-    from ember.ps_server.table_spec import TableSpec
-    from ember.ps_server.wire import encode_ids
+    from ember.ps_server.shard.initializers import initial_rows
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.wire.messages import encode_ids
+    from ember.ps_server.wire.table_spec import TableSpec
 
     spec = TableSpec(table_name, dim=DIM, optimizer=SGD)
     server = ParameterServer(0, 1, store=f"tiered+{redis_server.url}?capacity=48")

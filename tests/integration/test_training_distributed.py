@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
 from ember.trainer.config import TrainConfig
 from ember.trainer.models.dlrm import DLRM

@@ -5,10 +5,10 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
 from ember.trainer.cache.profiler import cache_bytes_per_row, profile_hot_ids

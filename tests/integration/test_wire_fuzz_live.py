@@ -5,11 +5,11 @@ import random
 
 import grpc
 import numpy as np
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import SERVICE_NAME, encode_ids, pb
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import SERVICE_NAME, encode_ids, pb
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from google.protobuf.message import DecodeError
 
 from tests.support.mutations import mutated

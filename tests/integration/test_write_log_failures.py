@@ -10,12 +10,12 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.config import ClientConfig
 from ember.ps_server.errors import PSClientError
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
 
 from tests.support.health import serving_status

@@ -12,10 +12,10 @@ import threading
 
 import numpy as np
 import torch
-from ember.ps_server.client import PSClient
-from ember.ps_server.config import ClientConfig
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import TableSpec
 
 from tests.support.reference import ReferenceRow
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
 
 class ReferenceRow:

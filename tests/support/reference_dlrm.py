@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.table_spec import OptimizerKind, TableSpec
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import OptimizerKind, TableSpec
 from ember.trainer.data.batch import JaggedIds
 from torch import nn
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import torch
-from ember.ps_server.client import PSClient
-from ember.ps_server.step_client import StepClient, StepJob
-from ember.ps_server.table_spec import (
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.wire.table_spec import (
     InitializerSpec,
     InitKind,
     OptimizerKind,

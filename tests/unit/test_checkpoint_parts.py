@@ -7,8 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.changed_ids import ChangedIds
-from ember.ps_server.checkpoint_format import (
+from ember.ps_server.durability.checkpoint_format import (
     MANIFEST,
     ROW_MAGIC,
     FileEntry,
@@ -20,9 +19,10 @@ from ember.ps_server.checkpoint_format import (
     write_row_file,
 )
 from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
+from ember.ps_server.shard.changed_ids import ChangedIds
+from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import RowBatch
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.write_gate import WriteGate
+from ember.ps_server.wire.table_spec import TableSpec
 
 
 def test_a_paused_gate_holds_writers_until_resumed():

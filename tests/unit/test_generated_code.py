@@ -25,4 +25,4 @@ def test_only_the_wire_module_imports_generated_code():
         for path in (REPO / folder).rglob("*.py")
         if "parameter_server_pb2" in path.read_text()
     ]
-    assert importers == [Path("ps_server/wire.py")]
+    assert importers == [Path("ps_server/wire/messages.py")]

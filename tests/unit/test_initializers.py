@@ -3,8 +3,8 @@ import dataclasses
 import numpy as np
 import pytest
 from ember.kernels.loader import reference_backend
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.table_spec import InitializerSpec, InitKind, TableSpec
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.wire.table_spec import InitializerSpec, InitKind, TableSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -163,7 +163,7 @@ def test_pack_refuses_other_dtypes(backend):
 def test_every_op_accepts_empty_input(backend):
     from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_insert
     from ember.kernels.optim import fused_row_update
-    from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+    from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
     none = torch.empty(0, dtype=torch.int64)
     keys, slots = torch.full((16,), EMPTY), torch.zeros(16, dtype=torch.int64)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 from ember.kernels.optim import apply_rows, fused_row_update, state_width
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
 
 from tests.support.reference import OPTIMIZERS, ReferenceRow
 

@@ -3,7 +3,7 @@ import threading
 
 import numpy as np
 import pytest
-from ember.ps_server.checkpoint_format import read_row_file
+from ember.ps_server.durability.checkpoint_format import read_row_file
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -13,11 +13,11 @@ from ember.ps_server.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from ember.ps_server.initializers import initial_rows
 from ember.ps_server.routing import shard_of
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import encode_ids
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import encode_ids
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.reference import ReferenceRow
 
@@ -285,7 +285,7 @@ def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
 
 @pytest.mark.parametrize("lease", [0.0, -1.0, float("nan"), float("inf"), 300.5])
 def test_a_pause_lease_outside_its_documented_range_is_refused(lease):
-    from ember.ps_server.shard_checkpoint import MAX_PAUSE_LEASE_S
+    from ember.ps_server.durability.shard_checkpoint import MAX_PAUSE_LEASE_S
 
     server = _server()
     with pytest.raises(InvalidArgumentError, match=f"in \\(0, {MAX_PAUSE_LEASE_S:g}\\] seconds"):

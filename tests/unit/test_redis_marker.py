@@ -4,8 +4,8 @@ import json
 import threading
 
 import pytest
+from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import ShardFailedError, StoreCorruptError, TopologyMismatchError
-from ember.ps_server.shard_fault import ShardFault
 from ember.ps_server.stores.redis_marker import RedisShardMarker
 
 

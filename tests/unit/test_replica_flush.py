@@ -10,7 +10,7 @@ from ember.ps_server.errors import (
     ReplicaReleasedError,
     TooManyJobsError,
 )
-from ember.ps_server.replica_flush import MAX_REPLICA_JOBS, ReplicaFlushes
+from ember.ps_server.shard.replica_flush import MAX_REPLICA_JOBS, ReplicaFlushes
 
 
 def spin_until(ready) -> None:

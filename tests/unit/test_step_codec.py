@@ -4,7 +4,8 @@ import random
 
 import numpy as np
 from ember.ps_server.errors import InvalidArgumentError
-from ember.ps_server.step_codec import (
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_request,
     decode_lookup_response,
@@ -15,7 +16,6 @@ from ember.ps_server.step_codec import (
     encode_update_request,
     encode_update_response,
 )
-from ember.ps_server.wire import pb
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st

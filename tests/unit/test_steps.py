@@ -5,17 +5,17 @@ import threading
 import numpy as np
 import pytest
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
-from ember.ps_server.initializers import initial_rows
-from ember.ps_server.server import ParameterServer
-from ember.ps_server.step_codec import (
+from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_request,
     decode_update_request,
     encode_lookup_request,
     encode_update_request,
 )
-from ember.ps_server.table_spec import OptimizerKind, OptimizerSpec, TableSpec
-from ember.ps_server.wire import pb
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 from tests.support.reference import ReferenceRow
 
@@ -238,7 +238,7 @@ def test_a_wait_that_times_out_while_its_clock_is_written_keeps_waiting():
 
 
 def test_a_forgotten_job_comes_back_with_its_clocks_and_its_world():
-    from ember.ps_server import step_clocks
+    from ember.ps_server.shard import step_clocks
 
     clocks = step_clocks.StepClocks()
     job = clocks.job(clock(0, world=2))

@@ -2,14 +2,14 @@ import dataclasses
 
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
-from ember.ps_server.table_spec import (
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.table_spec import (
     InitializerSpec,
     InitKind,
     OptimizerKind,
     OptimizerSpec,
     TableSpec,
 )
-from ember.ps_server.wire import pb
 
 GOOD = TableSpec(
     "user.v1",

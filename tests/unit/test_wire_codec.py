@@ -1,7 +1,7 @@
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
-from ember.ps_server.wire import pb
-from ember.ps_server.wire_codec import (
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.pull_push_codec import (
     decode_pull_reply,
     decode_push_request,
     encode_pull_reply,

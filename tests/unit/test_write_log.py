@@ -10,14 +10,14 @@ import zlib
 
 import numpy as np
 import pytest
-from ember.ps_server import log_records, write_log
+from ember.ps_server.durability import log_records, write_log
+from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import (
     DurableFileCorruptError,
     ShardFailedError,
     TopologyMismatchError,
     WriteLogLockedError,
 )
-from ember.ps_server.write_log import WriteLog
 
 
 def open_log(directory, fsync="always") -> WriteLog:
@@ -277,9 +277,9 @@ def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_rec
 ):
     """Crash tests cannot see a missing fsync (the page cache outlives the process): record
     every fsync with the log size it made durable, and the acknowledgement."""
-    from ember.ps_server.server import ParameterServer
-    from ember.ps_server.table_spec import TableSpec
-    from ember.ps_server.wire import encode_ids
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.wire.messages import encode_ids
+    from ember.ps_server.wire.table_spec import TableSpec
 
     server = ParameterServer(0, 1)
     server.create_table(TableSpec("t", dim=4))
@@ -309,7 +309,7 @@ def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_rec
 
 def test_one_process_owns_a_log_and_a_dead_owner_does_not_block_the_next(tmp_path):
     program = (
-        "import sys, pathlib; from ember.ps_server.write_log import WriteLog; "
+        "import sys, pathlib; from ember.ps_server.durability.write_log import WriteLog; "
         f"log = WriteLog(pathlib.Path({str(tmp_path)!r}), 1, 3); log.claim(); "
         "print('held', flush=True); sys.stdin.read()"
     )

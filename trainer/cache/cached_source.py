@@ -14,7 +14,7 @@ import concurrent.futures
 import dataclasses
 
 import torch
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
 from ember.trainer.pipeline import same_requests
 from ember.trainer.traffic import CountingClient

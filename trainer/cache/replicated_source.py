@@ -30,8 +30,8 @@ import logging
 import torch
 import torch.distributed as dist
 from ember.kernels.optim import apply_rows, state_width
-from ember.ps_server.client import PSClient
-from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.pipeline import PipelinedRowSource
 from ember.trainer.traffic import CountingClient, TrafficStats
 

@@ -22,6 +22,8 @@ ID_DTYPE = np.dtype("<i8")
 ROW_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i8")
 ROW_BYTES_PER_ELEMENT = ROW_DTYPE.itemsize
+# The default limit on one request or reply, both ways.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
 def decode_ids(data: bytes) -> np.ndarray:
@@ -79,3 +81,11 @@ def readonly_tensor(buffer: bytes | memoryview, dtype: torch.dtype) -> torch.Ten
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch warns that the buffer is read-only
         return torch.frombuffer(buffer, dtype=dtype)
+
+
+def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """gRPC channel/server options raising both message limits to ``max_message_bytes``."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]

@@ -23,7 +23,7 @@ from ember.ps_server.errors import (
     ReplicaReleasedError,
     TooManyJobsError,
 )
-from ember.ps_server.step_clocks import MAX_WAIT_MS, sound_job_name
+from ember.ps_server.shard.step_clocks import MAX_WAIT_MS, sound_job_name
 
 # Replica jobs per shard. Each one that has reported holds a shard worker thread until the
 # pause, so this stays well below the shard's workers (32 by default).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ember.ps_server.proto_wire import (
+from ember.ps_server.wire.proto_wire import (
     EMPTY,
     LEN,
     VARINT,

@@ -1,6 +1,6 @@
 """The proto3 wire format, read and written directly: varints, tags and fields.
 
-The zero-copy codecs (:mod:`wire_codec`, :mod:`step_codec`) build on these.
+The zero-copy codecs (:mod:`pull_push_codec`, :mod:`step_codec`) build on these.
 Reading rejects exactly what protobuf's own parser (upb) rejects, so a codec
 accepts a message if and only if the generated classes would.
 """

@@ -17,17 +17,23 @@ from typing import Any
 import grpc
 import torch
 from ember.kernels.loader import native_ops_available
-from ember.ps_server.config import ShardConfig, message_size_options
+from ember.ps_server.durability.recovery import recover
 from ember.ps_server.errors import (
     CheckpointStateError,
     EmberError,
     InvalidArgumentError,
     status_code_for,
 )
-from ember.ps_server.malloc_tuning import retain_freed_buffers
-from ember.ps_server.recovery import recover
-from ember.ps_server.server import ParameterServer, PullStaleReply
-from ember.ps_server.step_codec import (
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.server import ParameterServer, PullStaleReply
+from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
+from ember.ps_server.wire.pull_push_codec import (
+    PushRequestView,
+    decode_push_request,
+    encode_pull_reply,
+)
+from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     UpdateRequestView,
     decode_lookup_request,
@@ -35,9 +41,7 @@ from ember.ps_server.step_codec import (
     encode_lookup_response,
     encode_update_response,
 )
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
-from ember.ps_server.wire_codec import PushRequestView, decode_push_request, encode_pull_reply
+from ember.ps_server.wire.table_spec import TableSpec
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -45,7 +49,7 @@ from grpc_reflection.v1alpha import reflection
 log = logging.getLogger(__name__)
 
 
-# Methods whose payloads skip the generated classes (see wire_codec, step_codec).
+# Methods whose payloads skip the generated classes (see pull_push_codec, step_codec).
 _RAW_REQUESTS = {
     "Push": decode_push_request,
     "Lookup": decode_lookup_request,
@@ -115,12 +119,12 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         return pb.CreateTableResponse(created=created)
 
     def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
-        """Returns the serialised PullResponse (see wire_codec)."""
+        """Returns the serialised PullResponse (see pull_push_codec)."""
         reply = self.server.pull(request.table, request.ids, request.with_state)
         return encode_pull_reply(reply.values, reply.versions, reply.dim, reply.state)
 
     def Push(self, request: PushRequestView, context: grpc.ServicerContext) -> pb.PushResponse:
-        """Takes the PushRequest as decoded by the zero-copy codec (see wire_codec)."""
+        """Takes the PushRequest as decoded by the zero-copy codec (see pull_push_codec)."""
         duplicate, rows = self.server.push(
             request.table, request.ids, request.grads, request.request_id
         )
@@ -182,20 +186,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         return pb.PullStaleBatchResponse(responses=[_pull_stale_response(r) for r in replies])
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
-        tables = [
-            pb.TableStats(
-                name=s.name,
-                dim=s.dim,
-                rows=s.rows,
-                bytes=s.bytes,
-                pull_requests=s.counters.pull_requests,
-                push_requests=s.counters.push_requests,
-                rows_pulled=s.counters.rows_pulled,
-                rows_pushed=s.counters.rows_pushed,
-                duplicate_pushes=s.counters.duplicate_pushes,
-            )
-            for s in self.server.stats(sizes=not request.without_sizes)
-        ]
+        tables = [s.to_proto() for s in self.server.stats(sizes=not request.without_sizes)]
         return pb.StatsResponse(
             shard=self.server.shard, num_shards=self.server.num_shards, tables=tables
         )

@@ -1,15 +1,14 @@
-"""Typed configuration of shards and clients."""
+"""Typed configuration of a shard process."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.stores import check_store_url
-from ember.ps_server.write_log import FSYNC_POLICIES
+from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.env import dataclass_from_env
-
-DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,46 +91,3 @@ class ShardConfig:
             raise ValueError(
                 f"checkpoint_root must be an absolute path, got {self.checkpoint_root!r}"
             )
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientConfig:
-    """How a PSClient talks to shards.
-
-    Attributes:
-        timeout_s: deadline of each RPC.
-        max_attempts: tries per RPC when a shard is UNAVAILABLE (1 = no retry).
-        initial_backoff_s: wait before the first retry; doubles each retry.
-        max_backoff_s: longest wait between retries.
-        max_message_bytes: largest request or reply; bigger batches are chunked.
-    """
-
-    timeout_s: float = 30.0
-    max_attempts: int = 5
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-
-    @classmethod
-    def from_env(cls) -> ClientConfig:
-        """Defaults overridden by EMBER_TIMEOUT_S, EMBER_MAX_ATTEMPTS, ..."""
-        return dataclass_from_env(cls)
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first field out of range."""
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
-            raise ValueError("need 0 <= initial_backoff_s <= max_backoff_s")
-        if self.max_message_bytes < 1 << 16:
-            raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
-
-
-def message_size_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """gRPC channel/server options raising both message limits to ``max_message_bytes``."""
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-    ]

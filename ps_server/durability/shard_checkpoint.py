@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ember.ps_server.checkpoint_format import (
+from ember.ps_server.durability.checkpoint_format import (
     MANIFEST,
     FileEntry,
     Manifest,
@@ -28,7 +28,7 @@ from ember.ps_server.checkpoint_format import (
     read_row_file,
     row_file_name,
 )
-from ember.ps_server.durable_files import write_durably
+from ember.ps_server.durability.durable_files import write_durably
 from ember.ps_server.errors import (
     CheckpointStateError,
     DurableFileCorruptError,
@@ -36,12 +36,12 @@ from ember.ps_server.errors import (
     PermissionDeniedError,
 )
 from ember.ps_server.routing import shard_of
-from ember.ps_server.step_clocks import MAX_WORLD, sound_job_name
-from ember.ps_server.table import Table
-from ember.ps_server.table_spec import TableSpec
+from ember.ps_server.shard.step_clocks import MAX_WORLD, sound_job_name
+from ember.ps_server.shard.table import Table
+from ember.ps_server.wire.table_spec import TableSpec
 
 if TYPE_CHECKING:
-    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.shard.server import ParameterServer
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,14 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import TableExistsError
-from ember.ps_server.proto_wire import Buffer
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import pb
-from ember.ps_server.write_log import WriteLog
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.proto_wire import Buffer
+from ember.ps_server.wire.table_spec import TableSpec
 
 if TYPE_CHECKING:
-    from ember.ps_server.server import ParameterServer
+    from ember.ps_server.shard.server import ParameterServer
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
-from ember.ps_server.step_codec import StepClockView
-from ember.ps_server.wire import pb
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.step_codec import StepClockView
 
 MAX_JOBS = 64
 EXACT_APPLIER = -1  # Job.applying's mark for an exact-mode clock being applied

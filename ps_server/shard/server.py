@@ -15,6 +15,9 @@ import threading
 import numpy as np
 import torch
 from ember.kernels.optim import state_width
+from ember.ps_server.durability.journal import WriteJournal
+from ember.ps_server.durability.shard_checkpoint import ShardCheckpoints
+from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
@@ -22,23 +25,21 @@ from ember.ps_server.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from ember.ps_server.journal import WriteJournal
 from ember.ps_server.routing import shard_of
-from ember.ps_server.shard_checkpoint import ShardCheckpoints
-from ember.ps_server.shard_fault import ShardFault
-from ember.ps_server.steps import StepService
+from ember.ps_server.shard.steps import StepService
+from ember.ps_server.shard.table import Table
+from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import open_marker, open_store
-from ember.ps_server.table import Table, TableCounters
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import (
+from ember.ps_server.wire.messages import (
     ROW_BYTES_PER_ELEMENT,
     decode_ids,
     decode_rows,
     decode_versions,
     pb,
 )
-from ember.ps_server.wire_codec import push_log_record
-from ember.ps_server.write_gate import WriteGate
+from ember.ps_server.wire.pull_push_codec import push_log_record
+from ember.ps_server.wire.stats import TableStats
+from ember.ps_server.wire.table_spec import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +68,6 @@ class PullStaleReply:
     values: np.ndarray
     versions: np.ndarray
     dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class TableStats:
-    """Size and traffic of one table on this shard."""
-
-    name: str
-    dim: int
-    rows: int
-    bytes: int
-    counters: TableCounters
 
 
 class ParameterServer:

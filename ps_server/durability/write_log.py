@@ -37,16 +37,16 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ember.ps_server.durable_files import fsync_directory, write_durably
+from ember.ps_server.durability.durable_files import fsync_directory, write_durably
+from ember.ps_server.durability.log_records import FRAMING, TRAILER, header, segment_records
+from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     DurableFileCorruptError,
     ShardFailedError,
     TopologyMismatchError,
     WriteLogLockedError,
 )
-from ember.ps_server.log_records import FRAMING, TRAILER, header, segment_records
-from ember.ps_server.proto_wire import Buffer
-from ember.ps_server.shard_fault import ShardFault
+from ember.ps_server.wire.proto_wire import Buffer
 
 log = logging.getLogger(__name__)
 

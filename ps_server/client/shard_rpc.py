@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from ember.ps_server.config import ClientConfig, message_size_options
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.fanout import FanOut
 from ember.ps_server.errors import PSClientError
-from ember.ps_server.fanout import FanOut
-from ember.ps_server.step_codec import decode_lookup_response, decode_update_response
-from ember.ps_server.wire import SERVICE_NAME, pb, pb_grpc
-from ember.ps_server.wire_codec import decode_pull_reply
+from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
+from ember.ps_server.wire.pull_push_codec import decode_pull_reply
+from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
 
 # Room for field tags, the table name and the request id beside the payload.
 REQUEST_OVERHEAD_BYTES = 4096

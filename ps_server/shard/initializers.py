@@ -13,7 +13,7 @@ import torch
 from ember.kernels.loader import native_backend_for
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.routing import mix64, name_salt
-from ember.ps_server.table_spec import InitKind, TableSpec
+from ember.ps_server.wire.table_spec import InitKind, TableSpec
 
 _INV_2_24 = 1.0 / float(1 << 24)
 _STREAM = np.uint64(0xD1B54A32D192ED03)

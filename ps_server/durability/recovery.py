@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.ps_server.checkpoint_format import resolve_checkpoint
-from ember.ps_server.config import ShardConfig
+from ember.ps_server.durability.checkpoint_format import resolve_checkpoint
+from ember.ps_server.durability.journal import replay
+from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import CheckpointStateError, DurableStateError
-from ember.ps_server.journal import replay
-from ember.ps_server.server import ParameterServer
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.stores import clear_shard
-from ember.ps_server.write_log import WriteLog
 
 
 def recover(server: ParameterServer, config: ShardConfig) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from ember.ps_server.shard_rpc import ShardCall, ShardRPC
-from ember.ps_server.step_clocks import MAX_WAIT_MS
-from ember.ps_server.wire import pb
+from ember.ps_server.client.shard_rpc import ShardCall, ShardRPC
+from ember.ps_server.shard.step_clocks import MAX_WAIT_MS
+from ember.ps_server.wire.messages import pb
 
 
 def flush_wait_ms(wait_s: float) -> int:

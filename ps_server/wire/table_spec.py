@@ -7,7 +7,7 @@ import enum
 import re
 
 from ember.ps_server.errors import InvalidArgumentError
-from ember.ps_server.wire import pb
+from ember.ps_server.wire.messages import pb
 
 MAX_DIM = 4096
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")

@@ -2,7 +2,7 @@
 
 Validates input before anything is sent, routes ids to shards by hash, splits
 batches below the gRPC message limit and assembles replies in the caller's
-order. Sending, retrying and batching live in :mod:`ember.ps_server.shard_rpc`.
+order. Sending, retrying and batching live in :mod:`ember.ps_server.client.shard_rpc`.
 """
 
 from __future__ import annotations
@@ -19,21 +19,15 @@ import numpy as np
 import torch
 from ember.kernels.optim import state_width
 from ember.kernels.rows import scatter_rows
-from ember.ps_server.checkpoint_coordinator import (
-    DEFAULT_FLUSH_WAIT_S,
-    DEFAULT_LEASE_S,
-    take_checkpoint,
-)
-from ember.ps_server.config import ClientConfig
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.shard_rpc import REQUEST_OVERHEAD_BYTES, ShardCall, ShardRPC
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
-from ember.ps_server.server import TableStats
-from ember.ps_server.shard_rpc import REQUEST_OVERHEAD_BYTES, ShardCall, ShardRPC
-from ember.ps_server.table import TableCounters
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import encode_ids, pb, readonly_tensor
-from ember.ps_server.wire_codec import PullReplyView, encode_push_request
+from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
+from ember.ps_server.wire.pull_push_codec import PullReplyView, encode_push_request
+from ember.ps_server.wire.stats import TableStats
+from ember.ps_server.wire.table_spec import TableSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,22 +354,28 @@ class PSClient:
         self,
         root: str | Path,
         incremental: bool = False,
-        lease_s: float = DEFAULT_LEASE_S,
-        flush_wait_s: float = DEFAULT_FLUSH_WAIT_S,
+        lease_s: float | None = None,
+        flush_wait_s: float | None = None,
         release: Sequence[str] = (),
     ) -> Path:
         """Write a consistent checkpoint of every shard under ``root``; returns its directory.
 
         Training jobs that hold hot-row replicas write them back first; ``release`` names
         jobs that died holding them, not waited for from now on. See
-        :func:`ember.ps_server.checkpoint_coordinator.take_checkpoint` (``root`` must be a
+        :func:`ember.ps_server.durability.checkpoint_coordinator.take_checkpoint` (``root`` must be a
         path every shard can write; this client's ``timeout_s`` must cover the slowest
-        shard's write).
+        shard's write). ``lease_s`` and ``flush_wait_s`` default to the coordinator's.
         """
+        # Imported here: the client proper loads no durability module (an operator's call).
+        from ember.ps_server.durability import checkpoint_coordinator as coordinator
+
         self.ensure_topology()
-        return take_checkpoint(self._rpc, Path(root), incremental, lease_s, flush_wait_s, release)[
-            0
-        ]
+        lease_s = coordinator.DEFAULT_LEASE_S if lease_s is None else lease_s
+        wait_s = coordinator.DEFAULT_FLUSH_WAIT_S if flush_wait_s is None else flush_wait_s
+        directory, _ = coordinator.take_checkpoint(
+            self._rpc, Path(root), incremental, lease_s, wait_s, release
+        )
+        return directory
 
     def ensure_topology(self) -> None:
         """Check once that endpoint k reports shard k of len(endpoints)."""
@@ -417,22 +417,7 @@ def _push_request(
 
 
 def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:
-    tables = [
-        TableStats(
-            name=t.name,
-            dim=t.dim,
-            rows=t.rows,
-            bytes=t.bytes,
-            counters=TableCounters(
-                pull_requests=t.pull_requests,
-                push_requests=t.push_requests,
-                rows_pulled=t.rows_pulled,
-                rows_pushed=t.rows_pushed,
-                duplicate_pushes=t.duplicate_pushes,
-            ),
-        )
-        for t in reply.tables
-    ]
+    tables = [TableStats.from_proto(t) for t in reply.tables]
     return ShardStats(
         endpoint=endpoint, shard=reply.shard, num_shards=reply.num_shards, tables=tables
     )

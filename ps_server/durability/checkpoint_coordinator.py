@@ -8,22 +8,22 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
-from ember.ps_server.checkpoint_format import (
+from ember.ps_server.client.shard_rpc import ShardCall, ShardRPC
+from ember.ps_server.durability.checkpoint_format import (
     FileEntry,
     Manifest,
     latest_checkpoint,
     next_checkpoint_id,
 )
-from ember.ps_server.errors import PSClientError
-from ember.ps_server.replica_checkpoint import (
+from ember.ps_server.durability.replica_checkpoint import (
     flush_replicas,
     flush_wait_ms,
     new_flush_id,
     release_jobs,
 )
-from ember.ps_server.shard_rpc import ShardCall, ShardRPC
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import pb
+from ember.ps_server.errors import PSClientError
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.table_spec import TableSpec
 
 log = logging.getLogger(__name__)
 

@@ -19,19 +19,19 @@ import grpc
 import numpy as np
 import torch
 from ember.kernels.rows import scatter_rows
-from ember.ps_server.client import PSClient
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import PSClientError
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
-from ember.ps_server.shard_rpc import ShardCall
-from ember.ps_server.step_codec import (
+from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
+from ember.ps_server.wire.step_codec import (
     LookupResponseView,
     StepClockView,
     UpdateResponseView,
     encode_lookup_request,
     encode_update_request,
 )
-from ember.ps_server.wire import encode_ids, pb, readonly_tensor
 
 MODES = ("exact", "async")
 _MODE_NUMBERS = {"exact": 1, "async": 2}  # ember.v1.UpdateMode

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from ember.ps_server.durable_files import DurableWriter, verify_file, write_durably
+from ember.ps_server.durability.durable_files import DurableWriter, verify_file, write_durably
 from ember.ps_server.errors import DurableFileCorruptError
 from ember.ps_server.stores import RowBatch
-from ember.ps_server.table_spec import TableSpec
-from ember.ps_server.wire import pb
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.table_spec import TableSpec
 from google.protobuf import json_format
 
 FORMAT = "ember-checkpoint/1"

@@ -8,7 +8,6 @@ applied here as one unit.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,24 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from ember.kernels.optim import state_width
-from ember.ps_server.changed_ids import ChangedIds
-from ember.ps_server.checkpoint_format import FileEntry, write_row_file
+from ember.ps_server.durability.checkpoint_format import FileEntry, write_row_file
 from ember.ps_server.id_arrays import sum_duplicates
-from ember.ps_server.initializers import initial_rows
+from ember.ps_server.shard.changed_ids import ChangedIds
+from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, empty_batch
-from ember.ps_server.table_spec import TableSpec
-
-
-@dataclasses.dataclass
-class TableCounters:
-    """Traffic counters of one table on one shard."""
-
-    pull_requests: int = 0
-    push_requests: int = 0
-    rows_pulled: int = 0
-    rows_pushed: int = 0
-    duplicate_pushes: int = 0
+from ember.ps_server.wire.stats import TableCounters
+from ember.ps_server.wire.table_spec import TableSpec
 
 
 class Table:

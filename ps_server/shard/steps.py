@@ -19,20 +19,20 @@ import numpy as np
 import torch
 from ember.ps_server.errors import CheckpointStateError, ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.id_arrays import sum_duplicates
-from ember.ps_server.replica_flush import ReplicaFlushes, check_job_name
-from ember.ps_server.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
-from ember.ps_server.step_codec import (
+from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
+from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
     TableGradsView,
     TableIdsView,
     UpdateRequestView,
 )
-from ember.ps_server.wire import pb
 
 if TYPE_CHECKING:
-    from ember.ps_server.server import ParameterServer
-    from ember.ps_server.table import Table
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.shard.table import Table
 
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]

@@ -1,7 +1,7 @@
 """Zero-copy codecs of the step data plane: Lookup and Update, both ways.
 
 A step's lookup and update carry every table of one shard in one message, so
-they are the largest messages of training. As :mod:`wire_codec` does for Pull
+they are the largest messages of training. As :mod:`pull_push_codec` does for Pull
 and Push, these codecs read and write the proto3 wire format directly:
 decoding returns memoryviews into the received bytes, encoding joins the
 payloads into the message in one copy. They accept exactly what the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ember.ps_server.proto_wire import (
+from ember.ps_server.wire.proto_wire import (
     EMPTY,
     LEN,
     VARINT,

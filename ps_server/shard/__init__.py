@@ -1,0 +1,1 @@
+"""One shard process: the gRPC service, tables, step clocks and the write gate."""

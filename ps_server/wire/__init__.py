@@ -1,0 +1,1 @@
+"""The wire contract: generated messages, zero-copy codecs, table specs and stats."""
