@@ -3,16 +3,25 @@
 A CPU build of torch ships the ATen and c10 CUDA headers but not the generated
 ``cuda_cmake_macros.h``; the check defines ``C10_CUDA_NO_CMAKE_CONFIGURE_FILE``
 to skip it. Sources are compiled in parallel into a scratch folder.
+
+An object that compiled is kept under the kernels cache, keyed by everything
+the compile reads: nvcc's version, the command line, torch's version, the
+source and every Ember header. A later check with the same key copies it
+instead of compiling again (as ccache does); anything changed compiles anew.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ember.kernels.loader import CSRC, CUDA_SOURCES, CUDA_SRC
+
+from ember.env import env_value
 
 
 def nvcc_command(nvcc: str, source: Path, output: Path) -> list[str]:
@@ -36,13 +45,44 @@ def compile_check(scratch: Path, jobs: int = 2, timeout_s: float = 600) -> dict[
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on PATH")
 
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
+
     def compile_one(name: str) -> tuple[str, str]:
-        command = nvcc_command(nvcc, CUDA_SRC / name, scratch / f"{name}.o")
+        output = scratch / f"{name}.o"
+        command = nvcc_command(nvcc, CUDA_SRC / name, output)
+        cached = _cache_path(version.stdout, command, CUDA_SRC / name)
+        if cached.exists():
+            shutil.copyfile(cached, output)
+            return name, ""
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, check=False
         )
+        if result.returncode == 0:
+            _keep(output, cached)
+            return name, ""
         errors = [line for line in result.stderr.splitlines() if "error" in line]
-        return name, "" if result.returncode == 0 else "\n".join(errors) or result.stderr[-2000:]
+        return name, "\n".join(errors) or result.stderr[-2000:]
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return dict(pool.map(compile_one, CUDA_SOURCES))
+
+
+def _cache_path(nvcc_version: str, command: list[str], source: Path) -> Path:
+    """Where the object of ``command`` is kept, named by a hash of all the compile reads."""
+    import torch
+
+    digest = hashlib.sha256(nvcc_version.encode() + torch.__version__.encode())
+    digest.update("\0".join(command[:-3]).encode())  # all but the source and the output
+    headers = sorted([*CSRC.glob("*.h"), *CUDA_SRC.glob("*.cuh")])
+    for path in [source, *headers]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    root = Path(env_value("KERNELS_CACHE", str(Path.home() / ".cache" / "ember" / "kernels")))
+    return root / "nvcc-check" / f"{source.name}-{digest.hexdigest()[:24]}.o"
+
+
+def _keep(output: Path, cached: Path) -> None:
+    """Copy ``output`` to ``cached`` atomically (a concurrent reader sees all of it or none)."""
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+    shutil.copyfile(output, partial)
+    os.replace(partial, cached)
