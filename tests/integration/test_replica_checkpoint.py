@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 import torch
@@ -19,7 +18,7 @@ from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.durability.checkpoint_coordinator import take_checkpoint
 from ember.ps_server.durability.recovery import recover
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids
@@ -67,7 +66,13 @@ def train_while_checkpointing(config, cluster, root, tmp_path, extra=()) -> list
         with PSClient(cluster.endpoints) as coordinator:
             deadline = time.monotonic() + 240
             while trainers.poll() is None and time.monotonic() < deadline:
-                directories.append(coordinator.checkpoint(root))
+                try:
+                    directories.append(coordinator.checkpoint(root))
+                except PSClientError as refused:
+                    # A job whose first update lands between the flush request and the
+                    # pause is refused, as designed ("retry it"); anything else fails.
+                    if "did not write them back" not in refused.details:
+                        raise
         code = trainers.wait(timeout=120)
     assert code == 0, (tmp_path / "trainers.log").read_text()[-3000:]
     return directories
@@ -155,7 +160,7 @@ def test_a_replica_job_that_never_flushes_fails_the_checkpoint_until_released(tm
         started = time.monotonic()
         with pytest.raises(PSClientError) as refused:
             client.checkpoint(root, flush_wait_s=0.5)
-        assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert refused.value.code == Status.DEADLINE_EXCEEDED
         assert "job-silent" in str(refused.value) and "--release-job" in str(refused.value)
         assert time.monotonic() - started < 10
         assert not list(root.glob("*/manifest.json"))  # nothing that claims to be complete
@@ -220,7 +225,7 @@ def test_a_job_that_goes_on_after_its_flush_fails_the_checkpoint(tmp_path):
         with pytest.raises(PSClientError) as refused:
             take_checkpoint(_AfterFlush(client.shard_rpc, lambda: _step(steps, 1)), root)
         reporter.join(30)
-        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.code == Status.FAILED_PRECONDITION
         assert "job-eager" in str(refused.value) and "after clock 0" in str(refused.value)
         assert not list(root.glob("*/manifest.json"))
 
@@ -238,7 +243,7 @@ def test_a_job_that_starts_after_the_request_fails_the_checkpoint(tmp_path):
             take_checkpoint(
                 _AfterFlush(client.shard_rpc, lambda: _replica_job(client, "late")), root
             )
-        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.code == Status.FAILED_PRECONDITION
         assert "'late'" in str(refused.value) and "did not write them back" in str(refused.value)
         assert client.checkpoint(root, flush_wait_s=0.5, release=["late"])  # a retry works
 
@@ -275,11 +280,11 @@ def test_which_jobs_hold_replicas_survives_a_restart_and_a_restore(tmp_path):
         cluster.restart_shard(0)  # replays the log
         with pytest.raises(PSClientError) as refused:
             client.checkpoint(root, flush_wait_s=0.5)
-        assert refused.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert refused.value.code == Status.DEADLINE_EXCEEDED
         assert "held" in str(refused.value) and "done" not in str(refused.value)
         with pytest.raises(PSClientError) as again:
             _step(done, 1)
-        assert again.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert again.value.code == Status.FAILED_PRECONDITION
         assert "released its hot-row replicas" in str(again.value)
         reporter = threading.Thread(target=_report_when_asked, args=(held,))
         reporter.start()
