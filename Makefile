@@ -15,6 +15,9 @@ demo: setup
 # The native ops are required under test: a failed build fails the run instead of
 # falling back to the reference ops (which users still get by default).
 test: export EMBER_KERNELS = native
+# The UCX tests run over UCX_TLS=tcp on loopback, so the UCX extra is part of the test setup.
+test: export EMBER_EXTRAS = dev,ucx
+test: export EMBER_REQUIRE_UCX = 1
 test: setup
 	@bash scripts/setup-redis.sh
 	@# Build the native ops once, before any test or shard needs them.

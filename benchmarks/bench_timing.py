@@ -32,3 +32,21 @@ def process_cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far, all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_loop(operation: Callable[[], object], budget_s: float) -> tuple[float, int]:
+    """``(seconds, calls)`` of at least 3 calls filling ``budget_s``, after one warm call."""
+    operation()  # warm
+    count, start = 0, time.perf_counter()
+    while True:
+        operation()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= budget_s and count >= 3:
+            return elapsed, count
+
+
+def time_per_op(operation: Callable[[], object], budget_s: float) -> float:
+    """Wall seconds per call of ``operation`` over ``budget_s`` (see :func:`timed_loop`)."""
+    elapsed, count = timed_loop(operation, budget_s)
+    return elapsed / count

@@ -1,13 +1,36 @@
-"""Domain errors of the parameter server and their gRPC status codes.
+"""Domain errors of the parameter server and the status each one reports.
 
-The logic layers raise these; the transport maps them with
-:func:`status_code_for` (the one place that knows gRPC codes) so a user sees a
-precise status and a message that says what to change.
+The logic layers raise these; every transport reports one with the status
+:func:`status_for` gives (gRPC as its own status code of that number, UCX in
+its frame header), so a user sees the same precise status and a message that
+says what to change whichever transport carried the call.
 """
 
 from __future__ import annotations
 
-import grpc
+import enum
+
+
+class Status(enum.IntEnum):
+    """The canonical status codes, numbered as gRPC numbers them."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
 
 
 class EmberError(Exception):
@@ -85,31 +108,31 @@ class TooManyJobsError(EmberError):
     """The shard already tracks as many jobs of a kind as it keeps."""
 
 
-_STATUS_CODES: dict[type[EmberError], grpc.StatusCode] = {
-    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    TableNotFoundError: grpc.StatusCode.NOT_FOUND,
-    TableExistsError: grpc.StatusCode.ALREADY_EXISTS,
-    NotOwnedError: grpc.StatusCode.FAILED_PRECONDITION,
-    MessageTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
-    StoreCorruptError: grpc.StatusCode.DATA_LOSS,
-    CheckpointStateError: grpc.StatusCode.FAILED_PRECONDITION,
-    ShardFailedError: grpc.StatusCode.FAILED_PRECONDITION,
-    DurableStateError: grpc.StatusCode.FAILED_PRECONDITION,
-    WriteLogLockedError: grpc.StatusCode.FAILED_PRECONDITION,
-    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
-    ClockTimeoutError: grpc.StatusCode.DEADLINE_EXCEEDED,
-    TooManyJobsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ReplicaReleasedError: grpc.StatusCode.FAILED_PRECONDITION,
+_STATUSES: dict[type[EmberError], Status] = {
+    InvalidArgumentError: Status.INVALID_ARGUMENT,
+    TableNotFoundError: Status.NOT_FOUND,
+    TableExistsError: Status.ALREADY_EXISTS,
+    NotOwnedError: Status.FAILED_PRECONDITION,
+    MessageTooLargeError: Status.RESOURCE_EXHAUSTED,
+    StoreUnavailableError: Status.UNAVAILABLE,
+    StoreCorruptError: Status.DATA_LOSS,
+    CheckpointStateError: Status.FAILED_PRECONDITION,
+    ShardFailedError: Status.FAILED_PRECONDITION,
+    DurableStateError: Status.FAILED_PRECONDITION,
+    WriteLogLockedError: Status.FAILED_PRECONDITION,
+    PermissionDeniedError: Status.PERMISSION_DENIED,
+    ClockTimeoutError: Status.DEADLINE_EXCEEDED,
+    TooManyJobsError: Status.RESOURCE_EXHAUSTED,
+    ReplicaReleasedError: Status.FAILED_PRECONDITION,
 }
 
 
-def status_code_for(error: EmberError) -> grpc.StatusCode:
-    """The gRPC status code that reports ``error``."""
+def status_for(error: EmberError) -> Status:
+    """The status that reports ``error``."""
     for cls in type(error).__mro__:
-        if cls in _STATUS_CODES:
-            return _STATUS_CODES[cls]
-    return grpc.StatusCode.INTERNAL
+        if cls in _STATUSES:
+            return _STATUSES[cls]
+    return Status.INTERNAL
 
 
 class PSClientError(RuntimeError):
@@ -117,11 +140,11 @@ class PSClientError(RuntimeError):
 
     Attributes:
         endpoint: the shard's ``host:port``.
-        code: the gRPC status code.
+        code: the status, the same over every transport.
         details: the shard's message.
     """
 
-    def __init__(self, endpoint: str, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, endpoint: str, code: Status, details: str) -> None:
         super().__init__(f"shard {endpoint}: {code.name}: {details}")
         self.endpoint = endpoint
         self.code = code

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Idempotent setup of .venv: Python 3.11+ (pyproject's requires-python), a CPU torch 2.13.0 unless a torch is
 # already importable by the system Python (then the venv sees it), and Ember
-# in editable mode with its dev extras. Re-runs only when pyproject.toml changes.
+# in editable mode with the extras in EMBER_EXTRAS (default: dev). Re-runs only when
+# pyproject.toml changes or other extras are asked for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
-STAMP="$VENV/.ember-installed"
+EXTRAS="${EMBER_EXTRAS:-dev}"
+STAMP="$VENV/.ember-installed-${EXTRAS//,/-}"
 TORCH_CPU_VERSION=2.13.0
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -33,6 +35,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: installing CPU torch $TORCH_CPU_VERSION" >&2
   pip install "torch==$TORCH_CPU_VERSION"
 fi
-echo "setup: installing ember-ps and its dev tools" >&2
-pip install -e ".[dev]"
+echo "setup: installing ember-ps with extras $EXTRAS" >&2
+pip install -e ".[$EXTRAS]"
 touch "$STAMP"

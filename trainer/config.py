@@ -7,6 +7,7 @@ import os
 
 import torch
 from ember.ps_server.client.step_client import MODES
+from ember.ps_server.client.transport import check_transport
 from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.cache.hot_cache import POLICIES
 from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
@@ -45,6 +46,7 @@ class TrainConfig:
     wait_s: float = 120.0
     torch_threads: int = 0
     flush_every: int = 1000
+    transport: str = "grpc"
 
     def pipelined(self) -> bool:
         """Whether the next step's rows are fetched while a step computes (``auto``: yes).
@@ -85,6 +87,15 @@ class TrainConfig:
         if self.data_path not in DATA_PATHS:
             raise ValueError(
                 f"data_path must be one of {', '.join(DATA_PATHS)}, got {self.data_path!r}"
+            )
+        check_transport(self.transport)
+        if self.transport == "ucx" and not (
+            self.pipelined() and self.cache in ("none", "replicated")
+        ):
+            raise ValueError(
+                "transport ucx carries the step calls only: use cache none or replicated on "
+                f"data_path auto or pipeline (cache {self.cache!r} on data_path "
+                f"{self.data_path!r} pulls and pushes over gRPC)"
             )
         if not 0 <= self.staleness <= MAX_STALENESS:
             raise ValueError(f"staleness must be in 0..{MAX_STALENESS}, got {self.staleness}")

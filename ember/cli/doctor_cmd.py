@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import platform
 import shutil
 import subprocess
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     cuda = torch.cuda.is_available()
     print(f"CUDA: {'available, ' + torch.cuda.get_device_name(0) if cuda else 'not available'}"
           f" (torch built with CUDA {torch.version.cuda or 'none'})")  # fmt: skip
+    print(f"UCX: {_ucx_binding()}")
     missing = []
     for op in OPS:
         loaded = native and hasattr(torch.ops.ember, op)
@@ -63,6 +66,19 @@ def run(args: argparse.Namespace) -> int:
               f"{failure}", file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def _ucx_binding() -> str:
+    """The UCX binding ``ember ps --ucx`` would load, found without importing it."""
+    for module, distribution in (("ucp", "ucx-py"), ("ucxx", "ucxx")):
+        if importlib.util.find_spec(module) is not None:
+            versions = [
+                f"{d.metadata['Name']} {d.version}"
+                for d in importlib.metadata.distributions()
+                if (d.metadata["Name"] or "").startswith(distribution)
+            ]
+            return f"{module} ({', '.join(versions) or 'version unknown'})"
+    return "not installed (pip install 'ember-ps[ucx]')"
 
 
 def _version(tool: str) -> str:

@@ -95,6 +95,25 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(env EMBER_ACCEPT_EMPTY_STORE)",
     )
     parser.add_argument(
+        "--ucx",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.ucx,
+        help="also serve Lookup and Update over UCX, advertised to clients (needs "
+        "pip install 'ember-ps[ucx]'; env EMBER_UCX)",
+    )
+    parser.add_argument(
+        "--ucx-port",
+        type=int,
+        default=defaults.ucx_port,
+        help="the UCX listener's port; 0 picks a free one (env EMBER_UCX_PORT)",
+    )
+    parser.add_argument(
+        "--ucx-host",
+        default=defaults.ucx_host,
+        help="the address clients reach the UCX listener at, e.g. the IPoIB or RoCE address; "
+        "default: the host of the gRPC endpoint (env EMBER_UCX_HOST)",
+    )
+    parser.add_argument(
         "--ready-file",
         type=Path,
         default=env_value("READY_FILE", None, Path),
@@ -108,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from ember.kernels.loader import KernelBuildError
     from ember.ps_server.errors import EmberError
     from ember.ps_server.shard.servicer import serve_until_signalled
+    from ember.ps_server.ucx import UcxUnavailableError
 
     config = ShardConfig(
         shard=args.shard,
@@ -125,10 +145,13 @@ def run(args: argparse.Namespace) -> int:
         wal_fsync_interval_s=args.wal_fsync_interval_s,
         checkpoint_root=args.checkpoint_root,
         accept_empty_store=args.accept_empty_store,
+        ucx=args.ucx,
+        ucx_port=args.ucx_port,
+        ucx_host=args.ucx_host,
     )
     try:
         config.validate()
         serve_until_signalled(config, args.ready_file)
-    except (ValueError, OSError, EmberError, KernelBuildError) as error:
+    except (ValueError, OSError, EmberError, KernelBuildError, UcxUnavailableError) as error:
         raise SystemExit(f"ember ps: {error}") from None
     return 0

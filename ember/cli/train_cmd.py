@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
 from ember.env import env_value
+from ember.ps_server.client.transport import TRANSPORTS
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -101,6 +102,13 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "step computes and updates leave in the background, under step clocks for --cache "
         "none or replicated; the lru, lfu and static caches pull misses early and send "
         "their freshness checks behind the previous push. serial: pull, compute, push",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default=env_value("TRANSPORT", "grpc"),
+        help="what carries the step calls: grpc, ucx (shards started with --ucx), or auto "
+        "(ucx where every shard offers it) (env EMBER_TRANSPORT)",
     )
     parser.add_argument(
         "--staleness",

@@ -240,15 +240,27 @@ class TableStats(_message.Message):
     duplicate_pushes: int
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., pull_requests: _Optional[int] = ..., push_requests: _Optional[int] = ..., rows_pulled: _Optional[int] = ..., rows_pushed: _Optional[int] = ..., duplicate_pushes: _Optional[int] = ...) -> None: ...
 
+class DataPlane(_message.Message):
+    __slots__ = ("transport", "host", "port")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    host: str
+    port: int
+    def __init__(self, transport: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
 class StatsResponse(_message.Message):
-    __slots__ = ("shard", "num_shards", "tables")
+    __slots__ = ("shard", "num_shards", "tables", "data_planes")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANES_FIELD_NUMBER: _ClassVar[int]
     shard: int
     num_shards: int
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
-    def __init__(self, shard: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ...) -> None: ...
+    data_planes: _containers.RepeatedCompositeFieldContainer[DataPlane]
+    def __init__(self, shard: _Optional[int] = ..., num_shards: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_planes: _Optional[_Iterable[_Union[DataPlane, _Mapping]]] = ...) -> None: ...
 
 class ListTablesRequest(_message.Message):
     __slots__ = ()

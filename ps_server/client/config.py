@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ember.ps_server.client.transport import check_transport
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.env import dataclass_from_env
@@ -19,6 +20,9 @@ class ClientConfig:
         initial_backoff_s: wait before the first retry; doubles each retry.
         max_backoff_s: longest wait between retries.
         max_message_bytes: largest request or reply; bigger batches are chunked.
+        transport: what carries the step calls (Lookup, Update): ``grpc``, ``ucx``
+            (every shard must offer a UCX listener), or ``auto`` (UCX where every shard
+            offers it and UCX loads here, else gRPC, said once).
     """
 
     timeout_s: float = 30.0
@@ -26,6 +30,7 @@ class ClientConfig:
     initial_backoff_s: float = 0.05
     max_backoff_s: float = 2.0
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    transport: str = "grpc"
 
     @classmethod
     def from_env(cls) -> ClientConfig:
@@ -42,3 +47,4 @@ class ClientConfig:
             raise ValueError("need 0 <= initial_backoff_s <= max_backoff_s")
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
+        check_transport(self.transport)

@@ -14,19 +14,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
-import grpc
 import numpy as np
 import torch
 from ember.kernels.optim import state_width
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.shard_rpc import REQUEST_OVERHEAD_BYTES, ShardCall, ShardRPC
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
 from ember.ps_server.wire.pull_push_codec import PullReplyView, encode_push_request
-from ember.ps_server.wire.stats import TableStats
+from ember.ps_server.wire.stats import DataPlaneAddress, TableStats
 from ember.ps_server.wire.table_spec import TableSpec
 
 
@@ -38,6 +37,7 @@ class ShardStats:
     shard: int
     num_shards: int
     tables: list[TableStats]
+    data_planes: list[DataPlaneAddress] = dataclasses.field(default_factory=list)
 
 
 class PSClient:
@@ -119,7 +119,7 @@ class PSClient:
             self.list_tables()
         if table not in self._specs:
             raise PSClientError(
-                self.endpoints[0], grpc.StatusCode.NOT_FOUND, f"table {table!r} does not exist"
+                self.endpoints[0], Status.NOT_FOUND, f"table {table!r} does not exist"
             )
         return self._specs[table]
 
@@ -378,18 +378,21 @@ class PSClient:
         return directory
 
     def ensure_topology(self) -> None:
-        """Check once that endpoint k reports shard k of len(endpoints)."""
+        """Check once that endpoint k reports shard k of len(endpoints), and connect the data
+        plane the config asks for to what the shards offer."""
         if self._topology_checked:
             return
-        for stats in self.stats(sizes=False):
+        shards = self.stats(sizes=False)
+        for stats in shards:
             expected = self.endpoints.index(stats.endpoint)
             if (stats.shard, stats.num_shards) != (expected, self.num_shards):
                 raise PSClientError(
                     stats.endpoint,
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                    Status.FAILED_PRECONDITION,
                     f"endpoint is shard {stats.shard} of {stats.num_shards}, but this client lists it "
                     f"as shard {expected} of {self.num_shards}; pass endpoints in shard order",
                 )
+        self._rpc.connect_data_plane([stats.data_planes for stats in shards])
         self._topology_checked = True
 
     def _chunks(
@@ -418,6 +421,5 @@ def _push_request(
 
 def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:
     tables = [TableStats.from_proto(t) for t in reply.tables]
-    return ShardStats(
-        endpoint=endpoint, shard=reply.shard, num_shards=reply.num_shards, tables=tables
-    )
+    planes = [DataPlaneAddress.from_proto(plane) for plane in reply.data_planes]
+    return ShardStats(endpoint, reply.shard, reply.num_shards, tables, planes)

@@ -1,92 +1,78 @@
-"""Calls to the shards: channels, concurrent fan-out, retries, and batching.
+"""Calls to the shards: transports, concurrent fan-out, retries, and batching.
 
-Calls to several shards run concurrently on a thread pool. A shard that is
-UNAVAILABLE is retried with exponential backoff (a push keeps its request id,
-so a retry is applied at most once); any other error becomes a
-:class:`PSClientError` naming the shard. Pull, Push and PullStale calls for
-several tables can be packed per shard into the batch RPCs.
+Calls to several shards run concurrently on a thread pool. gRPC carries every
+call; the step calls (Lookup, Update) go over the data plane the config names
+(see :mod:`ember.ps_server.client.data_plane`). A shard that is UNAVAILABLE
+is retried with exponential backoff (a push keeps its request id and an
+update its clock, so a retry is applied at most once); any other error
+becomes a :class:`PSClientError` naming the shard. Pull, Push and PullStale
+calls for several tables can be packed per shard into the batch RPCs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
 from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.data_plane import open_data_plane
 from ember.ps_server.client.fanout import FanOut
-from ember.ps_server.errors import PSClientError
-from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
-from ember.ps_server.wire.pull_push_codec import decode_pull_reply
-from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
+from ember.ps_server.client.grpc_transport import GrpcTransport
+from ember.ps_server.client.transport import STEP_METHODS, ShardCall, Transport, TransportError
+from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.stats import DataPlaneAddress
+
+__all__ = ["REQUEST_OVERHEAD_BYTES", "ShardCall", "ShardRPC"]
 
 # Room for field tags, the table name and the request id beside the payload.
 REQUEST_OVERHEAD_BYTES = 4096
 
 
-@dataclasses.dataclass(frozen=True)
-class ShardCall:
-    """One RPC: the shard's index, the method name and the request; ``extra_wait_s`` is
-    added to the configured deadline (for a request the shard may hold that long)."""
-
-    shard: int
-    method: str
-    request: Any
-    extra_wait_s: float = 0.0
-
-
-class _DataPathStub(pb_grpc.ParameterServerStub):
-    """The generated stub with the data path (Pull replies, Push requests, Lookup and
-    Update both ways) on the zero-copy codecs."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        super().__init__(channel)
-        self.Pull = channel.unary_unary(
-            f"/{SERVICE_NAME}/Pull",
-            request_serializer=pb.PullRequest.SerializeToString,
-            response_deserializer=decode_pull_reply,
-        )
-        self.Push = channel.unary_unary(
-            f"/{SERVICE_NAME}/Push",
-            request_serializer=None,  # already encoded by encode_push_request
-            response_deserializer=pb.PushResponse.FromString,
-        )
-        self.Lookup = channel.unary_unary(
-            f"/{SERVICE_NAME}/Lookup",
-            request_serializer=None,  # encoded by encode_lookup_request
-            response_deserializer=decode_lookup_response,
-        )
-        self.Update = channel.unary_unary(
-            f"/{SERVICE_NAME}/Update",
-            request_serializer=None,  # encoded by encode_update_request
-            response_deserializer=decode_update_response,
-        )
-
-
 class ShardRPC:
-    """Channels to every shard and the machinery to call them.
+    """Transports to every shard and the machinery to call them.
 
     Args:
-        endpoints: ``host:port`` of every shard, in shard order.
-        config: deadlines, retry policy and message limit.
+        endpoints: ``host:port`` of every shard's gRPC service, in shard order.
+        config: deadlines, retry policy, message limit and data plane.
     """
 
     def __init__(self, endpoints: Sequence[str], config: ClientConfig) -> None:
         self.endpoints = list(endpoints)
         self.config = config
-        options = message_size_options(config.max_message_bytes)
-        self._channels = [grpc.insecure_channel(e, options=options) for e in self.endpoints]
-        self._stubs = [_DataPathStub(c) for c in self._channels]
+        self._grpc = GrpcTransport(self.endpoints, config.max_message_bytes)
+        self._data: Transport = self._grpc
+        self._data_lock = threading.Lock()
         self._fan_out = FanOut(max_workers=max(8, 2 * len(self.endpoints)))
 
+    @property
+    def data_plane(self) -> Transport:
+        """What carries the step calls (gRPC until :meth:`connect_data_plane`)."""
+        return self._data
+
+    def connect_data_plane(self, offered: Sequence[Sequence[DataPlaneAddress]]) -> None:
+        """Choose the step calls' transport from what each shard offers (``offered[k]``),
+        as the config's ``transport`` says; once.
+
+        Raises:
+            PSClientError: ``ucx`` was asked for and a shard offers none or cannot be reached.
+            UcxUnavailableError: ``ucx`` was asked for and UCX cannot be loaded here.
+        """
+        with self._data_lock:
+            if self._data is self._grpc:
+                self._data = open_data_plane(
+                    self.config.transport, self._grpc, self.endpoints, offered,
+                    self.config.max_message_bytes, self.config.timeout_s,
+                )  # fmt: skip
+
     def close(self) -> None:
-        """Stop the fan-out threads and close the channels."""
+        """Stop the fan-out threads and close the transports."""
         self._fan_out.close()
-        for channel in self._channels:
-            channel.close()
+        if self._data is not self._grpc:
+            self._data.close()
+        self._grpc.close()
 
     def run(
         self, calls: list[ShardCall], on_reply: Callable[[int, Any], None] | None = None
@@ -109,9 +95,9 @@ class ShardRPC:
                     replies[i] = reply
                     if on_reply is not None:
                         on_reply(i, reply)
-                elif not isinstance(error, grpc.RpcError):
+                elif not isinstance(error, TransportError):
                     raise error
-                elif error.code() == grpc.StatusCode.UNAVAILABLE and attempt < config.max_attempts:
+                elif error.status == Status.UNAVAILABLE and attempt < config.max_attempts:
                     retry.append(i)
                 elif failure is None:
                     failure = self._client_error(calls[i], error, attempt)
@@ -167,15 +153,15 @@ class ShardRPC:
         return replies
 
     def _invoker(self, call: ShardCall) -> Callable[[], Any]:
-        method = getattr(self._stubs[call.shard], call.method)
+        transport = self._data if call.method in STEP_METHODS else self._grpc
         timeout = self.config.timeout_s + call.extra_wait_s
-        return functools.partial(method, call.request, timeout=timeout)
+        return lambda: transport.call(call, timeout)
 
-    def _client_error(self, call: ShardCall, error: grpc.RpcError, attempts: int) -> PSClientError:
-        details = error.details() or ""
-        if error.code() == grpc.StatusCode.UNAVAILABLE:
+    def _client_error(self, call: ShardCall, error: TransportError, attempts: int) -> PSClientError:
+        details = error.details
+        if error.status == Status.UNAVAILABLE:
             details = f"{details} (gave up after {attempts} attempts)"
-        return PSClientError(self.endpoints[call.shard], error.code(), f"{call.method}: {details}")
+        return PSClientError(self.endpoints[call.shard], error.status, f"{call.method}: {details}")
 
 
 _BATCHES = {

@@ -15,15 +15,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
+from ember.ps_server.wire.frames import NO_CLOCK
 from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
 from ember.ps_server.wire.step_codec import (
     LookupResponseView,
@@ -139,10 +139,10 @@ class StepClient:
         calls, entries = [], []
         for shard, items in enumerate(per_shard):
             if items:
-                request = encode_lookup_request(
-                    [(table, encode_ids(ids)) for table, _, ids in items], clock_view
-                )
-                calls.append(ShardCall(shard, "Lookup", request, self._wait_s(clock_view)))
+                tables = [(table, encode_ids(ids)) for table, _, ids in items]
+                request = encode_lookup_request(tables, clock_view, self._trailer)
+                wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
+                calls.append(ShardCall(shard, "Lookup", request, wait_s, len(items), frame_clock))
                 entries.append(items)
 
         self._count_wire(sum(len(call.request) for call in calls))
@@ -214,8 +214,11 @@ class StepClient:
                     clock_view,
                     [(table, encode_ids(ids)) for table, _, ids in per_shard_refresh[shard]],
                     replica=self.job.replica,
+                    trailer=self._trailer,
                 ),
                 self._wait_s(clock_view),
+                len(per_shard_updates[shard]),
+                clock,
             )
             for shard in range(self.client.num_shards)
         ]
@@ -234,13 +237,13 @@ class StepClient:
                 dim = self.client.dim(table)
                 if len(where) and (where.min() < 0 or where.max() >= len(positions)):
                     raise PSClientError(
-                        self.client.endpoints[shard], grpc.StatusCode.INTERNAL,
+                        self.client.endpoints[shard], Status.INTERNAL,
                         f"refresh of table {table!r} named positions outside its "
                         f"{len(positions)} ids",
                     )  # fmt: skip
                 if len(values) != 4 * dim * len(where):
                     raise PSClientError(
-                        self.client.endpoints[shard], grpc.StatusCode.INTERNAL,
+                        self.client.endpoints[shard], Status.INTERNAL,
                         f"refresh of table {table!r}: {len(values)} bytes for {len(where)} rows",
                     )  # fmt: skip
                 refreshed[table][0].append(positions[where])
@@ -280,6 +283,10 @@ class StepClient:
             for k in range(self.client.num_shards)
         ]
         return all(reply.paused for reply in self.client.shard_rpc.run(calls))
+
+    @property
+    def _trailer(self) -> bytes:
+        return self.client.shard_rpc.data_plane.trailer
 
     def _route(self, table: str, ids: np.ndarray) -> list[np.ndarray]:
         return positions_by_shard(

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
 from ember.ps_server.client.shard_rpc import ShardCall, ShardRPC
 from ember.ps_server.durability.checkpoint_format import (
     FileEntry,
@@ -21,7 +20,7 @@ from ember.ps_server.durability.replica_checkpoint import (
     new_flush_id,
     release_jobs,
 )
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -140,7 +139,7 @@ def clock_cut(paused: list[pb.PauseWritesResponse]) -> list[tuple[str, list[int]
             if len(clocks) != len(job.applied):
                 raise PSClientError(
                     "(all shards)",
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                    Status.FAILED_PRECONDITION,
                     f"shards disagree on the ranks of job {job.job!r}: "
                     f"{len(clocks)} and {len(job.applied)}",
                 )
@@ -185,7 +184,7 @@ def _agreed_tables(replies: list[pb.CheckpointResponse], endpoints: list[str]) -
         if (reply.shard, reply.num_shards) != (k, len(endpoints)) or specs[k] != specs[0]:
             raise PSClientError(
                 endpoints[k],
-                grpc.StatusCode.FAILED_PRECONDITION,
+                Status.FAILED_PRECONDITION,
                 f"shard {reply.shard} of {reply.num_shards} reports tables "
                 f"{[s.name for s in specs[k]]}, shard 0 {[s.name for s in specs[0]]}; "
                 "the cluster disagrees with itself, checkpoint abandoned",

@@ -43,6 +43,12 @@ class ShardConfig:
         accept_empty_store: when the Redis behind ``store`` loses this shard's
             rows (restarted without persistence, flushed, replaced) go on from
             initial rows; by default the shard stops serving and says why.
+        ucx: also serve the step calls (Lookup, Update) on a UCX listener, advertised
+            to clients in the Stats reply (needs ``ember-ps[ucx]``).
+        ucx_port: the UCX listener's port; 0 picks a free one.
+        ucx_host: the address clients reach the UCX listener at ('' : the same host as
+            the gRPC endpoint), e.g. the IPoIB or RoCE address on a host whose gRPC
+            address is on another network.
     """
 
     shard: int = 0
@@ -60,6 +66,9 @@ class ShardConfig:
     wal_fsync_interval_s: float = 0.05
     checkpoint_root: str = ""
     accept_empty_store: bool = False
+    ucx: bool = False
+    ucx_port: int = 0
+    ucx_host: str = ""
 
     @classmethod
     def from_env(cls) -> ShardConfig:
@@ -74,6 +83,8 @@ class ShardConfig:
             raise ValueError(f"shard must be in 0..{self.num_shards - 1}, got {self.shard}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 0 <= self.ucx_port <= 65535:
+            raise ValueError(f"ucx_port must be in 0..65535, got {self.ucx_port}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.max_message_bytes < 1 << 16:

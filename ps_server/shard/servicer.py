@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -22,24 +22,25 @@ from ember.ps_server.errors import (
     CheckpointStateError,
     EmberError,
     InvalidArgumentError,
-    status_code_for,
+    status_for,
 )
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.shard.server import ParameterServer, PullStaleReply
+from ember.ps_server.shard.step_handlers import StepHandlers
+from ember.ps_server.shard.ucx_listener import UcxListener
 from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import (
     PushRequestView,
     decode_push_request,
     encode_pull_reply,
 )
+from ember.ps_server.wire.stats import DataPlaneAddress
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     UpdateRequestView,
     decode_lookup_request,
     decode_update_request,
-    encode_lookup_response,
-    encode_update_response,
 )
 from ember.ps_server.wire.table_spec import TableSpec
 from google.protobuf.message import DecodeError
@@ -56,6 +57,7 @@ _RAW_REQUESTS = {
     "Update": decode_update_request,
 }
 _RAW_REPLIES = frozenset({"Pull", "Lookup", "Update"})
+_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def _method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
@@ -98,7 +100,7 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any], decode: Callabl
         try:
             return method(decode(data), context)
         except EmberError as error:
-            context.abort(status_code_for(error), str(error))
+            context.abort(_GRPC_CODES[status_for(error)], str(error))
         except Exception as error:
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
@@ -109,8 +111,12 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any], decode: Callabl
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     """The ember.v1.ParameterServer service over a :class:`ParameterServer`."""
 
-    def __init__(self, server: ParameterServer) -> None:
+    def __init__(
+        self, server: ParameterServer, data_planes: Sequence[DataPlaneAddress] = ()
+    ) -> None:
         self.server = server
+        self.steps = StepHandlers(server)
+        self.data_planes = list(data_planes)
 
     def CreateTable(
         self, request: pb.CreateTableRequest, context: grpc.ServicerContext
@@ -188,7 +194,10 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         tables = [s.to_proto() for s in self.server.stats(sizes=not request.without_sizes)]
         return pb.StatsResponse(
-            shard=self.server.shard, num_shards=self.server.num_shards, tables=tables
+            shard=self.server.shard,
+            num_shards=self.server.num_shards,
+            tables=tables,
+            data_planes=[plane.to_proto() for plane in self.data_planes],
         )
 
     def ListTables(
@@ -246,14 +255,11 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Lookup(self, request: LookupRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the LookupRequest as decoded by the step codec; returns the serialised reply."""
-        rows, watermark = self.server.steps.lookup(request)
-        return encode_lookup_response(rows, watermark)
+        return self.steps.lookup(request)
 
     def Update(self, request: UpdateRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the UpdateRequest as decoded by the step codec; returns the serialised reply."""
-        duplicate, refreshed, watermark = self.server.steps.update(request)
-        flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
-        return encode_update_response(duplicate, refreshed, watermark, flush)
+        return self.steps.update(request)
 
     def FlushReplicas(
         self, request: pb.FlushReplicasRequest, context: grpc.ServicerContext
@@ -301,12 +307,14 @@ class ShardServer:
         grpc_server: grpc.Server,
         port: int,
         health_servicer: health.HealthServicer,
+        ucx_listener: UcxListener | None = None,
     ) -> None:
         self.config = config
         self.logic = logic
         self.port = port
         self._grpc_server = grpc_server
         self._health = health_servicer
+        self._ucx_listener = ucx_listener
 
     @property
     def endpoint(self) -> str:
@@ -330,11 +338,30 @@ class ShardServer:
             checkpoint_root=config.checkpoint_root,
         )
         recover(logic, config)
+        ucx_listener = _start_ucx_listener(config, logic)
+        try:
+            grpc_server, port, health_servicer = cls._start_grpc(config, logic, ucx_listener)
+        except BaseException:
+            if ucx_listener is not None:
+                ucx_listener.close(grace_s=0)
+            raise
+        log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
+        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener)
+
+    @staticmethod
+    def _start_grpc(
+        config: ShardConfig, logic: ParameterServer, ucx_listener: UcxListener | None
+    ) -> tuple[grpc.Server, int, health.HealthServicer]:
+        planes = (
+            [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port)] if ucx_listener else []
+        )
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),
         )
-        grpc_server.add_generic_rpc_handlers((_method_handlers(ParameterServerServicer(logic)),))
+        grpc_server.add_generic_rpc_handlers(
+            (_method_handlers(ParameterServerServicer(logic, planes)),)
+        )
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
         reflection.enable_server_reflection(
@@ -352,8 +379,7 @@ class ShardServer:
                 health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
         logic.fault.on_trip(report_unhealthy)
-        log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
-        return cls(config, logic, grpc_server, port, health_servicer)
+        return grpc_server, port, health_servicer
 
     def write_ready_file(self, path: Path) -> None:
         """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
@@ -370,6 +396,8 @@ class ShardServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, finish in-flight requests within ``grace_s``, flush, stop."""
         self._health.enter_graceful_shutdown()
+        if self._ucx_listener is not None:
+            self._ucx_listener.close(grace_s)
         self._grpc_server.stop(grace_s).wait()
         self.logic.flush()
         self.logic.journal.close()
@@ -377,6 +405,23 @@ class ShardServer:
     def wait(self) -> None:
         """Block until the server stops."""
         self._grpc_server.wait_for_termination()
+
+
+def _start_ucx_listener(config: ShardConfig, logic: ParameterServer) -> UcxListener | None:
+    """The UCX listener of the step calls, where ``config`` asks for one."""
+    if not config.ucx:
+        return None
+    listener = UcxListener(
+        StepHandlers(logic).frame_handlers(), config.max_message_bytes, config.workers,
+        config.ucx_port,
+    )  # fmt: skip
+    log.info("shard %d serving step calls over UCX on port %d", config.shard, listener.port)
+    if config.host not in ("0.0.0.0", "::"):
+        log.warning(
+            "the UCX listener on port %d accepts connections on every interface, not only %s "
+            "(UCX binds no single address): shield the port", listener.port, config.host,
+        )  # fmt: skip
+    return listener
 
 
 def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> None:

@@ -1,4 +1,4 @@
-"""What a shard reports about its tables (the Stats RPC), on both sides of the wire."""
+"""What a shard reports about itself (the Stats RPC): its tables and its data planes."""
 
 from __future__ import annotations
 
@@ -48,3 +48,27 @@ class TableStats:
             }
         )
         return cls(message.name, message.dim, message.rows, message.bytes, counters)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataPlaneAddress:
+    """A data plane a shard serves beside gRPC.
+
+    Attributes:
+        transport: its kind (``ucx``).
+        host: where to reach it ('' : the host of the shard's gRPC endpoint).
+        port: its port.
+    """
+
+    transport: str
+    host: str
+    port: int
+
+    def to_proto(self) -> pb.DataPlane:
+        """The message the Stats RPC carries."""
+        return pb.DataPlane(transport=self.transport, host=self.host, port=self.port)
+
+    @classmethod
+    def from_proto(cls, message: pb.DataPlane) -> DataPlaneAddress:
+        """The address ``message`` carries."""
+        return cls(message.transport, message.host, message.port)

@@ -139,11 +139,12 @@ def _table_ids(number: int, table: str, ids: Buffer) -> list[bytes | memoryview]
 
 
 def encode_lookup_request(
-    tables: Sequence[tuple[str, Buffer]], clock: StepClockView | None
+    tables: Sequence[tuple[str, Buffer]], clock: StepClockView | None, trailer: bytes = b""
 ) -> bytes:
-    """Serialise a LookupRequest of ``(table, ids)`` entries."""
+    """Serialise a LookupRequest of ``(table, ids)`` entries, then ``trailer`` (a transport's
+    framing, in the same copy)."""
     parts = [part for table, ids in tables for part in _table_ids(1, table, ids)]
-    return b"".join([*parts, *_clock(2, clock)])
+    return b"".join([*parts, *_clock(2, clock), trailer])
 
 
 def encode_update_request(
@@ -151,31 +152,37 @@ def encode_update_request(
     clock: StepClockView | None,
     refresh: Sequence[tuple[str, Buffer]] = (),
     replica: bool = False,
+    trailer: bytes = b"",
 ) -> bytes:
-    """Serialise an UpdateRequest of ``(table, ids, grads)`` entries and refresh ``(table, ids)``."""
+    """Serialise an UpdateRequest of ``(table, ids, grads)`` entries and refresh ``(table, ids)``,
+    then ``trailer``."""
     parts = [
         part
         for table, ids, grads in tables
         for part in _message(1, [*_string(1, table), *_payload(2, ids), *_payload(3, grads)])
     ]
     refreshes = [part for table, ids in refresh for part in _table_ids(3, table, ids)]
-    return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica))])
+    return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), trailer])
 
 
-def encode_lookup_response(values: Sequence[Buffer], watermark: int) -> bytes:
-    """Serialise a LookupResponse."""
+def encode_lookup_response(values: Sequence[Buffer], watermark: int, trailer: bytes = b"") -> bytes:
+    """Serialise a LookupResponse, then ``trailer``."""
     parts = [part for rows in values for part in _len_entry(1, rows)]
-    return b"".join([*parts, *_scalar(2, watermark, int64_varint)])
+    return b"".join([*parts, *_scalar(2, watermark, int64_varint), trailer])
 
 
 def encode_update_response(
-    duplicate: bool, refreshed: Sequence[tuple[Buffer, Buffer]], watermark: int, flush: str = ""
+    duplicate: bool,
+    refreshed: Sequence[tuple[Buffer, Buffer]],
+    watermark: int,
+    flush: str = "",
+    trailer: bytes = b"",
 ) -> bytes:
-    """Serialise an UpdateResponse."""
+    """Serialise an UpdateResponse, then ``trailer``."""
     parts = _scalar(1, int(duplicate))
     for positions, values in refreshed:
         parts += _message(2, [*_payload(1, positions), *_payload(2, values)])
-    return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush)])
+    return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
 
 
 def _len_entry(number: int, buffer: Buffer) -> list[bytes | memoryview]:

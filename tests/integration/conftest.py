@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 
@@ -9,14 +10,28 @@ import pytest
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
 
+from tests.support.raw_frames import require_ucx, ucx_missing
 from tests.support.redis_server import RedisServer, require_redis_server
+
+# UCX between processes on one host over TCP on loopback only, as CI runs it (the shards
+# inherit it).
+os.environ.setdefault("UCX_TLS", "tcp")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    """Two shards, default limits."""
-    with LocalCluster(2) as running:
+    """Two shards, default limits; serving UCX too where it loads."""
+    with LocalCluster(2, [] if ucx_missing() else ["--ucx"]) as running:
         yield running
+
+
+@pytest.fixture(params=["grpc", "ucx"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Each transport of the step calls in turn (ucx skipped, saying why, where it cannot load)."""
+    if request.param == "ucx":
+        require_ucx()
+    return request.param
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.messages import encode_ids, pb, pb_grpc
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
@@ -151,7 +151,7 @@ def test_create_table_is_idempotent_and_refuses_another_spec(client, table):
     client.create_table(table)
     with pytest.raises(PSClientError) as info:
         client.create_table(TableSpec(table.name, dim=8))
-    assert info.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert info.value.code == Status.ALREADY_EXISTS
     assert info.value.endpoint in client.endpoints
     assert [s for s in client.list_tables() if s.name == table.name] == [table]
 
@@ -162,4 +162,4 @@ def test_client_with_shards_in_the_wrong_order_is_refused(cluster, table_name):
         pytest.raises(PSClientError, match="pass endpoints in shard order") as info,
     ):
         wrong.create_table(TableSpec(table_name, dim=4))
-    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.code == Status.FAILED_PRECONDITION

@@ -3,7 +3,6 @@ shard, and a Redis of another shard count is refused. Each test has its own redi
 
 import contextlib
 
-import grpc
 import numpy as np
 import pytest
 import redis
@@ -11,7 +10,7 @@ import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
-from ember.ps_server.errors import PSClientError, ShardFailedError
+from ember.ps_server.errors import PSClientError, ShardFailedError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
@@ -109,9 +108,9 @@ def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp
                 try:
                     client.pull(SPEC.name, torch.arange(10))
                 except PSClientError as error:
-                    if error.code != grpc.StatusCode.UNAVAILABLE:
+                    if error.code != Status.UNAVAILABLE:
                         raise
-        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.code == Status.FAILED_PRECONDITION
         assert "lost this shard's marker" in refused.value.details
         assert "--accept-empty-store" in refused.value.details
         with pytest.raises(PSClientError, match="stopped serving.*lost this shard's marker"):

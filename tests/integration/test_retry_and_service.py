@@ -10,7 +10,7 @@ import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.messages import SERVICE_NAME, encode_ids, pb, pb_grpc
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
@@ -50,7 +50,7 @@ def test_unreachable_shard_fails_with_one_clear_error_naming_it():
     with PSClient([endpoint], config) as client, pytest.raises(PSClientError) as info:
         client.create_table(TableSpec("t", dim=4))
     error = info.value
-    assert error.endpoint == endpoint and error.code == grpc.StatusCode.UNAVAILABLE
+    assert error.endpoint == endpoint and error.code == Status.UNAVAILABLE
     assert endpoint in str(error) and "gave up after 3 attempts" in str(error)
 
 

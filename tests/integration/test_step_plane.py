@@ -2,13 +2,14 @@
 
 import threading
 
-import grpc
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.step_client import StepClient, StepJob
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
@@ -22,7 +23,7 @@ def spec(name: str) -> TableSpec:
 
 
 def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gradient(
-    cluster, table_name
+    cluster, table_name, transport
 ):
     tables = [spec(table_name + ".a"), spec(table_name + ".b")]
     ids = torch.arange(0, 300, 3)
@@ -36,7 +37,7 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
 
     def rank_loop(rank: int) -> None:
         try:
-            with PSClient(cluster.endpoints) as client:
+            with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
                 for t in tables:
                     client.create_table(t)
                 steps_client = StepClient(
@@ -69,7 +70,7 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
             summed = grads[(0, step, t.name)] + grads[(1, step, t.name)]
             for row, grad in zip(reference, summed.numpy()):
                 row.apply(grad)
-        with PSClient(cluster.endpoints) as client:
+        with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
             rows, versions = client.pull_with_versions(t.name, ids)
         assert versions.eq(steps).all()  # one step per clock, not one per rank
         np.testing.assert_allclose(
@@ -78,10 +79,10 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
 
 
 def test_an_update_hands_back_the_refresh_rows_its_clock_changed_from_every_shard(
-    cluster, table_name
+    cluster, table_name, transport
 ):
     t = spec(table_name)
-    with PSClient(cluster.endpoints) as client:
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
         client.create_table(t)
         steps = StepClient(client, StepJob(table_name, world=1))
         ids, later = torch.arange(0, 40, 2), torch.tensor([38, 1, 0, 7, 20])
@@ -95,21 +96,25 @@ def test_an_update_hands_back_the_refresh_rows_its_clock_changed_from_every_shar
         assert torch.equal(rows[order], client.pull(t.name, later[[0, 2, 4]]))
 
 
-def test_a_rank_that_never_arrives_fails_the_others_within_the_wait_naming_it(cluster, table_name):
+def test_a_rank_that_never_arrives_fails_the_others_within_the_wait_naming_it(
+    cluster, table_name, transport
+):
     t = spec(table_name)
-    with PSClient(cluster.endpoints) as client:
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
         client.create_table(t)
         steps = StepClient(client, StepJob(table_name, world=3, rank=0, wait_s=0.5))
         with pytest.raises(PSClientError) as failed:
             steps.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0)
-        assert failed.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert failed.value.code == Status.DEADLINE_EXCEEDED
         assert "rank(s) 1, 2 have not delivered clock 0" in failed.value.details
         assert client.pull_with_versions(t.name, torch.arange(4))[1].eq(0).all()  # not in part
 
 
-def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(cluster, table_name):
+def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(
+    cluster, table_name, transport
+):
     t = spec(table_name)
-    with PSClient(cluster.endpoints) as client:
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
         client.create_table(t)
         steps = StepClient(client, StepJob(table_name, world=1))
         refreshed, _ = steps.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0,
@@ -118,10 +123,10 @@ def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(cluster, ta
         assert positions.tolist() == [] and tuple(rows.shape) == (0, 4)
 
 
-def test_wire_bytes_count_every_message_both_ways(cluster, table_name):
+def test_wire_bytes_count_every_message_both_ways(cluster, table_name, transport):
     table = spec(table_name)
     ids = torch.arange(500)
-    with PSClient(cluster.endpoints) as client:
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
         client.create_table(table)
         steps = StepClient(client, StepJob(table_name, world=1, rank=0))
         steps.lookup({table.name: ids})
@@ -132,3 +137,113 @@ def test_wire_bytes_count_every_message_both_ways(cluster, table_name):
         steps.update({table.name: (ids, torch.ones(len(ids), table.dim))}, clock=0)
         sent = steps.wire_bytes - after_lookup
         assert len(ids) * (8 + 4 * table.dim) < sent < len(ids) * (8 + 4 * table.dim) + 4 * 200
+
+
+def test_an_update_sent_again_for_its_clock_is_applied_once(cluster, table_name, transport):
+    t = spec(table_name)
+    ids = torch.arange(10)
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        steps.update({t.name: (ids, torch.ones(len(ids), 4))}, 0)
+        once = client.pull_with_versions(t.name, ids)
+        steps.update({t.name: (ids, torch.ones(len(ids), 4))}, 0)  # as a retry resends it
+        again = client.pull_with_versions(t.name, ids)
+    assert once[1].eq(1).all()
+    assert torch.equal(once[0], again[0]) and torch.equal(once[1], again[1])
+
+
+def test_a_shard_gone_mid_call_is_unavailable_on_every_transport(table_name, transport):
+    t = spec(table_name)
+    ids = torch.arange(8)
+    config = ClientConfig(transport=transport, max_attempts=2, initial_backoff_s=0.01)
+    with (
+        LocalCluster(1, ["--ucx"] if transport == "ucx" else []) as one,
+        PSClient(one.endpoints, config) as client,
+    ):
+        client.create_table(t)
+        held = StepClient(client, StepJob(table_name, world=2, rank=0, wait_s=60))
+        failures = []
+
+        def update() -> None:
+            try:
+                held.update({t.name: (ids, torch.ones(len(ids), 4))}, 0)
+            except PSClientError as error:
+                failures.append(error)
+
+        sender = threading.Thread(target=update)
+        sender.start()
+        _wait_until_held(one.endpoints, table_name, ids)
+        one.kill_shard(0)
+        sender.join(30)
+    (failure,) = failures
+    assert failure.code == Status.UNAVAILABLE, failure
+    assert "gave up after 2 attempts" in failure.details
+
+
+def _wait_until_held(endpoints, job: str, ids) -> None:
+    """Until the shard holds rank 0's clock 0 (exact mode waits for rank 1): a lookup of
+    clock 0 by rank 1 then names only rank 1 as missing."""
+    with PSClient(endpoints) as client:
+        probe = StepClient(client, StepJob(job, world=2, rank=1, wait_s=0.2))
+        for _ in range(200):
+            with pytest.raises(PSClientError) as waited:
+                probe.lookup({spec(job).name: ids}, clock=0)
+            if "rank(s) 1 have not delivered clock 0" in waited.value.details:
+                return
+    raise AssertionError(f"the shard never held rank 0's update: {waited.value.details}")
+
+
+def test_a_restarted_shard_is_found_again_on_every_transport(table_name, transport):
+    t = spec(table_name)
+    config = ClientConfig(transport=transport, initial_backoff_s=0.01)
+    with (
+        LocalCluster(1, ["--ucx"] if transport == "ucx" else []) as one,
+        PSClient(one.endpoints, config) as client,
+    ):
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        before, _ = steps.lookup({t.name: torch.arange(5)})
+        one.kill_shard(0)
+        one.restart_shard(0)  # same gRPC port, a new UCX port
+        client.create_table(t)  # the memory store starts empty
+        after, _ = steps.lookup({t.name: torch.arange(5)})
+    assert torch.equal(before[t.name], after[t.name])  # the same initial rows
+
+
+def test_closing_the_client_cancels_a_call_in_flight_on_every_transport(
+    cluster, table_name, transport
+):
+    t = spec(table_name)
+    client = PSClient(cluster.endpoints, ClientConfig(transport=transport))
+    client.create_table(t)
+    held = StepClient(client, StepJob(table_name, world=2, rank=0, wait_s=60))
+    failures = []
+
+    def update() -> None:
+        try:
+            held.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0)
+        except PSClientError as error:
+            failures.append(error)
+
+    sender = threading.Thread(target=update)
+    sender.start()
+    _wait_until_held(cluster.endpoints, table_name, torch.arange(4))
+    client.close()
+    sender.join(10)
+    assert not sender.is_alive(), "the call outlived its client"
+    (failure,) = failures
+    assert failure.code == Status.CANCELLED, failure
+
+
+def test_a_step_message_over_the_limit_is_resource_exhausted_on_every_transport(
+    cluster, table_name, transport
+):
+    t = spec(table_name)
+    config = ClientConfig(transport=transport, max_message_bytes=1 << 16)
+    with PSClient(cluster.endpoints, config) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        with pytest.raises(PSClientError) as refused:
+            steps.lookup({t.name: torch.arange(40_000)})  # 320 kB of ids
+    assert refused.value.code == Status.RESOURCE_EXHAUSTED, refused.value

@@ -6,14 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.errors import PSClientError
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
@@ -38,7 +37,7 @@ def test_a_failed_fsync_stops_acknowledgements_and_the_shard_reports_why(tmp_pat
         trigger.touch()
         with pytest.raises(PSClientError) as refused:
             client.push(SPEC.name, torch.arange(4), torch.ones(4, SPEC.dim))
-        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.code == Status.FAILED_PRECONDITION
         assert "fsync of the write-ahead log" in refused.value.details
         assert "Input/output error" in refused.value.details
         with pytest.raises(PSClientError, match="FAILED_PRECONDITION.*stopped serving.*fsync"):

@@ -1,0 +1,209 @@
+"""The UCX data plane's client: Lookup and Update frames to each shard's UCX listener.
+
+A call takes an idle endpoint to its shard (or connects a new one), sends the
+request's header and message, and reads the reply's; the endpoint then goes
+back to the idle set. An endpoint that failed, or whose call ran past its
+deadline, is closed, never reused, so a late reply cannot answer a later
+call. Failures map to the statuses gRPC gives: a lost or unreachable peer is
+UNAVAILABLE (retried by the caller; a retried Update is deduplicated by its
+clock on the shard), and the shard's address is asked for again before the
+next connection, so a restarted shard is found on its new port; a deadline
+is DEADLINE_EXCEEDED; a request over the message limit RESOURCE_EXHAUSTED;
+a reply that cannot be read INTERNAL; closing the client CANCELLED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from ember.ps_server.client.transport import ShardCall, TransportError
+from ember.ps_server.errors import EmberError, Status
+from ember.ps_server.ucx import (
+    close_endpoint,
+    endpoint_closed,
+    load_ucx,
+    ucx_errors,
+    ucx_loop,
+)
+from ember.ps_server.wire.frames import (
+    END_MARK,
+    HEADER_BYTES,
+    FrameError,
+    FrameHeader,
+    Op,
+    payload_body,
+)
+from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
+
+Address = tuple[str, int]
+_OPS = {"Lookup": Op.LOOKUP, "Update": Op.UPDATE}
+_DECODERS: dict[Op, Callable[[memoryview], Any]] = {
+    Op.LOOKUP: decode_lookup_response,
+    Op.UPDATE: decode_update_response,
+}
+
+
+class UcxTransport:
+    """Step calls over UCX to the listeners at ``addresses`` (shard k at ``addresses[k]``).
+
+    Args:
+        addresses: ``(host, port)`` of every shard's UCX listener.
+        max_message_bytes: the largest request or reply, both ways.
+        locate: asks shard k for its listener's address again (after it was lost).
+    """
+
+    name = "ucx"
+    trailer = END_MARK
+
+    def __init__(
+        self,
+        addresses: Sequence[Address],
+        max_message_bytes: int,
+        locate: Callable[[int], Address],
+    ) -> None:
+        self._ucx = load_ucx()
+        self._errors = ucx_errors(self._ucx)
+        self._addresses = list(addresses)
+        self._lost = [False] * len(self._addresses)
+        self._locate = locate
+        self._max_message_bytes = max_message_bytes
+        self._idle: list[list[Any]] = [[] for _ in self._addresses]
+        self._request_ids = itertools.count(1)
+        self._loop = ucx_loop()
+        self._inflight: set[concurrent.futures.Future] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def connect(self, timeout_s: float) -> None:
+        """Open one endpoint to every shard now (to find out whether UCX reaches them).
+
+        Raises:
+            TransportError: UNAVAILABLE naming the first shard that cannot be reached.
+        """
+        for shard in range(len(self._addresses)):
+            self._idle[shard].append(self._loop.run(self._connect(shard, timeout_s)))
+
+    def call(self, call: ShardCall, timeout_s: float) -> Any:
+        """The decoded reply of a Lookup or Update ``call`` (its request ends with the trailer)."""
+        if len(call.request) > self._max_message_bytes + len(END_MARK):
+            raise TransportError(
+                Status.RESOURCE_EXHAUSTED,
+                f"request of {len(call.request)} bytes is over the {self._max_message_bytes}-byte "
+                "message limit",
+            )
+        with self._lock:
+            if self._closed:
+                raise TransportError(Status.CANCELLED, "the client is closed")
+            future = self._loop.submit(self._call(call, timeout_s))
+            self._inflight.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise TransportError(
+                Status.CANCELLED, "the client was closed during the call"
+            ) from None
+        finally:
+            with self._lock:
+                self._inflight.discard(future)
+
+    def close(self) -> None:
+        """Cancel calls in flight (they fail with CANCELLED) and close idle endpoints."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            inflight = list(self._inflight)
+        for future in inflight:
+            future.cancel()
+        self._loop.run(self._close_idle())
+
+    async def _close_idle(self) -> None:
+        for idle in self._idle:
+            while idle:
+                await close_endpoint(idle.pop(), self._errors)
+
+    async def _call(self, call: ShardCall, timeout_s: float) -> Any:
+        op = _OPS[call.method]
+        request = FrameHeader(
+            op, next(self._request_ids), len(call.request), call.tables, call.clock
+        )
+        endpoint = await self._endpoint(call.shard, timeout_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply, payload = await self._exchange(endpoint, request, call.request)
+        except TimeoutError:
+            await close_endpoint(endpoint, self._errors)
+            raise TransportError(
+                Status.DEADLINE_EXCEEDED, f"no reply within {timeout_s:.3g} s"
+            ) from None
+        except self._errors as error:
+            self._lost[call.shard] = True
+            await close_endpoint(endpoint, self._errors)
+            raise TransportError(Status.UNAVAILABLE, f"UCX: {error}") from None
+        except FrameError as error:
+            await close_endpoint(endpoint, self._errors)
+            raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
+        except asyncio.CancelledError:
+            await close_endpoint(endpoint, self._errors)
+            raise
+        self._idle[call.shard].append(endpoint)
+        if reply.status != Status.OK:
+            raise TransportError(reply.status, bytes(payload).decode(errors="replace"))
+        try:
+            return _DECODERS[op](payload)
+        except EmberError as error:
+            raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
+
+    async def _endpoint(self, shard: int, timeout_s: float) -> Any:
+        idle = self._idle[shard]
+        while idle:
+            endpoint = idle.pop()
+            if not endpoint_closed(endpoint):
+                return endpoint
+            await close_endpoint(endpoint, self._errors)
+        return await self._connect(shard, timeout_s)
+
+    async def _connect(self, shard: int, timeout_s: float) -> Any:
+        """A new endpoint to ``shard`` (its address asked for again if the last one was lost)."""
+        try:
+            if self._lost[shard]:
+                loop = asyncio.get_running_loop()
+                self._addresses[shard] = await loop.run_in_executor(None, self._locate, shard)
+                self._lost[shard] = False
+            host, port = self._addresses[shard]
+            async with asyncio.timeout(timeout_s):
+                return await self._ucx.create_endpoint(host, port, endpoint_error_handling=True)
+        except (TimeoutError, OSError, *self._errors) as error:
+            self._lost[shard] = True
+            host, port = self._addresses[shard]
+            raise TransportError(
+                Status.UNAVAILABLE, f"cannot connect to UCX listener {host}:{port}: {error!r}"
+            ) from None
+        except TransportError:
+            self._lost[shard] = True
+            raise
+
+    async def _exchange(
+        self, endpoint: Any, request: FrameHeader, message: bytes
+    ) -> tuple[FrameHeader, memoryview]:
+        await endpoint.send(np.frombuffer(request.encode(), dtype=np.uint8))
+        await endpoint.send(np.frombuffer(message, dtype=np.uint8))
+        raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
+        await endpoint.recv(raw)
+        reply = FrameHeader.decode(raw.data, self._max_message_bytes + len(END_MARK))
+        unread = reply.request_id == 0 and reply.status != Status.OK  # our header was refused
+        if not unread and (reply.op, reply.request_id) != (request.op, request.request_id):
+            raise FrameError(
+                f"reply to {reply.op.name} #{reply.request_id}, "
+                f"expected {request.op.name} #{request.request_id}"
+            )
+        payload = np.empty(reply.payload_bytes, dtype=np.uint8)
+        payload[-len(END_MARK) :] = 0
+        await endpoint.recv(payload)
+        return reply, payload_body(payload.data)

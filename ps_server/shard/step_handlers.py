@@ -1,0 +1,72 @@
+"""Lookup and Update on a shard, from a decoded request to the reply's bytes, for every transport.
+
+gRPC and the UCX frames carry the same messages; both end here, so a step
+call means the same on either: ordering, clocks, deduplication and errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.frames import (
+    END_MARK,
+    FrameHeader,
+    Op,
+    RowDtype,
+    check_header_matches,
+)
+from ember.ps_server.wire.step_codec import (
+    LookupRequestView,
+    StepClockView,
+    UpdateRequestView,
+    decode_lookup_request,
+    decode_update_request,
+    encode_lookup_response,
+    encode_update_response,
+)
+
+
+class StepHandlers:
+    """The step calls of ``server``.
+
+    Args:
+        server: the shard's tables and step clocks.
+    """
+
+    def __init__(self, server: ParameterServer) -> None:
+        self.server = server
+
+    def lookup(self, request: LookupRequestView, trailer: bytes = b"") -> bytes:
+        """The serialised LookupResponse (then ``trailer``)."""
+        rows, watermark = self.server.steps.lookup(request)
+        return encode_lookup_response(rows, watermark, trailer)
+
+    def update(self, request: UpdateRequestView, trailer: bytes = b"") -> bytes:
+        """The serialised UpdateResponse (then ``trailer``)."""
+        duplicate, refreshed, watermark = self.server.steps.update(request)
+        flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
+        return encode_update_response(duplicate, refreshed, watermark, flush, trailer)
+
+    def frame_handlers(self) -> dict[Op, Callable[[FrameHeader, memoryview], bytes]]:
+        """The handlers of the UCX listener: a frame's header and message to the reply's."""
+        return {Op.LOOKUP: self._lookup_frame, Op.UPDATE: self._update_frame}
+
+    def _lookup_frame(self, header: FrameHeader, message: memoryview) -> bytes:
+        request = decode_lookup_request(message)
+        _check_frame(header, len(request.tables), request.clock)
+        return self.lookup(request, END_MARK)
+
+    def _update_frame(self, header: FrameHeader, message: memoryview) -> bytes:
+        request = decode_update_request(message)
+        _check_frame(header, len(request.tables), request.clock)
+        return self.update(request, END_MARK)
+
+
+def _check_frame(header: FrameHeader, tables: int, clock: StepClockView | None) -> None:
+    check_header_matches(header, tables, None if clock is None else clock.clock)
+    if header.dtype != RowDtype.FLOAT32:
+        raise InvalidArgumentError(
+            f"frame rows are {header.dtype.name.lower()}; the shard's tables take float32"
+        )

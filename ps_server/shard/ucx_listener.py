@@ -1,0 +1,198 @@
+"""The shard's UCX data plane: Lookup and Update frames served by the gRPC path's handlers.
+
+Every endpoint is served by its own task, one call at a time, in order. A
+handler runs on a thread pool (it may wait for other ranks' clocks), so a
+slow call holds only its own endpoint. A frame whose message is malformed,
+or whose header disagrees with it, is answered with INVALID_ARGUMENT and the
+endpoint goes on; a frame that cannot be read (bad header, a payload cut
+short, too long or too slow, a lost peer) is answered if it can be and ends
+that endpoint only. At most ``workers`` frames are held at once, however many
+endpoints peers open, and each must arrive and be answered within
+:data:`TRANSFER_DEADLINE_S`.
+
+UCX listens on every interface (its listener takes a port, not an address):
+shield the port as you would the gRPC one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from ember.ps_server.errors import EmberError, Status, status_for
+from ember.ps_server.ucx import (
+    UcxUnavailableError,
+    close_endpoint,
+    load_ucx,
+    ucx_errors,
+    ucx_loop,
+)
+from ember.ps_server.wire.frames import (
+    END_MARK,
+    HEADER_BYTES,
+    FrameError,
+    FrameHeader,
+    Op,
+    payload_body,
+)
+
+log = logging.getLogger(__name__)
+
+FrameHandler = Callable[[FrameHeader, memoryview], bytes]
+TRANSFER_DEADLINE_S = 60.0
+# What an error reply answers when the request's own header could not be read.
+_UNREAD_REQUEST = FrameHeader(Op.LOOKUP, 0, len(END_MARK))
+
+
+class UcxListener:
+    """Serves frames on a UCX listener until closed.
+
+    Args:
+        handlers: for each op, a function of the request's header and message that
+            returns the reply's message followed by the end mark (raising EmberError to
+            refuse the request).
+        max_message_bytes: the largest payload accepted.
+        workers: frames held and handlers run at once.
+        port: the port to listen on (0: a free one).
+
+    Raises:
+        UcxUnavailableError: no UCX binding, or the port cannot be listened on.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[Op, FrameHandler],
+        max_message_bytes: int,
+        workers: int,
+        port: int = 0,
+    ) -> None:
+        self._ucx = load_ucx()
+        self._errors = ucx_errors(self._ucx)
+        self._handlers = dict(handlers)
+        self._max_payload = max_message_bytes + len(END_MARK)
+        self._loop = ucx_loop()
+        self._slots = self._loop.run(_semaphore(workers))
+        self._serving: set[asyncio.Task] = set()
+        self._busy = 0
+        self._idle = self._loop.run(_event())
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ember-ucx")
+        try:
+            self._listener = self._loop.run(self._listen(port))
+        except (*self._errors, OSError, RuntimeError) as error:
+            self._pool.shutdown(wait=False)
+            raise UcxUnavailableError(f"cannot listen for UCX on port {port}: {error}") from None
+        self.port: int = self._listener.port
+
+    async def _listen(self, port: int) -> Any:
+        return self._ucx.create_listener(self._serve, port=port, endpoint_error_handling=True)
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop taking connections, let frames being handled finish within ``grace_s``, then
+        close every endpoint."""
+        self._loop.run(self._close(grace_s))
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self, grace_s: float) -> None:
+        self._listener.close()
+        if self._busy:
+            try:
+                await asyncio.wait_for(self._idle.wait(), grace_s)
+            except TimeoutError:
+                log.warning("closing the UCX listener with %d frame(s) unanswered", self._busy)
+        for task in list(self._serving):
+            task.cancel()
+        await asyncio.gather(*self._serving, return_exceptions=True)
+
+    async def _serve(self, endpoint: Any) -> None:
+        task = asyncio.current_task()
+        self._serving.add(task)
+        try:
+            while True:
+                await self._serve_one(endpoint)
+        except self._errors:
+            pass  # the peer went away
+        except FrameError as error:
+            log.warning("closing a UCX endpoint after an unreadable frame: %s", error)
+        finally:
+            self._serving.discard(task)
+            await close_endpoint(endpoint, self._errors)
+
+    async def _serve_one(self, endpoint: Any) -> None:
+        """Answer one frame (FrameError: the endpoint can no longer be trusted)."""
+        raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
+        await endpoint.recv(raw)
+        try:
+            header = FrameHeader.decode(raw.data, self._max_payload, request=True)
+        except FrameError as error:
+            await self._reply_error(endpoint, _UNREAD_REQUEST, error)
+            raise
+        async with self._slots:
+            self._busy += 1
+            self._idle.clear()
+            try:
+                await self._answer(endpoint, header)
+            finally:
+                self._busy -= 1
+                if not self._busy:
+                    self._idle.set()
+
+    async def _answer(self, endpoint: Any, header: FrameHeader) -> None:
+        payload = np.empty(header.payload_bytes, dtype=np.uint8)
+        payload[-len(END_MARK) :] = 0
+        try:
+            async with asyncio.timeout(TRANSFER_DEADLINE_S):
+                await endpoint.recv(payload)
+            body = payload_body(payload.data)
+        except (TimeoutError, *self._errors) as error:
+            failure = FrameError(f"payload of {header.payload_bytes} bytes not received: {error!r}")
+            await self._reply_error(endpoint, header, failure)
+            raise failure from None
+        except FrameError as error:
+            await self._reply_error(endpoint, header, error)
+            raise
+        try:
+            handler = self._handlers[header.op]
+            reply = await self._loop.loop.run_in_executor(self._pool, handler, header, body)
+        except EmberError as error:
+            await self._reply_error(endpoint, header, error)
+            return
+        except Exception as error:
+            log.exception("UCX %s failed", header.op.name)
+            await self._reply_error(endpoint, header, error)
+            return
+        await _send(endpoint, header, Status.OK, reply)
+
+    async def _reply_error(self, endpoint: Any, request: FrameHeader, error: Exception) -> None:
+        """Answer ``request`` with ``error``'s status and message, if the peer still listens."""
+        status = status_for(error) if isinstance(error, EmberError) else Status.INTERNAL
+        message = (
+            str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
+        )
+        try:
+            await _send(endpoint, request, status, message.encode() + END_MARK)
+        except (TimeoutError, *self._errors):
+            pass
+
+
+async def _send(endpoint: Any, request: FrameHeader, status: Status, payload: bytes) -> None:
+    """Send a reply to ``request``: its header, then ``payload`` (end mark included)."""
+    reply = FrameHeader(request.op, request.request_id, len(payload), status=status)
+    async with asyncio.timeout(TRANSFER_DEADLINE_S):
+        await endpoint.send(np.frombuffer(reply.encode(), dtype=np.uint8))
+        await endpoint.send(np.frombuffer(payload, dtype=np.uint8))
+
+
+async def _semaphore(slots: int) -> asyncio.Semaphore:
+    """A semaphore made on the loop that will use it."""
+    return asyncio.Semaphore(slots)
+
+
+async def _event() -> asyncio.Event:
+    """An event made on the loop that will use it, set."""
+    event = asyncio.Event()
+    event.set()
+    return event

@@ -1,0 +1,145 @@
+"""Frames of the UCX data plane: a fixed header, then the step message's bytes.
+
+A call is two UCX tag messages on one endpoint, each way: a header of
+:data:`HEADER_BYTES`, then a payload of exactly ``payload_bytes``. The payload
+is the same serialised LookupRequest / UpdateRequest (and replies) that gRPC
+carries, followed by :data:`END_MARK`; an error reply's payload is its UTF-8
+message and the mark. The header ends with the mark too. UCX tells a receiver
+neither that a message was shorter than its buffer nor how long it was, so
+the receiver zeroes the buffer's last bytes before receiving: a header or
+payload shorter than it should be leaves them zero and is refused (one longer
+fails in UCX as truncated).
+
+The header repeats what the payload says (table count, clock) so that a shard
+can refuse a frame whose header disagrees with its message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+
+from ember.ps_server.errors import InvalidArgumentError, Status
+
+MAGIC = b"EMBF"
+VERSION = 1
+END_MARK = b"EMBE"
+NO_CLOCK = -1
+# magic, version, op, status, dtype, tables, payload bytes, clock, request id, end mark
+_HEADER = struct.Struct("<4sBBBBIQqQ4s")
+HEADER_BYTES = _HEADER.size
+
+
+class Op(enum.IntEnum):
+    """What a frame asks for (a reply carries its request's op)."""
+
+    LOOKUP = 1
+    UPDATE = 2
+
+
+class RowDtype(enum.IntEnum):
+    """How rows and gradients travel in a frame."""
+
+    FLOAT32 = 0
+    FLOAT16 = 1
+    BFLOAT16 = 2
+
+
+class FrameError(InvalidArgumentError):
+    """A frame that cannot be read: the stream it came on is no longer trusted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameHeader:
+    """The fixed part of a frame.
+
+    Attributes:
+        op: what the frame asks for, or answers.
+        request_id: chosen by the caller; a reply carries its request's.
+        payload_bytes: bytes of the payload message that follows, end mark included.
+        tables: tables in the payload's message (0 in a reply).
+        clock: the step clock the message carries (:data:`NO_CLOCK`: none).
+        dtype: how the message's rows travel.
+        status: OK in requests; a reply's outcome.
+    """
+
+    op: Op
+    request_id: int
+    payload_bytes: int
+    tables: int = 0
+    clock: int = NO_CLOCK
+    dtype: RowDtype = RowDtype.FLOAT32
+    status: Status = Status.OK
+
+    def encode(self) -> bytes:
+        """The header's bytes."""
+        return _HEADER.pack(
+            MAGIC, VERSION, self.op, self.status, self.dtype, self.tables,
+            self.payload_bytes, self.clock, self.request_id, END_MARK,
+        )  # fmt: skip
+
+    @classmethod
+    def decode(
+        cls, data: bytes | memoryview, max_payload_bytes: int, request: bool = False
+    ) -> FrameHeader:
+        """Read a header, refusing any field out of range before a payload is allocated;
+        ``request``: it asks for something, so its status must be OK.
+
+        Raises:
+            FrameError: naming the first bad field.
+        """
+        if len(data) != HEADER_BYTES:
+            raise FrameError(f"a frame header is {HEADER_BYTES} bytes, got {len(data)}")
+        magic, version, op, status, dtype, tables, size, clock, request_id, end = _HEADER.unpack(
+            data
+        )
+        if magic != MAGIC:
+            raise FrameError(f"not an Ember frame: magic {magic!r}")
+        if end != END_MARK:
+            raise FrameError("frame header cut short (no end mark)")
+        if version != VERSION:
+            raise FrameError(f"frame version {version} is not {VERSION}")
+        if op not in Op._value2member_map_:
+            raise FrameError(f"unknown frame op {op}")
+        if status not in Status._value2member_map_:
+            raise FrameError(f"unknown status {status}")
+        if request and status != Status.OK:
+            raise FrameError(f"a request carries status {Status(status).name}, not OK")
+        if dtype not in RowDtype._value2member_map_:
+            raise FrameError(f"unknown row dtype {dtype}")
+        if not len(END_MARK) <= size <= max_payload_bytes:
+            raise FrameError(
+                f"payload of {size} bytes is outside {len(END_MARK)}..{max_payload_bytes}"
+            )
+        if clock < NO_CLOCK:
+            raise FrameError(f"clock must be >= 0 (or {NO_CLOCK}: none), got {clock}")
+        return cls(Op(op), request_id, size, tables, clock, RowDtype(dtype), Status(status))
+
+
+def payload_body(payload: memoryview) -> memoryview:
+    """The message in a received ``payload``, without its end mark.
+
+    Raises:
+        FrameError: the payload does not end with the mark (it was cut short).
+    """
+    if bytes(payload[-len(END_MARK) :]) != END_MARK:
+        raise FrameError("payload shorter than its header says (no end mark)")
+    return payload[: -len(END_MARK)]
+
+
+def check_header_matches(header: FrameHeader, tables: int, clock: int | None) -> None:
+    """Refuse a request whose header disagrees with its message.
+
+    Raises:
+        InvalidArgumentError: the table count or the clock differs.
+    """
+    if header.tables != tables:
+        raise InvalidArgumentError(
+            f"frame header names {header.tables} tables, its message {tables}"
+        )
+    message_clock = NO_CLOCK if clock is None else clock
+    if header.clock != message_clock:
+        raise InvalidArgumentError(
+            f"frame header carries clock {header.clock}, its message {message_clock}"
+        )
