@@ -5,8 +5,9 @@ A CPU build of torch ships the ATen and c10 CUDA headers but not the generated
 to skip it. Sources are compiled in parallel into a scratch folder.
 
 An object that compiled is kept under the kernels cache, keyed by everything
-the compile reads: nvcc's version, the command line, torch's version, the
-source and every Ember header. A later check with the same key copies it
+the compile reads: nvcc's and the host compiler's versions, the command line
+and nvcc's flag variables, torch's version and installation, the source and
+every Ember header. A later check with the same key copies it
 instead of compiling again (as ccache does); anything changed compiles anew.
 """
 
@@ -45,12 +46,17 @@ def compile_check(scratch: Path, jobs: int = 2, timeout_s: float = 600) -> dict[
     if nvcc is None:
         raise FileNotFoundError("nvcc is not on PATH")
 
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
+    versions = "".join(
+        subprocess.run(
+            [tool, "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
+        for tool in (nvcc, os.environ.get("NVCC_CCBIN") or shutil.which("c++") or "c++")
+    )
 
     def compile_one(name: str) -> tuple[str, str]:
         output = scratch / f"{name}.o"
         command = nvcc_command(nvcc, CUDA_SRC / name, output)
-        cached = _cache_path(version.stdout, command, CUDA_SRC / name)
+        cached = _cache_path(versions, command, CUDA_SRC / name)
         if cached.exists():
             shutil.copyfile(cached, output)
             return name, ""
@@ -67,12 +73,16 @@ def compile_check(scratch: Path, jobs: int = 2, timeout_s: float = 600) -> dict[
         return dict(pool.map(compile_one, CUDA_SOURCES))
 
 
-def _cache_path(nvcc_version: str, command: list[str], source: Path) -> Path:
+def _cache_path(versions: str, command: list[str], source: Path) -> Path:
     """Where the object of ``command`` is kept, named by a hash of all the compile reads."""
     import torch
 
-    digest = hashlib.sha256(nvcc_version.encode() + torch.__version__.encode())
-    digest.update("\0".join(command[:-3]).encode())  # all but the source and the output
+    digest = hashlib.sha256(
+        versions.encode() + torch.__version__.encode() + torch.__file__.encode()
+    )
+    flags = [arg for arg in command if arg not in (str(source), "-o") and not arg.endswith(".o")]
+    nvcc_variables = [os.environ.get(v, "") for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")]
+    digest.update("\0".join([*flags, *nvcc_variables]).encode())
     headers = sorted([*CSRC.glob("*.h"), *CUDA_SRC.glob("*.cuh")])
     for path in [source, *headers]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
