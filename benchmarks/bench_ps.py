@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import torch
-from bench_timing import process_cpu_seconds
+from bench_timing import process_cpu_seconds, time_per_op, timed_loop
 from ember.kernels.dedup import unique_inverse
 from ember.ps_server.client.fanout import FanOut
 from ember.ps_server.client.ps_client import PSClient
@@ -79,23 +79,6 @@ class RawBytesClient:
             channel.close()
 
 
-def _timed_loop(operation: Callable[[], None], budget_s: float) -> tuple[float, int]:
-    """``(seconds, calls)`` of at least 3 calls filling ``budget_s``, after one warm call."""
-    operation()  # warm
-    count, start = 0, time.perf_counter()
-    while True:
-        operation()
-        count += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= budget_s and count >= 3:
-            return elapsed, count
-
-
-def _time_per_op(operation: Callable[[], None], budget_s: float) -> float:
-    elapsed, count = _timed_loop(operation, budget_s)
-    return elapsed / count
-
-
 def bench_size(
     client: PSClient, raw: RawBytesClient, n: int, rounds: int, budget_s: float
 ) -> dict[str, float]:
@@ -107,10 +90,10 @@ def bench_size(
     push_payloads = [bytes(h * (8 + 4 * DIM)) for h in halves]
     times: dict[str, list[float]] = {"pull": [], "raw_pull": [], "push": [], "raw_push": []}
     for _ in range(rounds):
-        times["raw_pull"].append(_time_per_op(lambda: raw.call("pull", pull_payloads), budget_s))
-        times["pull"].append(_time_per_op(lambda: client.pull("bench", ids), budget_s))
-        times["raw_push"].append(_time_per_op(lambda: raw.call("push", push_payloads), budget_s))
-        times["push"].append(_time_per_op(lambda: client.push("bench", ids, grads), budget_s))
+        times["raw_pull"].append(time_per_op(lambda: raw.call("pull", pull_payloads), budget_s))
+        times["pull"].append(time_per_op(lambda: client.pull("bench", ids), budget_s))
+        times["raw_push"].append(time_per_op(lambda: raw.call("push", push_payloads), budget_s))
+        times["push"].append(time_per_op(lambda: client.push("bench", ids, grads), budget_s))
     return {key: statistics.median(values) for key, values in times.items()}
 
 
@@ -119,7 +102,7 @@ def _timed_with_cpu(
 ) -> tuple[float, float, float]:
     """``(wall, client CPU, servers' CPU)`` seconds per operation."""
     servers_before, client_before = sum(map(process_cpu_seconds, server_pids)), time.process_time()
-    elapsed, timed = _timed_loop(operation, budget_s)
+    elapsed, timed = timed_loop(operation, budget_s)
     count = timed + 1  # the CPU figures include the warm call
     client_cpu = (time.process_time() - client_before) / count
     servers_cpu = (sum(map(process_cpu_seconds, server_pids)) - servers_before) / count
