@@ -117,6 +117,7 @@ def train(config: TrainConfig) -> dict:
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader
         )
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
+        report["transport"] = client.shard_rpc.data_plane.name  # what carried the step calls
         if rank == 0:
             report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
         close(inner)

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT."""
     from ember.kernels.loader import KernelBuildError
     from ember.ps_server.errors import EmberError
-    from ember.ps_server.shard.servicer import serve_until_signalled
+    from ember.ps_server.shard.shard_server import serve_until_signalled
     from ember.ps_server.ucx import UcxUnavailableError
 
     config = ShardConfig(

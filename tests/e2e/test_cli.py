@@ -17,6 +17,7 @@ from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.wire.table_spec import TableSpec
 
 from tests.support.native import require_native
+from tests.support.raw_frames import require_ucx
 
 EMBER = [sys.executable, "-m", "ember.cli.main"]
 
@@ -157,6 +158,34 @@ def test_checkpoint_command_names_a_silent_replica_job_and_releases_it_when_told
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert "checkpoint written" in done.stdout
+
+
+def test_train_over_ucx_reports_the_transport_that_carried_its_steps(tmp_path):
+    require_ucx()
+    report_path = tmp_path / "report.json"
+    with LocalCluster(2, extra_args=["--ucx"]) as cluster:
+        result = subprocess.run(
+            [*EMBER, "train", "--endpoints", ",".join(cluster.endpoints), "--transport", "ucx",
+             "--cache", "replicated", "--cache-mb", "0.05", "--staleness", "1", "--steps", "12",
+             "--batch-size", "64", "--max-cardinality", "300", "--eval-batches", "1",
+             "--no-progress", "--device", "cpu", "--report", str(report_path)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["transport"] == "ucx" and report["steps"] == 12
+
+
+def test_a_shard_asked_for_ucx_without_a_binding_says_what_to_install(tmp_path):
+    for name in ("ucp", "ucxx"):  # shadow the installed bindings with ones that fail
+        (tmp_path / f"{name}.py").write_text("raise ImportError('not here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    result = subprocess.run(
+        [*EMBER, "ps", "--ucx"], capture_output=True, text=True, timeout=120, check=False,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "pip install 'ember-ps[ucx]'" in result.stderr, result.stderr[-2000:]
 
 
 def test_flags_can_come_from_the_environment(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 
@@ -12,11 +11,6 @@ from ember.ps_server.cluster import LocalCluster
 
 from tests.support.raw_frames import require_ucx, ucx_missing
 from tests.support.redis_server import RedisServer, require_redis_server
-
-# UCX between processes on one host over TCP on loopback only, as CI runs it (the shards
-# inherit it).
-os.environ.setdefault("UCX_TLS", "tcp")
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 
 @pytest.fixture(scope="session")

@@ -41,5 +41,5 @@ def test_the_trainer_loads_no_shard_side_module() -> None:
 
 def test_the_check_sees_shard_side_modules() -> None:
     """The prefixes name real packages: the shard's entry point loads all three sides."""
-    loaded = _shard_side(_modules_loaded_by("import ember.ps_server.shard.servicer"))
+    loaded = _shard_side(_modules_loaded_by("import ember.ps_server.shard.shard_server"))
     assert {m.rsplit(".", 1)[0] for m in loaded if m.count(".") == 3} >= set(SHARD_SIDE)

@@ -1,0 +1,176 @@
+"""A shard process: the gRPC server (with health and reflection), the UCX listener where asked,
+recovery before serving, and a graceful stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import torch
+from ember.kernels.loader import native_ops_available
+from ember.ps_server.durability.recovery import recover
+from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.servicer import ParameterServerServicer, method_handlers
+from ember.ps_server.shard.step_handlers import StepHandlers
+from ember.ps_server.shard.ucx_listener import UcxListener
+from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options
+from ember.ps_server.wire.stats import DataPlaneAddress
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+
+class ShardServer:
+    """A started gRPC server for one shard, with health and reflection.
+
+    Example:
+        >>> shard = ShardServer.start(ShardConfig())   # doctest: +SKIP
+        >>> shard.endpoint                              # doctest: +SKIP
+        '127.0.0.1:40123'
+    """
+
+    def __init__(
+        self,
+        config: ShardConfig,
+        logic: ParameterServer,
+        grpc_server: grpc.Server,
+        port: int,
+        health_servicer: health.HealthServicer,
+        ucx_listener: UcxListener | None = None,
+    ) -> None:
+        self.config = config
+        self.logic = logic
+        self.port = port
+        self._grpc_server = grpc_server
+        self._health = health_servicer
+        self._ucx_listener = ucx_listener
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` clients connect to."""
+        return f"{self.config.host}:{self.port}"
+
+    @classmethod
+    def start(cls, config: ShardConfig) -> ShardServer:
+        """Bind, register the services and start serving."""
+        config.validate()
+        torch.set_num_threads(config.torch_threads)
+        retain_freed_buffers(config.max_message_bytes)
+        native_ops_available()  # build or load the native ops before the first request waits on it
+        logic = ParameterServer(
+            config.shard,
+            config.num_shards,
+            config.max_message_bytes,
+            config.dedup_window,
+            config.store,
+            accept_empty_store=config.accept_empty_store,
+            checkpoint_root=config.checkpoint_root,
+        )
+        recover(logic, config)
+        ucx_listener = _start_ucx_listener(config, logic)
+        try:
+            grpc_server, port, health_servicer = cls._start_grpc(config, logic, ucx_listener)
+        except BaseException:
+            if ucx_listener is not None:
+                ucx_listener.close(grace_s=0)
+            raise
+        log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
+        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener)
+
+    @staticmethod
+    def _start_grpc(
+        config: ShardConfig, logic: ParameterServer, ucx_listener: UcxListener | None
+    ) -> tuple[grpc.Server, int, health.HealthServicer]:
+        planes = (
+            [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port)] if ucx_listener else []
+        )
+        grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
+            options=message_size_options(config.max_message_bytes),
+        )
+        grpc_server.add_generic_rpc_handlers(
+            (method_handlers(ParameterServerServicer(logic, planes)),)
+        )
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
+        )
+        port = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
+        if port == 0:
+            raise OSError(f"cannot bind {config.host}:{config.port}")
+        grpc_server.start()
+        for service in ("", SERVICE_NAME):
+            health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+        def report_unhealthy(reason: str) -> None:
+            for service in ("", SERVICE_NAME):
+                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        logic.fault.on_trip(report_unhealthy)
+        return grpc_server, port, health_servicer
+
+    def write_ready_file(self, path: Path) -> None:
+        """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
+        info = {
+            "endpoint": self.endpoint,
+            "shard": self.config.shard,
+            "num_shards": self.config.num_shards,
+            "pid": os.getpid(),
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, path)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Report NOT_SERVING, finish in-flight requests within ``grace_s``, flush, stop."""
+        self._health.enter_graceful_shutdown()
+        if self._ucx_listener is not None:
+            self._ucx_listener.close(grace_s)
+        self._grpc_server.stop(grace_s).wait()
+        self.logic.flush()
+        self.logic.journal.close()
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        self._grpc_server.wait_for_termination()
+
+
+def _start_ucx_listener(config: ShardConfig, logic: ParameterServer) -> UcxListener | None:
+    """The UCX listener of the step calls, where ``config`` asks for one."""
+    if not config.ucx:
+        return None
+    listener = UcxListener(
+        StepHandlers(logic).frame_handlers(), config.max_message_bytes, config.workers,
+        config.ucx_port,
+    )  # fmt: skip
+    log.info("shard %d serving step calls over UCX on port %d", config.shard, listener.port)
+    if config.host not in ("0.0.0.0", "::"):
+        log.warning(
+            "the UCX listener on port %d accepts connections on every interface, not only %s "
+            "(UCX binds no single address): shield the port", listener.port, config.host,
+        )  # fmt: skip
+    return listener
+
+
+def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> None:
+    """Run a shard until SIGTERM or SIGINT, then shut down gracefully."""
+    shard = ShardServer.start(config)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if ready_file is not None:
+        shard.write_ready_file(ready_file)
+    while not stop.wait(timeout=0.5):  # a bounded wait keeps the main thread responsive to signals
+        pass
+    log.info("shard %d stopping", config.shard)
+    shard.stop()
