@@ -152,7 +152,10 @@ class UcxTransport:
         except asyncio.CancelledError:
             await close_endpoint(endpoint, self._errors)
             raise
-        self._idle[call.shard].append(endpoint)
+        if reply.request_id == 0:  # the shard could not read our header and closed its end
+            await close_endpoint(endpoint, self._errors)
+        else:
+            self._idle[call.shard].append(endpoint)
         if reply.status != Status.OK:
             raise TransportError(reply.status, bytes(payload).decode(errors="replace"))
         try:

@@ -134,9 +134,10 @@ class ShardServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Report NOT_SERVING, finish in-flight requests within ``grace_s``, flush, stop."""
         self._health.enter_graceful_shutdown()
+        stopped = self._grpc_server.stop(grace_s)  # both transports drain at once
         if self._ucx_listener is not None:
             self._ucx_listener.close(grace_s)
-        self._grpc_server.stop(grace_s).wait()
+        stopped.wait()
         self.logic.flush()
         self.logic.journal.close()
 

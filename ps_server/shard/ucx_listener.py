@@ -7,8 +7,8 @@ or whose header disagrees with it, is answered with INVALID_ARGUMENT and the
 endpoint goes on; a frame that cannot be read (bad header, a payload cut
 short, too long or too slow, a lost peer) is answered if it can be and ends
 that endpoint only. At most ``workers`` frames are held at once, however many
-endpoints peers open, and each must arrive and be answered within
-:data:`TRANSFER_DEADLINE_S`.
+endpoints peers open; a frame's payload must arrive, and its reply be sent,
+within :data:`TRANSFER_DEADLINE_S` each (the handler itself is not bounded).
 
 UCX listens on every interface (its listener takes a port, not an address):
 shield the port as you would the gRPC one.

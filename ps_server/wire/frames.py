@@ -4,8 +4,8 @@ A call is two UCX tag messages on one endpoint, each way: a header of
 :data:`HEADER_BYTES`, then a payload of exactly ``payload_bytes``. The payload
 is the same serialised LookupRequest / UpdateRequest (and replies) that gRPC
 carries, followed by :data:`END_MARK`; an error reply's payload is its UTF-8
-message and the mark. The header ends with the mark too. UCX tells a receiver
-neither that a message was shorter than its buffer nor how long it was, so
+message and the mark. The header ends with the mark too. The Python bindings tell a
+receiver neither that a message was shorter than its buffer nor how long it was, so
 the receiver zeroes the buffer's last bytes before receiving: a header or
 payload shorter than it should be leaves them zero and is refused (one longer
 fails in UCX as truncated).

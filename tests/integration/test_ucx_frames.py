@@ -131,8 +131,8 @@ def test_five_thousand_malformed_frames_change_no_row_and_the_shard_serves_on(sh
             payload = _update(table, ids, 0)
             cut = rng.randint(len(END_MARK), len(payload) - 1)
             reply = raw.exchange(_frame(Op.UPDATE, payload, tables=1, clock=0), payload[:cut])
-        else:  # a header of noise behind a correct magic
-            reply = raw.exchange(b"EMBF" + rng.randbytes(32), None)
+        else:  # a header of noise between a correct magic and version and its end mark
+            reply = raw.exchange(b"EMBF\x01" + rng.randbytes(31) + END_MARK, None)
         status = "closed" if reply is None else reply[0].status.name
         assert status != "OK", f"frame {n} was accepted"
         statuses[status] = statuses.get(status, 0) + 1

@@ -76,3 +76,15 @@ def test_devices_resolve_and_the_process_group_follows_them(monkeypatch):
     assert resolve_device("cuda:0") == torch.device("cuda", 0)
     with pytest.raises(ValueError, match="cuda:2, but torch sees 2 GPU"):
         resolve_device("cuda:2")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"cache": "lru"}, {"cache": "static"}, {"cache": "none", "data_path": "serial"}],
+    ids=["lru", "static", "serial"],
+)
+def test_ucx_is_refused_where_rows_travel_by_pull_and_push(change):
+    config = TrainConfig(endpoints=("127.0.0.1:1",), transport="ucx", **change)
+    with pytest.raises(ValueError, match="transport ucx carries the step calls only"):
+        config.validate()
+    TrainConfig(endpoints=("127.0.0.1:1",), transport="ucx", cache="replicated").validate()
