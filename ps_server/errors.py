@@ -41,6 +41,10 @@ class InvalidArgumentError(EmberError, ValueError):
     """The request is malformed (byte lengths, ids, gradients, table spec)."""
 
 
+class OutOfRangeError(EmberError, ValueError):
+    """A value the request asks to send cannot be represented as asked (a row beyond float16)."""
+
+
 class TableNotFoundError(EmberError, KeyError):
     """The named table does not exist."""
 
@@ -110,6 +114,7 @@ class TooManyJobsError(EmberError):
 
 _STATUSES: dict[type[EmberError], Status] = {
     InvalidArgumentError: Status.INVALID_ARGUMENT,
+    OutOfRangeError: Status.OUT_OF_RANGE,
     TableNotFoundError: Status.NOT_FOUND,
     TableExistsError: Status.ALREADY_EXISTS,
     NotOwnedError: Status.FAILED_PRECONDITION,

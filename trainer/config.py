@@ -8,6 +8,7 @@ import os
 import torch
 from ember.ps_server.client.step_client import MODES
 from ember.ps_server.client.transport import check_transport
+from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.cache.hot_cache import POLICIES
 from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
@@ -47,6 +48,7 @@ class TrainConfig:
     torch_threads: int = 0
     flush_every: int = 1000
     transport: str = "grpc"
+    wire_dtype: str = "float32"
 
     def pipelined(self) -> bool:
         """Whether the next step's rows are fetched while a step computes (``auto``: yes).
@@ -96,6 +98,12 @@ class TrainConfig:
                 "transport ucx carries the step calls only: use cache none or replicated on "
                 f"data_path auto or pipeline (cache {self.cache!r} on data_path "
                 f"{self.data_path!r} pulls and pushes over gRPC)"
+            )
+        if RowDtype.parse(self.wire_dtype) is not RowDtype.FLOAT32 and not self.clocked():
+            raise ValueError(
+                f"wire_dtype {self.wire_dtype} packs the rows of the clocked step pipeline (cache "
+                f"none or replicated, data_path auto or pipeline); cache {self.cache!r} on "
+                f"data_path {self.data_path!r} pulls and pushes float32"
             )
         if not 0 <= self.staleness <= MAX_STALENESS:
             raise ValueError(f"staleness must be in 0..{MAX_STALENESS}, got {self.staleness}")

@@ -177,7 +177,7 @@ class PipelinedRowSource:
         with self._stats_lock:
             for table, ids in requests.items():
                 self._payload.rows_pulled += len(ids)
-                self._payload.bytes_pulled += len(ids) * (8 + 4 * self.steps.client.dim(table))
+                self._payload.bytes_pulled += len(ids) * (8 + self._row_bytes(table))
         return rows, watermark
 
     def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
@@ -185,11 +185,15 @@ class PipelinedRowSource:
         with self._stats_lock:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)
-                self._payload.bytes_pushed += len(ids) * (8 + 4 * self.steps.client.dim(table))
-            for _, rows in refreshed.values():  # the refresh's ids and positions are control
+                self._payload.bytes_pushed += len(ids) * (8 + self._row_bytes(table))
+            for table, (_, rows) in refreshed.items():  # their ids and positions are control
                 self._payload.rows_pulled += len(rows)
-                self._payload.bytes_pulled += 4 * rows.numel()
+                self._payload.bytes_pulled += len(rows) * self._row_bytes(table)
         return refreshed, watermark
+
+    def _row_bytes(self, table: str) -> int:
+        """Bytes of one of ``table``'s rows (or gradient rows) on the wire."""
+        return self.steps.wire_dtype(table).itemsize * self.steps.client.dim(table)
 
     def _submit(
         self, pool: concurrent.futures.ThreadPoolExecutor, work, *args: Any

@@ -97,7 +97,8 @@ def build_row_source(
             job_name(world), world, rank, config.update_mode, config.wait_s,
             replica=config.cache == "replicated",
         )  # fmt: skip
-        cold = PipelinedRowSource(StepClient(client, job), config.staleness)
+        wire_dtypes = {spec.name: config.wire_dtype for spec in specs}
+        cold = PipelinedRowSource(StepClient(client, job, wire_dtypes), config.staleness)
     if config.cache == "none":
         return cold
     part = 0 if config.cache == "replicated" else rank

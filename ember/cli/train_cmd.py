@@ -111,6 +111,14 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
         "(ucx where every shard offers it) (env EMBER_TRANSPORT)",
     )
     parser.add_argument(
+        "--wire-dtype",
+        choices=("float32", "float16", "bfloat16"),  # RowDtype's (not imported: it needs torch)
+        default="float32",
+        help="pipeline: how cold rows and their gradients travel; float16 and bfloat16 halve "
+        "their bytes (the shards keep float32 rows and optimizer state). bfloat16 keeps "
+        "float32's range; float16 refuses values beyond 65504",
+    )
+    parser.add_argument(
         "--staleness",
         type=int,
         default=0,

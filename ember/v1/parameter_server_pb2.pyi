@@ -12,9 +12,18 @@ class UpdateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UPDATE_MODE_UNSPECIFIED: _ClassVar[UpdateMode]
     EXACT: _ClassVar[UpdateMode]
     ASYNC: _ClassVar[UpdateMode]
+
+class RowDtype(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FLOAT32: _ClassVar[RowDtype]
+    FLOAT16: _ClassVar[RowDtype]
+    BFLOAT16: _ClassVar[RowDtype]
 UPDATE_MODE_UNSPECIFIED: UpdateMode
 EXACT: UpdateMode
 ASYNC: UpdateMode
+FLOAT32: RowDtype
+FLOAT16: RowDtype
+BFLOAT16: RowDtype
 
 class Initializer(_message.Message):
     __slots__ = ("kind", "scale", "seed")
@@ -373,22 +382,26 @@ class StepClock(_message.Message):
     def __init__(self, job: _Optional[str] = ..., world: _Optional[int] = ..., rank: _Optional[int] = ..., clock: _Optional[int] = ..., mode: _Optional[_Union[UpdateMode, str]] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class TableIds(_message.Message):
-    __slots__ = ("table", "ids")
+    __slots__ = ("table", "ids", "dtype")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+    dtype: RowDtype
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., dtype: _Optional[_Union[RowDtype, str]] = ...) -> None: ...
 
 class TableGrads(_message.Message):
-    __slots__ = ("table", "ids", "grads")
+    __slots__ = ("table", "ids", "grads", "dtype")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     grads: bytes
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ...) -> None: ...
+    dtype: RowDtype
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dtype: _Optional[_Union[RowDtype, str]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("tables", "clock")

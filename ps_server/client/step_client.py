@@ -20,11 +20,12 @@ import torch
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
-from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
-from ember.ps_server.wire.frames import NO_CLOCK
-from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
+from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
+from ember.ps_server.wire.messages import encode_ids, pb
+from ember.ps_server.wire.row_dtype import RowDtype, rows_from_wire, rows_to_wire
 from ember.ps_server.wire.step_codec import (
     LookupResponseView,
     StepClockView,
@@ -90,6 +91,12 @@ class StepClient:
     Args:
         client: a connected PSClient whose tables exist.
         job: this rank's job (None: lookups without clocks, no updates).
+        wire_dtypes: per table, how its rows and gradients travel: ``float32`` (the
+            default for tables not named), ``float16`` or ``bfloat16``. The shards keep
+            float32 rows and optimizer state; a narrow type halves the bytes of rows and
+            gradients and rounds them to nearest even on the way. float16 holds
+            magnitudes up to 65504 and flushes gradients below about 6e-8 to zero;
+            bfloat16 keeps float32's range with 8 bits of mantissa.
 
     Example:
         >>> steps = StepClient(client, StepJob("run-7f3a", world=2, rank=0))  # doctest: +SKIP
@@ -97,10 +104,19 @@ class StepClient:
         >>> steps.update({"user": (ids, grads)}, clock=5)     # returns once clock 5 is applied
     """
 
-    def __init__(self, client: PSClient, job: StepJob | None = None) -> None:
+    def __init__(
+        self,
+        client: PSClient,
+        job: StepJob | None = None,
+        wire_dtypes: Mapping[str, RowDtype | str] | None = None,
+    ) -> None:
         if job is not None:
             job.validate()
         self.client, self.job = client, job
+        self.wire_dtypes = {
+            table: dtype if isinstance(dtype, RowDtype) else RowDtype.parse(dtype)
+            for table, dtype in (wire_dtypes or {}).items()
+        }
         self._wire_bytes, self._wire_lock = 0, threading.Lock()
         # A checkpoint waiting for this replica job's write-back, as the last update's
         # replies said ("" when none).
@@ -139,11 +155,18 @@ class StepClient:
         calls, entries = [], []
         for shard, items in enumerate(per_shard):
             if items:
-                tables = [(table, encode_ids(ids)) for table, _, ids in items]
+                tables = [
+                    (table, encode_ids(ids), self.wire_dtype(table)) for table, _, ids in items
+                ]
                 request = encode_lookup_request(tables, clock_view, self._trailer)
                 wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
-                calls.append(ShardCall(shard, "Lookup", request, wait_s, len(items), frame_clock))
-                entries.append(items)
+                calls.append(
+                    ShardCall(
+                        shard, "Lookup", request, wait_s, len(items), frame_clock,
+                        frame_dtype(dtype for _, _, dtype in tables),
+                    )
+                )  # fmt: skip
+                entries.append((shard, items))
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
@@ -151,10 +174,9 @@ class StepClient:
         def place(index: int, reply: LookupResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
-            for (table, positions, _), values in zip(entries[index], reply.values, strict=True):
-                rows = readonly_tensor(values, torch.float32).view(
-                    len(positions), out[table].shape[1]
-                )
+            shard, items = entries[index]
+            for (table, positions, _), values in zip(items, reply.values, strict=True):
+                rows = self._received_rows(shard, table, values, len(positions), "lookup")
                 scatter_rows(out[table], torch.from_numpy(positions), rows)
 
         self.client.shard_rpc.run(calls, on_reply=place)
@@ -181,7 +203,8 @@ class StepClient:
             applied; and the lowest watermark the shards answered with.
 
         Raises:
-            ValueError: bad ids or gradients, or no job (nothing sent).
+            ValueError: bad ids or gradients, or no job (nothing sent); OutOfRangeError (a
+                ValueError): a gradient beyond its table's wire dtype (nothing sent).
             PSClientError: a shard refused or failed, or timed out waiting for other
                 ranks (DEADLINE_EXCEEDED, naming them).
         """
@@ -191,11 +214,12 @@ class StepClient:
             id_array = as_id_array(ids)
             dim = self.client.dim(table)
             unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
-            summed_rows = summed.numpy()
+            dtype = self.wire_dtype(table)
+            wire_rows = rows_to_wire(summed, dtype, f"gradients of table {table!r}")
             for shard, positions in enumerate(self._route(table, unique_ids)):
                 if len(positions):
                     per_shard_updates[shard].append(
-                        (table, encode_ids(unique_ids[positions]), summed_rows[positions])
+                        (table, encode_ids(unique_ids[positions]), wire_rows[positions], dtype)
                     )
         per_shard_refresh: list[list] = [[] for _ in range(self.client.num_shards)]
         refreshed: dict[str, tuple[list, list]] = {}
@@ -205,23 +229,23 @@ class StepClient:
             for shard, positions in enumerate(self._route(table, id_array)):
                 if len(positions):
                     per_shard_refresh[shard].append((table, positions, id_array[positions]))
-        calls = [
-            ShardCall(
-                shard,
-                "Update",
-                encode_update_request(
-                    per_shard_updates[shard],
-                    clock_view,
-                    [(table, encode_ids(ids)) for table, _, ids in per_shard_refresh[shard]],
-                    replica=self.job.replica,
-                    trailer=self._trailer,
-                ),
-                self._wait_s(clock_view),
-                len(per_shard_updates[shard]),
-                clock,
-            )
-            for shard in range(self.client.num_shards)
-        ]
+        calls = []
+        for shard in range(self.client.num_shards):
+            refresh_entries = [
+                (table, encode_ids(ids), self.wire_dtype(table))
+                for table, _, ids in per_shard_refresh[shard]
+            ]
+            request = encode_update_request(
+                per_shard_updates[shard], clock_view, refresh_entries,
+                replica=self.job.replica, trailer=self._trailer,
+            )  # fmt: skip
+            dtypes = [e[-1] for e in (*per_shard_updates[shard], *refresh_entries)]
+            calls.append(
+                ShardCall(
+                    shard, "Update", request, self._wait_s(clock_view),
+                    len(per_shard_updates[shard]), clock, frame_dtype(dtypes),
+                )
+            )  # fmt: skip
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks, flush_requests = [], []
@@ -234,22 +258,15 @@ class StepClient:
                 per_shard_refresh[shard], reply.refreshed, strict=True
             ):
                 where = np.frombuffer(found, dtype="<i8")
-                dim = self.client.dim(table)
                 if len(where) and (where.min() < 0 or where.max() >= len(positions)):
                     raise PSClientError(
                         self.client.endpoints[shard], Status.INTERNAL,
                         f"refresh of table {table!r} named positions outside its "
                         f"{len(positions)} ids",
                     )  # fmt: skip
-                if len(values) != 4 * dim * len(where):
-                    raise PSClientError(
-                        self.client.endpoints[shard], Status.INTERNAL,
-                        f"refresh of table {table!r}: {len(values)} bytes for {len(where)} rows",
-                    )  # fmt: skip
+                rows = self._received_rows(shard, table, values, len(where), "refresh")
                 refreshed[table][0].append(positions[where])
-                refreshed[table][1].append(
-                    readonly_tensor(values, torch.float32).view(len(where), dim).clone()
-                )
+                refreshed[table][1].append(rows.clone())
 
         self.client.shard_rpc.run(calls, on_reply=collect)
         self.flush_request = max(flush_requests)  # a shard that asks, if any does
@@ -283,6 +300,26 @@ class StepClient:
             for k in range(self.client.num_shards)
         ]
         return all(reply.paused for reply in self.client.shard_rpc.run(calls))
+
+    def wire_dtype(self, table: str) -> RowDtype:
+        """How ``table``'s rows and gradients travel."""
+        return self.wire_dtypes.get(table, RowDtype.FLOAT32)
+
+    def _received_rows(
+        self, shard: int, table: str, values: memoryview, num_rows: int, what: str
+    ) -> torch.Tensor:
+        """A reply's float32 rows of ``table`` (a read-only view when they came as float32).
+
+        Raises:
+            PSClientError: INTERNAL, the reply holds another number of bytes.
+        """
+        try:
+            return rows_from_wire(
+                values, self.wire_dtype(table), num_rows, self.client.dim(table),
+                f"{what} of table {table!r}",
+            )  # fmt: skip
+        except InvalidArgumentError as error:
+            raise PSClientError(self.client.endpoints[shard], Status.INTERNAL, str(error)) from None
 
     @property
     def _trailer(self) -> bytes:

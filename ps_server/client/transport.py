@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ember.ps_server.errors import Status
 from ember.ps_server.wire.frames import NO_CLOCK
+from ember.ps_server.wire.row_dtype import RowDtype
 
 TRANSPORTS = ("grpc", "ucx", "auto")
 STEP_METHODS = frozenset({"Lookup", "Update"})
@@ -28,6 +29,7 @@ class ShardCall:
             hold that long).
         tables: tables in a step request (its frame header repeats them).
         clock: the step clock a step request carries (:data:`NO_CLOCK`: none).
+        dtype: how a step request's rows travel (see :func:`frames.frame_dtype`).
     """
 
     shard: int
@@ -36,6 +38,7 @@ class ShardCall:
     extra_wait_s: float = 0.0
     tables: int = 0
     clock: int = NO_CLOCK
+    dtype: int = RowDtype.FLOAT32
 
 
 class TransportError(Exception):

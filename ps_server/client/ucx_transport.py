@@ -131,7 +131,7 @@ class UcxTransport:
     async def _call(self, call: ShardCall, timeout_s: float) -> Any:
         op = _OPS[call.method]
         request = FrameHeader(
-            op, next(self._request_ids), len(call.request), call.tables, call.clock
+            op, next(self._request_ids), len(call.request), call.tables, call.clock, call.dtype
         )
         endpoint = await self._endpoint(call.shard, timeout_s)
         try:

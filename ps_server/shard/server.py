@@ -38,6 +38,7 @@ from ember.ps_server.wire.messages import (
     pb,
 )
 from ember.ps_server.wire.pull_push_codec import push_log_record
+from ember.ps_server.wire.row_dtype import RowDtype, rows_from_wire
 from ember.ps_server.wire.stats import TableStats
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -280,16 +281,22 @@ class ParameterServer:
         return (*self.checked_grads(table, ids, grads), request_id)
 
     def checked_grads(
-        self, table: str, ids: bytes | memoryview, grads: bytes | memoryview
+        self,
+        table: str,
+        ids: bytes | memoryview,
+        grads: bytes | memoryview,
+        dtype: RowDtype = RowDtype.FLOAT32,
     ) -> tuple[Table, np.ndarray, np.ndarray]:
-        """The table, ids and gradient rows of a write, validated (nothing applied).
+        """The table, ids and float32 gradient rows (read-only) of a write whose gradients
+        travel as ``dtype``, validated (nothing applied).
 
         Raises:
             InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
         """
         target = self._table(table)
         id_array = decode_ids(ids)
-        grad_rows = decode_rows(grads, len(id_array), target.spec.dim, "grads")
+        grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads").numpy()
+        grad_rows.flags.writeable = False  # a view of the request's bytes when float32
         self._check_owned(table, id_array)
         if not np.isfinite(grad_rows).all():
             bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])

@@ -8,15 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.wire.frames import (
-    END_MARK,
-    FrameHeader,
-    Op,
-    RowDtype,
-    check_header_matches,
-)
+from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
@@ -55,18 +48,18 @@ class StepHandlers:
 
     def _lookup_frame(self, header: FrameHeader, message: memoryview) -> bytes:
         request = decode_lookup_request(message)
-        _check_frame(header, len(request.tables), request.clock)
+        _check_frame(header, request.tables, request.clock, request.tables)
         return self.lookup(request, END_MARK)
 
     def _update_frame(self, header: FrameHeader, message: memoryview) -> bytes:
         request = decode_update_request(message)
-        _check_frame(header, len(request.tables), request.clock)
+        _check_frame(header, request.tables, request.clock, [*request.tables, *request.refresh])
         return self.update(request, END_MARK)
 
 
-def _check_frame(header: FrameHeader, tables: int, clock: StepClockView | None) -> None:
-    check_header_matches(header, tables, None if clock is None else clock.clock)
-    if header.dtype != RowDtype.FLOAT32:
-        raise InvalidArgumentError(
-            f"frame rows are {header.dtype.name.lower()}; the shard's tables take float32"
-        )
+def _check_frame(
+    header: FrameHeader, tables: list, clock: StepClockView | None, row_entries: list
+) -> None:
+    check_header_matches(
+        header, len(tables), None if clock is None else clock.clock, [e.dtype for e in row_entries]
+    )

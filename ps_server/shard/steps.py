@@ -22,6 +22,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.row_dtype import RowDtype, rows_to_wire
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
+# A validated read of one table: the table, its ids and the dtype its rows travel in.
+TableRead = tuple["Table", np.ndarray, RowDtype]
 
 
 class StepService:
@@ -47,14 +50,18 @@ class StepService:
         self.replicas = ReplicaFlushes()
 
     def lookup(self, request: LookupRequestView) -> tuple[list[np.ndarray], int]:
-        """Rows of every table of ``request`` in order, once its clock is reached.
+        """Rows of every table of ``request`` in order, as each entry's dtype carries them,
+        once its clock is reached.
 
         Returns:
             ``(rows per table, the job's watermark or -1)``.
+
+        Raises:
+            OutOfRangeError: a row the requested dtype cannot hold (nothing answered).
         """
         self._server.fault.check()
         reads = self._checked_reads(request.tables, "lookup")
-        self._server.check_reply_size([(t, len(ids), t.spec.dim) for t, ids in reads])
+        self._server.check_reply_size([(t, len(ids), t.spec.dim) for t, ids, _ in reads])
         watermark = -1
         if request.clock is not None:
             needed = request.clock.clock
@@ -67,7 +74,7 @@ class StepService:
                     f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
                 )  # fmt: skip
                 watermark = job.watermark
-        return [target.read_weights(ids).numpy() for target, ids in reads], watermark
+        return [_wire_rows(target, ids, dtype) for target, ids, dtype in reads], watermark
 
     def update(
         self, request: UpdateRequestView
@@ -87,7 +94,7 @@ class StepService:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
         updates = self._checked_updates(request.tables)
         refresh = self._checked_reads(request.refresh, "refresh")
-        self._server.check_reply_size([(t, len(ids), t.spec.dim + 2) for t, ids in refresh])
+        self._server.check_reply_size([(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh])
         job = self.clocks.job(clock)
         rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
         if request.replica:
@@ -164,7 +171,10 @@ class StepService:
             self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
         job = self.clocks.job(clock)
-        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
+        updates = [
+            self._server.checked_grads(t.table, t.ids, t.grads, RowDtype.from_wire(t.dtype))
+            for t in record.tables
+        ]
         with job.cond:
             if (
                 job.mode == pb.EXACT
@@ -249,32 +259,41 @@ class StepService:
         job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
 
     def _refreshed(
-        self, job: Job, step: int, refresh: list[tuple[Table, np.ndarray]]
+        self, job: Job, step: int, refresh: list[TableRead]
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per refresh entry, the positions of its ids that clock ``step`` changed, with
         their rows as they are now (all of them if the clock is no longer remembered)."""
         changed = job.changed.get(step)
         replies = []
-        for target, ids in refresh:
+        for target, ids, dtype in refresh:
             if changed is None:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
                 positions = _positions_in(ids, changed.get(target.spec.name))
-            replies.append((positions, target.read_weights(ids[positions]).numpy()))
+            replies.append((positions, _wire_rows(target, ids[positions], dtype)))
         return replies
 
-    def _checked_reads(self, entries: list[TableIdsView], what: str) -> list:
+    def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:
         _distinct_tables(entries, what)
-        return [self._server.checked_read(e.table, e.ids) for e in entries]
+        return [
+            (*self._server.checked_read(e.table, e.ids), RowDtype.from_wire(e.dtype))
+            for e in entries
+        ]
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")
         return [
             (target, ids.copy(), grads.copy())
             for target, ids, grads in (
-                self._server.checked_grads(e.table, e.ids, e.grads) for e in entries
+                self._server.checked_grads(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype))
+                for e in entries
             )
         ]
+
+
+def _wire_rows(target: Table, ids: np.ndarray, dtype: RowDtype) -> np.ndarray:
+    """The rows of ``ids`` as ``dtype`` carries them (see :func:`rows_to_wire`)."""
+    return rows_to_wire(target.read_weights(ids), dtype, f"table {target.spec.name!r}")
 
 
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:

@@ -180,7 +180,9 @@ class UcxListener:
 
 async def _send(endpoint: Any, request: FrameHeader, status: Status, payload: bytes) -> None:
     """Send a reply to ``request``: its header, then ``payload`` (end mark included)."""
-    reply = FrameHeader(request.op, request.request_id, len(payload), status=status)
+    reply = FrameHeader(
+        request.op, request.request_id, len(payload), dtype=request.dtype, status=status
+    )
     async with asyncio.timeout(TRANSFER_DEADLINE_S):
         await endpoint.send(np.frombuffer(reply.encode(), dtype=np.uint8))
         await endpoint.send(np.frombuffer(payload, dtype=np.uint8))

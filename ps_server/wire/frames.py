@@ -10,8 +10,9 @@ the receiver zeroes the buffer's last bytes before receiving: a header or
 payload shorter than it should be leaves them zero and is refused (one longer
 fails in UCX as truncated).
 
-The header repeats what the payload says (table count, clock) so that a shard
-can refuse a frame whose header disagrees with its message.
+The header repeats what the payload says (table count, clock, the rows'
+dtype) so that a shard can refuse a frame whose header disagrees with its
+message.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
+from collections.abc import Iterable
 
 from ember.ps_server.errors import InvalidArgumentError, Status
+from ember.ps_server.wire.row_dtype import RowDtype
 
 MAGIC = b"EMBF"
 VERSION = 1
@@ -38,12 +41,17 @@ class Op(enum.IntEnum):
     UPDATE = 2
 
 
-class RowDtype(enum.IntEnum):
-    """How rows and gradients travel in a frame."""
+# A header's dtype when the message's tables travel in different dtypes.
+MIXED_DTYPES = 255
 
-    FLOAT32 = 0
-    FLOAT16 = 1
-    BFLOAT16 = 2
+
+def frame_dtype(dtypes: Iterable[int]) -> int:
+    """A header's dtype for a message whose row entries travel in ``dtypes``: the one they
+    share (float32 when there are none), else :data:`MIXED_DTYPES`."""
+    distinct = set(dtypes)
+    if len(distinct) > 1:
+        return MIXED_DTYPES
+    return int(distinct.pop()) if distinct else int(RowDtype.FLOAT32)
 
 
 class FrameError(InvalidArgumentError):
@@ -60,7 +68,7 @@ class FrameHeader:
         payload_bytes: bytes of the payload message that follows, end mark included.
         tables: tables in the payload's message (0 in a reply).
         clock: the step clock the message carries (:data:`NO_CLOCK`: none).
-        dtype: how the message's rows travel.
+        dtype: how the message's rows travel (see :func:`frame_dtype`).
         status: OK in requests; a reply's outcome.
     """
 
@@ -69,7 +77,7 @@ class FrameHeader:
     payload_bytes: int
     tables: int = 0
     clock: int = NO_CLOCK
-    dtype: RowDtype = RowDtype.FLOAT32
+    dtype: int = RowDtype.FLOAT32
     status: Status = Status.OK
 
     def encode(self) -> bytes:
@@ -106,7 +114,7 @@ class FrameHeader:
             raise FrameError(f"unknown status {status}")
         if request and status != Status.OK:
             raise FrameError(f"a request carries status {Status(status).name}, not OK")
-        if dtype not in RowDtype._value2member_map_:
+        if dtype not in RowDtype._value2member_map_ and dtype != MIXED_DTYPES:
             raise FrameError(f"unknown row dtype {dtype}")
         if not len(END_MARK) <= size <= max_payload_bytes:
             raise FrameError(
@@ -114,7 +122,7 @@ class FrameHeader:
             )
         if clock < NO_CLOCK:
             raise FrameError(f"clock must be >= 0 (or {NO_CLOCK}: none), got {clock}")
-        return cls(Op(op), request_id, size, tables, clock, RowDtype(dtype), Status(status))
+        return cls(Op(op), request_id, size, tables, clock, dtype, Status(status))
 
 
 def payload_body(payload: memoryview) -> memoryview:
@@ -128,11 +136,14 @@ def payload_body(payload: memoryview) -> memoryview:
     return payload[: -len(END_MARK)]
 
 
-def check_header_matches(header: FrameHeader, tables: int, clock: int | None) -> None:
-    """Refuse a request whose header disagrees with its message.
+def check_header_matches(
+    header: FrameHeader, tables: int, clock: int | None, dtypes: Iterable[int]
+) -> None:
+    """Refuse a request whose header disagrees with its message (``dtypes``: of its row
+    entries).
 
     Raises:
-        InvalidArgumentError: the table count or the clock differs.
+        InvalidArgumentError: the table count, the clock or the dtype differs.
     """
     if header.tables != tables:
         raise InvalidArgumentError(
@@ -143,3 +154,16 @@ def check_header_matches(header: FrameHeader, tables: int, clock: int | None) ->
         raise InvalidArgumentError(
             f"frame header carries clock {header.clock}, its message {message_clock}"
         )
+    message_dtype = frame_dtype(dtypes)
+    if header.dtype != message_dtype:
+        raise InvalidArgumentError(
+            f"frame header carries dtype {_dtype_name(header.dtype)}, its message "
+            f"{_dtype_name(message_dtype)}"
+        )
+
+
+def _dtype_name(dtype: int) -> str:
+    if dtype == MIXED_DTYPES:
+        return "mixed"
+    known = RowDtype._value2member_map_.get(dtype)
+    return known.name.lower() if known is not None else f"{dtype} (unknown)"

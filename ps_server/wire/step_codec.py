@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ember.ps_server.wire.proto_wire import (
     EMPTY,
@@ -42,21 +43,46 @@ class StepClockView:
     wait_ms: int = 0
 
 
+FLOAT32 = 0  # the .proto's RowDtype FLOAT32, which an unset dtype field means
+
+
+class IdsEntry(NamedTuple):
+    """One table's ids to encode; ``dtype``: the .proto ``RowDtype`` of the rows answered."""
+
+    table: str
+    ids: Buffer
+    dtype: int = FLOAT32
+
+
+class GradsEntry(NamedTuple):
+    """One table's ids and gradients to encode; ``dtype``: the .proto ``RowDtype`` of
+    ``grads``."""
+
+    table: str
+    ids: Buffer
+    grads: Buffer
+    dtype: int = FLOAT32
+
+
 @dataclasses.dataclass
 class TableIdsView:
-    """One table's ids (a view into the received bytes)."""
+    """One table's ids (a view into the received bytes) and the dtype its rows are
+    answered in (the .proto's ``RowDtype`` number, unchecked)."""
 
     table: str
     ids: memoryview
+    dtype: int = FLOAT32
 
 
 @dataclasses.dataclass
 class TableGradsView:
-    """One table's ids and gradients (views into the received bytes)."""
+    """One table's ids and gradients (views into the received bytes) and the gradients'
+    dtype (the .proto's ``RowDtype`` number, unchecked)."""
 
     table: str
     ids: memoryview
     grads: memoryview
+    dtype: int = FLOAT32
 
 
 @dataclasses.dataclass
@@ -134,34 +160,38 @@ def _clock(number: int, clock: StepClockView | None) -> list[bytes | memoryview]
     )
 
 
-def _table_ids(number: int, table: str, ids: Buffer) -> list[bytes | memoryview]:
-    return _message(number, [*_string(1, table), *_payload(2, ids)])
+def _table_ids(number: int, entry: tuple) -> list[bytes | memoryview]:
+    table, ids, dtype = IdsEntry(*entry)
+    return _message(number, [*_string(1, table), *_payload(2, ids), *_scalar(3, dtype)])
+
+
+def _table_grads(number: int, entry: tuple) -> list[bytes | memoryview]:
+    table, ids, grads, dtype = GradsEntry(*entry)
+    return _message(
+        number, [*_string(1, table), *_payload(2, ids), *_payload(3, grads), *_scalar(4, dtype)]
+    )
 
 
 def encode_lookup_request(
-    tables: Sequence[tuple[str, Buffer]], clock: StepClockView | None, trailer: bytes = b""
+    tables: Sequence[tuple], clock: StepClockView | None, trailer: bytes = b""
 ) -> bytes:
-    """Serialise a LookupRequest of ``(table, ids)`` entries, then ``trailer`` (a transport's
-    framing, in the same copy)."""
-    parts = [part for table, ids in tables for part in _table_ids(1, table, ids)]
+    """Serialise a LookupRequest of :class:`IdsEntry` fields ``(table, ids[, dtype])``, then
+    ``trailer`` (a transport's framing, in the same copy)."""
+    parts = [part for entry in tables for part in _table_ids(1, entry)]
     return b"".join([*parts, *_clock(2, clock), trailer])
 
 
 def encode_update_request(
-    tables: Sequence[tuple[str, Buffer, Buffer]],
+    tables: Sequence[tuple],
     clock: StepClockView | None,
-    refresh: Sequence[tuple[str, Buffer]] = (),
+    refresh: Sequence[tuple] = (),
     replica: bool = False,
     trailer: bytes = b"",
 ) -> bytes:
-    """Serialise an UpdateRequest of ``(table, ids, grads)`` entries and refresh ``(table, ids)``,
-    then ``trailer``."""
-    parts = [
-        part
-        for table, ids, grads in tables
-        for part in _message(1, [*_string(1, table), *_payload(2, ids), *_payload(3, grads)])
-    ]
-    refreshes = [part for table, ids in refresh for part in _table_ids(3, table, ids)]
+    """Serialise an UpdateRequest of :class:`GradsEntry` fields ``(table, ids, grads[, dtype])``
+    and refresh :class:`IdsEntry` fields, then ``trailer``."""
+    parts = [part for entry in tables for part in _table_grads(1, entry)]
+    refreshes = [part for entry in refresh for part in _table_ids(3, entry)]
     return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), trailer])
 
 
@@ -226,12 +256,16 @@ def _decode_table_ids(data: memoryview) -> TableIdsView:
             entry.table = utf8(value, "table")
         elif wire_type == LEN and number == 2:
             entry.ids = value
+        elif wire_type == VARINT and number == 3:
+            entry.dtype = _int32(value)
     return entry
 
 
 def _decode_table_grads(data: memoryview) -> TableGradsView:
     entry = TableGradsView(table="", ids=EMPTY, grads=EMPTY)
     for number, wire_type, value in fields(data):
+        if wire_type == VARINT and number == 4:
+            entry.dtype = _int32(value)
         if wire_type != LEN:
             continue
         if number == 1:

@@ -16,8 +16,9 @@ from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.errors import Status
 from ember.ps_server.routing import shard_of
-from ember.ps_server.wire.frames import END_MARK, NO_CLOCK, FrameHeader, Op, RowDtype
+from ember.ps_server.wire.frames import END_MARK, MIXED_DTYPES, NO_CLOCK, FrameHeader, Op
 from ember.ps_server.wire.messages import encode_ids
+from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_response,
@@ -75,7 +76,11 @@ def test_a_header_that_disagrees_with_its_message_is_refused_and_the_endpoint_go
     for fields, words in [
         ({"tables": 2, "clock": 0}, "names 2 tables, its message 1"),
         ({"tables": 1, "clock": 5}, "carries clock 5, its message 0"),
-        ({"tables": 1, "clock": 0, "dtype": RowDtype.BFLOAT16}, "rows are bfloat16"),
+        (
+            {"tables": 1, "clock": 0, "dtype": RowDtype.BFLOAT16},
+            "dtype bfloat16, its message float32",
+        ),
+        ({"tables": 1, "clock": 0, "dtype": MIXED_DTYPES}, "dtype mixed, its message float32"),
     ]:
         _assert_refused(raw.exchange(_frame(Op.UPDATE, payload, **fields), payload),
                         Status.INVALID_ARGUMENT, words)  # fmt: skip
@@ -84,6 +89,20 @@ def test_a_header_that_disagrees_with_its_message_is_refused_and_the_endpoint_go
     assert header.status == Status.OK and raw.reconnects == 1  # the same endpoint answered
     rows = np.frombuffer(decode_lookup_response(message).values[0], dtype="<f4").copy()
     assert torch.equal(torch.from_numpy(rows.reshape(-1, DIM)), client.pull(table, ids))
+
+
+def test_gradients_whose_bytes_do_not_fit_their_dtype_or_an_unknown_dtype_are_refused(shard0):
+    _, raw, ids, table = shard0
+    job = StepClockView("dtype-lies", 1, 0, 0, 2, 1000)
+    float32_grads = np.ones((len(ids), DIM), dtype=np.float32)  # 4-byte elements
+    for entry, header_dtype, words in [
+        ((table, encode_ids(ids), float32_grads, RowDtype.FLOAT16), RowDtype.FLOAT16,
+         f"{len(ids)} ids x dim {DIM} float16 = {len(ids) * DIM * 2} bytes"),
+        ((table, encode_ids(ids), float32_grads, 7), RowDtype.FLOAT32, "its message 7 (unknown)"),
+    ]:  # fmt: skip
+        payload = encode_update_request([entry], job, trailer=END_MARK)
+        frame = _frame(Op.UPDATE, payload, tables=1, clock=0, dtype=header_dtype)
+        _assert_refused(raw.exchange(frame, payload), Status.INVALID_ARGUMENT, words)
 
 
 def test_an_unreadable_header_or_a_short_payload_ends_only_its_endpoint(shard0):

@@ -9,12 +9,14 @@ from ember.ps_server.errors import InvalidArgumentError, Status
 from ember.ps_server.wire.frames import (
     END_MARK,
     HEADER_BYTES,
+    MIXED_DTYPES,
     NO_CLOCK,
     FrameError,
     FrameHeader,
     Op,
     RowDtype,
     check_header_matches,
+    frame_dtype,
     payload_body,
 )
 
@@ -84,8 +86,26 @@ def test_a_payload_cut_short_leaves_the_zeroed_tail_and_is_refused() -> None:
 
 def test_a_header_must_agree_with_its_message() -> None:
     header = FrameHeader(Op.LOOKUP, 1, 100, tables=2, clock=NO_CLOCK)
-    check_header_matches(header, 2, None)
+    check_header_matches(header, 2, None, [0, 0])
     with pytest.raises(InvalidArgumentError, match="2 tables, its message 3"):
-        check_header_matches(header, 3, None)
+        check_header_matches(header, 3, None, [0, 0])
     with pytest.raises(InvalidArgumentError, match="clock -1, its message 4"):
-        check_header_matches(header, 2, 4)
+        check_header_matches(header, 2, 4, [0, 0])
+    with pytest.raises(InvalidArgumentError, match="dtype float32, its message bfloat16"):
+        check_header_matches(header, 2, None, [RowDtype.BFLOAT16] * 2)
+    with pytest.raises(InvalidArgumentError, match="dtype float32, its message mixed"):
+        check_header_matches(header, 2, None, [RowDtype.FLOAT32, RowDtype.FLOAT16])
+    with pytest.raises(InvalidArgumentError, match="its message 9 [(]unknown[)]"):
+        check_header_matches(header, 2, None, [9, 9])
+    mixed = FrameHeader(Op.LOOKUP, 1, 100, tables=2, dtype=MIXED_DTYPES)
+    check_header_matches(mixed, 2, None, [RowDtype.FLOAT32, RowDtype.FLOAT16])
+
+
+def test_a_frame_dtype_is_the_one_its_entries_share() -> None:
+    assert frame_dtype([]) == RowDtype.FLOAT32
+    assert frame_dtype([RowDtype.BFLOAT16] * 3) == RowDtype.BFLOAT16
+    assert frame_dtype([RowDtype.FLOAT16, RowDtype.BFLOAT16]) == MIXED_DTYPES
+    assert (
+        FrameHeader.decode(FrameHeader(Op.LOOKUP, 1, 8, dtype=MIXED_DTYPES).encode(), 64).dtype
+        == MIXED_DTYPES
+    )

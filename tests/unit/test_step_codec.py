@@ -51,42 +51,59 @@ def _view_clock(message, present):
     return StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
 
 
+dtypes = st.sampled_from([0, 1, 2])  # RowDtype
+
+
 @settings(max_examples=80, deadline=None)
-@given(tables=st.lists(st.tuples(names, blobs), max_size=4), clock=clocks)
+@given(tables=st.lists(st.tuples(names, blobs, dtypes), max_size=4), clock=clocks)
 def test_lookup_requests_match_the_generated_code_both_ways(tables, clock):
     encoded = encode_lookup_request(tables, clock)
     parsed = pb.LookupRequest.FromString(encoded)
-    assert [(t.table, t.ids) for t in parsed.tables] == tables
+    assert [(t.table, t.ids, t.dtype) for t in parsed.tables] == tables
     assert _view_clock(parsed, parsed.HasField("clock")) == clock
     generated = pb.LookupRequest(
-        tables=[pb.TableIds(table=t, ids=i) for t, i in tables], clock=_pb_clock(clock)
+        tables=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in tables],
+        clock=_pb_clock(clock),
     ).SerializeToString()
     view = decode_lookup_request(generated)
-    assert [(t.table, bytes(t.ids)) for t in view.tables] == tables and view.clock == clock
+    assert [(t.table, bytes(t.ids), t.dtype) for t in view.tables] == tables
+    assert view.clock == clock
+
+
+def test_entries_without_a_dtype_travel_as_float32_and_unknown_dtypes_decode_unchecked():
+    assert encode_lookup_request([("a", b"12345678")], None) == encode_lookup_request(
+        [("a", b"12345678", 0)], None
+    )
+    generated = pb.UpdateRequest(
+        tables=[pb.TableGrads(table="a", dtype=-3)], refresh=[pb.TableIds(table="a", dtype=300)]
+    ).SerializeToString()
+    view = decode_update_request(generated)
+    assert (view.tables[0].dtype, view.refresh[0].dtype) == (-3, 300)
 
 
 @settings(max_examples=80, deadline=None)
 @given(
-    tables=st.lists(st.tuples(names, blobs, blobs), max_size=4),
+    tables=st.lists(st.tuples(names, blobs, blobs, dtypes), max_size=4),
     clock=clocks,
-    refresh=st.lists(st.tuples(names, blobs), max_size=3),
+    refresh=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
     replica=st.booleans(),
 )
 def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh, replica):
     encoded = encode_update_request(tables, clock, refresh, replica)
     parsed = pb.UpdateRequest.FromString(encoded)
-    assert [(t.table, t.ids, t.grads) for t in parsed.tables] == tables
-    assert [(t.table, t.ids) for t in parsed.refresh] == refresh
+    assert [(t.table, t.ids, t.grads, t.dtype) for t in parsed.tables] == tables
+    assert [(t.table, t.ids, t.dtype) for t in parsed.refresh] == refresh
     assert _view_clock(parsed, parsed.HasField("clock")) == clock and parsed.replica == replica
     generated = pb.UpdateRequest(
-        tables=[pb.TableGrads(table=t, ids=i, grads=g) for t, i, g in tables],
+        tables=[pb.TableGrads(table=t, ids=i, grads=g, dtype=d) for t, i, g, d in tables],
         clock=_pb_clock(clock),
-        refresh=[pb.TableIds(table=t, ids=i) for t, i in refresh],
+        refresh=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in refresh],
         replica=replica,
     ).SerializeToString()
     view = decode_update_request(generated)
-    assert [(t.table, bytes(t.ids), bytes(t.grads)) for t in view.tables] == tables
-    assert [(t.table, bytes(t.ids)) for t in view.refresh] == refresh and view.clock == clock
+    assert [(t.table, bytes(t.ids), bytes(t.grads), t.dtype) for t in view.tables] == tables
+    assert [(t.table, bytes(t.ids), t.dtype) for t in view.refresh] == refresh
+    assert view.clock == clock
     assert view.replica == replica
 
 

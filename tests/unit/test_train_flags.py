@@ -17,8 +17,9 @@ def test_train_argv_round_trips_every_config_field():
         data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10, transport="auto",
     )  # fmt: skip
     pipelined = dataclasses.replace(
-        cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async"
-    )
+        cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async",
+        wire_dtype="bfloat16",
+    )  # fmt: skip
     changed = set()
     for config in (cached, pipelined):
         args = build_parser().parse_args(["train", *train_argv(config)])
@@ -52,6 +53,8 @@ def test_train_argv_round_trips_every_config_field():
         ({"update_mode": "eventual"}, "update_mode must be one of exact, async"),
         ({"data_path": "fast"}, "data_path must be one of auto, pipeline, serial"),
         ({"cache": "replicated", "data_path": "serial"}, "cache replicated needs data_path"),
+        ({"wire_dtype": "float8"}, "row dtype must be one of float32, float16, bfloat16"),
+        ({"cache": "lru", "wire_dtype": "bfloat16"}, "cache 'lru' on data_path 'auto' pulls and"),
     ],
 )
 def test_invalid_train_configs_are_refused(change, message):
