@@ -6,7 +6,9 @@ One run, same data, model and batch size, 1 trainer and 2 shards:
   (b)  Ember's serial path, no cache: pull, compute, push;
   (c0) the step pipeline with staleness 0, no replica (exact: equals (b)'s results);
   (c1) the step pipeline with staleness 1 and the hot rows replicated on the trainer;
-  (d)  the LRU cache, its misses pulled early and its freshness checks behind the push.
+  (d)  the LRU cache, its misses pulled early and its freshness checks behind the push;
+  (c1) again with its step calls over UCX (shards started with --ucx; UCX_TLS=tcp), and
+       with its cold rows and gradients as bfloat16 on the wire.
 Each network section runs (a) too, so every ratio compares runs made at the same time; (a)
 runs with all cores' threads and with one, and the faster counts. The trainer of the Ember
 runs uses one thread (its shards share the cores).
@@ -22,6 +24,7 @@ Usage: python benchmarks/bench_trainer.py [--steps 200] [--batch-size 1024] [--r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 from bench_timing import process_cpu_seconds
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.ucx import UcxUnavailableError, load_ucx
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM
@@ -48,6 +52,12 @@ RUNS = {
         "cache": "replicated", "data_path": "pipeline", "staleness": 1,
     },
     "(d) lru, piggybacked checks": {"cache": "lru", "data_path": "pipeline"},
+    "(c1) over UCX": {
+        "cache": "replicated", "data_path": "pipeline", "staleness": 1, "transport": "ucx",
+    },
+    "(c1) bfloat16 rows on the wire": {
+        "cache": "replicated", "data_path": "pipeline", "staleness": 1, "wire_dtype": "bfloat16",
+    },
 }  # fmt: skip
 CATEGORIES = ("pulled", "pushed", "hot_allreduce", "control")
 
@@ -131,14 +141,27 @@ def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:
     )
 
 
+def ucx_missing() -> str:
+    """Why no UCX binding loads here ('' when one does)."""
+    try:
+        load_ucx()
+    except UcxUnavailableError as error:
+        return str(error)
+    return ""
+
+
 def run_section(
     base: TrainConfig, cluster_args: dict, label: str, bound: int
 ) -> dict[str, RunResult]:
     """(a) and every Ember run against one cluster of 2 shards."""
     results = {"(a) reference, no PS": best_reference_run(base)}
-    with LocalCluster(2, **cluster_args) as cluster:
+    no_ucx = ucx_missing()
+    with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
         pids = [p.pid for p in cluster.processes]
         for number, (name, change) in enumerate(RUNS.items()):
+            if change.get("transport") == "ucx" and no_ucx:
+                print(f"  {name}: skipped, UCX does not load here ({no_ucx})")
+                continue
             bounds = {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}
             config = dataclasses.replace(
                 base, endpoints=tuple(cluster.endpoints), table_prefix=f"{label}{number}",
@@ -192,6 +215,16 @@ def targets(loopback: dict[str, RunResult], shaped: dict[str, RunResult] | None)
     ]
 
 
+def open_link(rate_mbit: float, stack: contextlib.ExitStack) -> ShapedLink | None:
+    """The shaped link, up before this process starts UCX (which uses only the devices
+    present when it starts); None, saying why, where it cannot be made."""
+    try:
+        return stack.enter_context(ShapedLink(rate_mbit))
+    except LinkUnavailable as reason:
+        print(f"shaped link unavailable ({reason}); loopback only")
+        return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -209,37 +242,41 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     retain_freed_buffers()
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the shards' (this process has its threads)
-    base = TrainConfig(
-        endpoints=("unused:0",), steps=args.steps, batch_size=args.batch_size,
-        max_cardinality=args.max_cardinality, eval_batches=1, progress=False,
-        cache_mb=args.cache_mb, torch_threads=1,
-    )  # fmt: skip
-    print(
-        f"DLRM, 26 tables (cardinality cap {args.max_cardinality}), dim {base.dim}, batch "
-        f"{args.batch_size}, {args.steps} steps, 2 shards; hot set / cache {args.cache_mb} MiB; "
-        f"(d) bounds {args.bound}; {os.cpu_count()} CPUs"
-    )
-    sections = {"loopback": run_section(base, {}, "loop", args.bound)}
-    print_section("loopback", sections["loopback"])
-    shaped = None
-    if not args.loopback_only:
-        try:
-            with ShapedLink(args.rate_mbit) as link:
-                measured = link.measure_mbit()
-                title = (
-                    f"shaped link: tc HTB {args.rate_mbit:g} Mbit/s each way, measured "
-                    f"{measured:.1f} Mbit/s (one TCP stream into the shards' namespace)"
-                )
-                cluster_args = {
-                    "host": link.peer_address,
-                    "server_command": [
-                        *link.command_prefix, sys.executable, "-m", "ember.cli.main", "ps",
-                    ],
-                }  # fmt: skip
-                shaped = sections["shaped"] = run_section(base, cluster_args, "shaped", args.bound)
+    with contextlib.ExitStack() as stack:
+        link = None if args.loopback_only else open_link(args.rate_mbit, stack)
+        # UCX over TCP on loopback and, for the shaped section, on the veth pair (each
+        # process uses the devices it has; the others are reported missing at warning level).
+        os.environ.setdefault("UCX_TLS", "tcp")
+        devices = ["lo", *(link.devices if link else ())]
+        os.environ.setdefault("UCX_NET_DEVICES", ",".join(devices))
+        os.environ.setdefault("UCX_LOG_LEVEL", "error")
+        base = TrainConfig(
+            endpoints=("unused:0",), steps=args.steps, batch_size=args.batch_size,
+            max_cardinality=args.max_cardinality, eval_batches=1, progress=False,
+            cache_mb=args.cache_mb, torch_threads=1,
+        )  # fmt: skip
+        print(
+            f"DLRM, 26 tables (cardinality cap {args.max_cardinality}), dim {base.dim}, batch "
+            f"{args.batch_size}, {args.steps} steps, 2 shards; hot set / cache "
+            f"{args.cache_mb} MiB; (d) bounds {args.bound}; {os.cpu_count()} CPUs"
+        )
+        sections = {"loopback": run_section(base, {}, "loop", args.bound)}
+        print_section("loopback", sections["loopback"])
+        shaped = None
+        if link is not None:
+            measured = link.measure_mbit()
+            title = (
+                f"shaped link: tc HTB {args.rate_mbit:g} Mbit/s each way, measured "
+                f"{measured:.1f} Mbit/s (one TCP stream into the shards' namespace)"
+            )
+            cluster_args = {
+                "host": link.peer_address,
+                "server_command": [
+                    *link.command_prefix, sys.executable, "-m", "ember.cli.main", "ps",
+                ],
+            }  # fmt: skip
+            shaped = sections["shaped"] = run_section(base, cluster_args, "shaped", args.bound)
             print_section(title, shaped)
-        except LinkUnavailable as reason:
-            print(f"\nshaped link unavailable ({reason}); loopback only")
     print("\ntargets")
     checks = targets(sections["loopback"], shaped)
     for name, value, met in checks:

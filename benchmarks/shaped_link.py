@@ -62,6 +62,11 @@ class ShapedLink:
         self.host_address, self.peer_address = str(subnet + 1), str(subnet + 2)
 
     @property
+    def devices(self) -> tuple[str, str]:
+        """The veth pair's interface names: the host's end, then the namespace's."""
+        return self._host_device, self._peer_device
+
+    @property
     def command_prefix(self) -> list[str]:
         """Run a command inside the namespace: prepend this."""
         return ["ip", "netns", "exec", self.namespace]

@@ -12,6 +12,7 @@ from pathlib import Path
 from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
 from ember.env import env_value
 from ember.ps_server.client.transport import TRANSPORTS
+from ember.ps_server.wire.row_dtype import RowDtype
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -112,7 +113,7 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--wire-dtype",
-        choices=("float32", "float16", "bfloat16"),  # RowDtype's (not imported: it needs torch)
+        choices=[dtype.name.lower() for dtype in RowDtype],
         default="float32",
         help="pipeline: how cold rows and their gradients travel; float16 and bfloat16 halve "
         "their bytes (the shards keep float32 rows and optimizer state). bfloat16 keeps "

@@ -432,12 +432,14 @@ class UpdateRequest(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., replica: _Optional[bool] = ...) -> None: ...
 
 class RefreshedRows(_message.Message):
-    __slots__ = ("positions", "values")
+    __slots__ = ("positions", "values", "dtype")
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     positions: bytes
     values: bytes
-    def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ...) -> None: ...
+    dtype: RowDtype
+    def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ..., dtype: _Optional[_Union[RowDtype, str]] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
     __slots__ = ("duplicate", "refreshed", "watermark", "flush")

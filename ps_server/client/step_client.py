@@ -25,7 +25,8 @@ from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
 from ember.ps_server.wire.messages import encode_ids, pb
-from ember.ps_server.wire.row_dtype import RowDtype, rows_from_wire, rows_to_wire
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_from_wire, rows_to_wire
 from ember.ps_server.wire.step_codec import (
     LookupResponseView,
     StepClockView,
@@ -91,12 +92,15 @@ class StepClient:
     Args:
         client: a connected PSClient whose tables exist.
         job: this rank's job (None: lookups without clocks, no updates).
-        wire_dtypes: per table, how its rows and gradients travel: ``float32`` (the
-            default for tables not named), ``float16`` or ``bfloat16``. The shards keep
-            float32 rows and optimizer state; a narrow type halves the bytes of rows and
-            gradients and rounds them to nearest even on the way. float16 holds
-            magnitudes up to 65504 and flushes gradients below about 6e-8 to zero;
-            bfloat16 keeps float32's range with 8 bits of mantissa.
+        wire_dtypes: per table (each must exist), how its rows and gradients travel:
+            ``float32`` (the default for tables not named), ``float16`` or ``bfloat16``.
+            The shards keep float32 rows and optimizer state; a narrow type halves the
+            bytes of rows and gradients and rounds them to nearest even on the way.
+            bfloat16 has float32's exponent range (to about 3.39e38) and 8 bits of
+            mantissa: the safe choice for gradients. float16 has 11 bits but holds
+            magnitudes only up to 65504, keeps fewer bits below 6.1e-5 (subnormals) and
+            flushes values below about 6e-8 to zero. A value beyond the type is refused
+            (OutOfRangeError in :meth:`update`, OUT_OF_RANGE from :meth:`lookup`).
 
     Example:
         >>> steps = StepClient(client, StepJob("run-7f3a", world=2, rank=0))  # doctest: +SKIP
@@ -117,6 +121,8 @@ class StepClient:
             table: dtype if isinstance(dtype, RowDtype) else RowDtype.parse(dtype)
             for table, dtype in (wire_dtypes or {}).items()
         }
+        for table in self.wire_dtypes:
+            client.dim(table)  # a misspelt table fails here, not silently as float32
         self._wire_bytes, self._wire_lock = 0, threading.Lock()
         # A checkpoint waiting for this replica job's write-back, as the last update's
         # replies said ("" when none).
@@ -141,7 +147,8 @@ class StepClient:
         Raises:
             ValueError: bad ids, or a clock without a job.
             PSClientError: a shard refused, failed or timed out waiting for other ranks
-                (DEADLINE_EXCEEDED, naming them).
+                (DEADLINE_EXCEEDED, naming them); OUT_OF_RANGE: a row beyond its table's
+                wire dtype.
         """
         clock_view = self._clock(clock) if clock is not None else None
         out: dict[str, torch.Tensor] = {}
@@ -254,7 +261,7 @@ class StepClient:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
             flush_requests.append(reply.flush)
-            for (table, positions, _), (found, values) in zip(
+            for (table, positions, _), (found, values, dtype) in zip(
                 per_shard_refresh[shard], reply.refreshed, strict=True
             ):
                 where = np.frombuffer(found, dtype="<i8")
@@ -264,7 +271,7 @@ class StepClient:
                         f"refresh of table {table!r} named positions outside its "
                         f"{len(positions)} ids",
                     )  # fmt: skip
-                rows = self._received_rows(shard, table, values, len(where), "refresh")
+                rows = self._received_rows(shard, table, values, len(where), "refresh", dtype)
                 refreshed[table][0].append(positions[where])
                 refreshed[table][1].append(rows.clone())
 
@@ -306,17 +313,24 @@ class StepClient:
         return self.wire_dtypes.get(table, RowDtype.FLOAT32)
 
     def _received_rows(
-        self, shard: int, table: str, values: memoryview, num_rows: int, what: str
+        self,
+        shard: int,
+        table: str,
+        values: memoryview,
+        num_rows: int,
+        what: str,
+        dtype: int | None = None,
     ) -> torch.Tensor:
-        """A reply's float32 rows of ``table`` (a read-only view when they came as float32).
+        """A reply's float32 rows of ``table`` (a read-only view when they came as float32),
+        in ``dtype`` (the .proto's number; None: the table's wire dtype).
 
         Raises:
-            PSClientError: INTERNAL, the reply holds another number of bytes.
+            PSClientError: INTERNAL, an unknown dtype or another number of bytes.
         """
         try:
             return rows_from_wire(
-                values, self.wire_dtype(table), num_rows, self.client.dim(table),
-                f"{what} of table {table!r}",
+                values, self.wire_dtype(table) if dtype is None else RowDtype.from_wire(dtype),
+                num_rows, self.client.dim(table), f"{what} of table {table!r}",
             )  # fmt: skip
         except InvalidArgumentError as error:
             raise PSClientError(self.client.endpoints[shard], Status.INTERNAL, str(error)) from None

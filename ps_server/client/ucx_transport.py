@@ -201,10 +201,11 @@ class UcxTransport:
         await endpoint.recv(raw)
         reply = FrameHeader.decode(raw.data, self._max_message_bytes + len(END_MARK))
         unread = reply.request_id == 0 and reply.status != Status.OK  # our header was refused
-        if not unread and (reply.op, reply.request_id) != (request.op, request.request_id):
+        answered = (reply.op, reply.request_id, reply.dtype)
+        if not unread and answered != (request.op, request.request_id, request.dtype):
             raise FrameError(
-                f"reply to {reply.op.name} #{reply.request_id}, "
-                f"expected {request.op.name} #{request.request_id}"
+                f"reply to {reply.op.name} #{reply.request_id} (dtype {reply.dtype}), "
+                f"expected {request.op.name} #{request.request_id} (dtype {request.dtype})"
             )
         payload = np.empty(reply.payload_bytes, dtype=np.uint8)
         payload[-len(END_MARK) :] = 0

@@ -38,7 +38,8 @@ from ember.ps_server.wire.messages import (
     pb,
 )
 from ember.ps_server.wire.pull_push_codec import push_log_record
-from ember.ps_server.wire.row_dtype import RowDtype, rows_from_wire
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_from_wire
 from ember.ps_server.wire.stats import TableStats
 from ember.ps_server.wire.table_spec import TableSpec
 

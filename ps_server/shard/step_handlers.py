@@ -48,18 +48,21 @@ class StepHandlers:
 
     def _lookup_frame(self, header: FrameHeader, message: memoryview) -> bytes:
         request = decode_lookup_request(message)
-        _check_frame(header, request.tables, request.clock, request.tables)
+        _check_frame(header, len(request.tables), request.clock, request.tables)
         return self.lookup(request, END_MARK)
 
     def _update_frame(self, header: FrameHeader, message: memoryview) -> bytes:
         request = decode_update_request(message)
-        _check_frame(header, request.tables, request.clock, [*request.tables, *request.refresh])
+        rows = [*request.tables, *request.refresh]
+        _check_frame(header, len(request.tables), request.clock, rows)
         return self.update(request, END_MARK)
 
 
 def _check_frame(
-    header: FrameHeader, tables: list, clock: StepClockView | None, row_entries: list
+    header: FrameHeader, tables: int, clock: StepClockView | None, row_entries: list
 ) -> None:
+    """Refuse a frame whose header disagrees with its message (``row_entries``: the message's
+    entries that carry or ask for rows)."""
     check_header_matches(
-        header, len(tables), None if clock is None else clock.clock, [e.dtype for e in row_entries]
+        header, tables, None if clock is None else clock.clock, [e.dtype for e in row_entries]
     )

@@ -17,12 +17,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from ember.ps_server.errors import CheckpointStateError, ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    ClockTimeoutError,
+    InvalidArgumentError,
+    OutOfRangeError,
+    StoreCorruptError,
+)
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.wire.messages import pb
-from ember.ps_server.wire.row_dtype import RowDtype, rows_to_wire
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_to_wire
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
@@ -78,11 +85,12 @@ class StepService:
 
     def update(
         self, request: UpdateRequestView
-    ) -> tuple[bool, list[tuple[np.ndarray, np.ndarray]], int]:
+    ) -> tuple[bool, list[tuple[np.ndarray, np.ndarray, RowDtype]], int]:
         """Apply one rank's update of one clock (see the module docstring).
 
         Returns:
-            ``(duplicate, (positions, rows) per refresh entry, the job's watermark)``.
+            ``(duplicate, (positions, rows, their dtype) per refresh entry, the job's
+            watermark)``.
 
         Raises:
             InvalidArgumentError: a malformed request (nothing buffered or applied).
@@ -171,10 +179,12 @@ class StepService:
             self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
         job = self.clocks.job(clock)
-        updates = [
-            self._server.checked_grads(t.table, t.ids, t.grads, RowDtype.from_wire(t.dtype))
-            for t in record.tables
-        ]
+        if any(t.dtype != RowDtype.FLOAT32 for t in record.tables):
+            raise StoreCorruptError(
+                f"the log record of job {c.job!r} clock {c.clock} holds gradients that are not "
+                "float32; a shard logs float32 only"
+            )
+        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
         with job.cond:
             if (
                 job.mode == pb.EXACT
@@ -260,9 +270,11 @@ class StepService:
 
     def _refreshed(
         self, job: Job, step: int, refresh: list[TableRead]
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    ) -> list[tuple[np.ndarray, np.ndarray, RowDtype]]:
         """Per refresh entry, the positions of its ids that clock ``step`` changed, with
-        their rows as they are now (all of them if the clock is no longer remembered)."""
+        their rows as they are now (all of them if the clock is no longer remembered) and
+        the dtype they travel in: the entry's, or float32 where a row is beyond it (the
+        clock is applied: its answer must not fail)."""
         changed = job.changed.get(step)
         replies = []
         for target, ids, dtype in refresh:
@@ -270,7 +282,11 @@ class StepService:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
                 positions = _positions_in(ids, changed.get(target.spec.name))
-            replies.append((positions, _wire_rows(target, ids[positions], dtype)))
+            try:
+                replies.append((positions, _wire_rows(target, ids[positions], dtype), dtype))
+            except OutOfRangeError:
+                wide = RowDtype.FLOAT32
+                replies.append((positions, _wire_rows(target, ids[positions], wide), wide))
         return replies
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:

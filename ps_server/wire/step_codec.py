@@ -29,6 +29,7 @@ from ember.ps_server.wire.proto_wire import (
     utf8,
     varint,
 )
+from ember.ps_server.wire.row_dtype import RowDtype
 
 
 @dataclasses.dataclass
@@ -43,15 +44,12 @@ class StepClockView:
     wait_ms: int = 0
 
 
-FLOAT32 = 0  # the .proto's RowDtype FLOAT32, which an unset dtype field means
-
-
 class IdsEntry(NamedTuple):
     """One table's ids to encode; ``dtype``: the .proto ``RowDtype`` of the rows answered."""
 
     table: str
     ids: Buffer
-    dtype: int = FLOAT32
+    dtype: int = RowDtype.FLOAT32
 
 
 class GradsEntry(NamedTuple):
@@ -61,7 +59,7 @@ class GradsEntry(NamedTuple):
     table: str
     ids: Buffer
     grads: Buffer
-    dtype: int = FLOAT32
+    dtype: int = RowDtype.FLOAT32
 
 
 @dataclasses.dataclass
@@ -71,7 +69,7 @@ class TableIdsView:
 
     table: str
     ids: memoryview
-    dtype: int = FLOAT32
+    dtype: int = RowDtype.FLOAT32
 
 
 @dataclasses.dataclass
@@ -82,7 +80,7 @@ class TableGradsView:
     table: str
     ids: memoryview
     grads: memoryview
-    dtype: int = FLOAT32
+    dtype: int = RowDtype.FLOAT32
 
 
 @dataclasses.dataclass
@@ -114,10 +112,11 @@ class LookupResponseView:
 
 @dataclasses.dataclass
 class UpdateResponseView:
-    """A decoded UpdateResponse: per refresh entry, ``(positions, values)``."""
+    """A decoded UpdateResponse: per refresh entry, ``(positions, values, dtype)`` (the
+    .proto's ``RowDtype`` number of ``values``, unchecked)."""
 
     duplicate: bool
-    refreshed: list[tuple[memoryview, memoryview]]
+    refreshed: list[tuple[memoryview, memoryview, int]]
     watermark: int
     flush: str = ""  # the checkpoint waiting for the job's replicas to be written back
     size: int = 0  # bytes of the serialised message
@@ -162,13 +161,21 @@ def _clock(number: int, clock: StepClockView | None) -> list[bytes | memoryview]
 
 def _table_ids(number: int, entry: tuple) -> list[bytes | memoryview]:
     table, ids, dtype = IdsEntry(*entry)
-    return _message(number, [*_string(1, table), *_payload(2, ids), *_scalar(3, dtype)])
+    return _message(
+        number, [*_string(1, table), *_payload(2, ids), *_scalar(3, dtype, int64_varint)]
+    )
 
 
 def _table_grads(number: int, entry: tuple) -> list[bytes | memoryview]:
     table, ids, grads, dtype = GradsEntry(*entry)
     return _message(
-        number, [*_string(1, table), *_payload(2, ids), *_payload(3, grads), *_scalar(4, dtype)]
+        number,
+        [
+            *_string(1, table),
+            *_payload(2, ids),
+            *_payload(3, grads),
+            *_scalar(4, dtype, int64_varint),
+        ],
     )
 
 
@@ -203,15 +210,18 @@ def encode_lookup_response(values: Sequence[Buffer], watermark: int, trailer: by
 
 def encode_update_response(
     duplicate: bool,
-    refreshed: Sequence[tuple[Buffer, Buffer]],
+    refreshed: Sequence[tuple[Buffer, Buffer, int]],
     watermark: int,
     flush: str = "",
     trailer: bytes = b"",
 ) -> bytes:
-    """Serialise an UpdateResponse, then ``trailer``."""
+    """Serialise an UpdateResponse (``refreshed``: ``(positions, values, dtype)``), then
+    ``trailer``."""
     parts = _scalar(1, int(duplicate))
-    for positions, values in refreshed:
-        parts += _message(2, [*_payload(1, positions), *_payload(2, values)])
+    for positions, values, dtype in refreshed:
+        parts += _message(
+            2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
+        )
     return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
 
 
@@ -325,13 +335,15 @@ def decode_update_response(data: bytes) -> UpdateResponseView:
         if number == 1 and wire_type == VARINT:
             response.duplicate = bool(value)
         elif number == 2 and wire_type == LEN:
-            positions, values = EMPTY, EMPTY
+            positions, values, dtype = EMPTY, EMPTY, RowDtype.FLOAT32
             for inner, inner_type, payload in fields(value):
                 if inner_type == LEN and inner == 1:
                     positions = payload
                 elif inner_type == LEN and inner == 2:
                     values = payload
-            response.refreshed.append((positions, values))
+                elif inner_type == VARINT and inner == 3:
+                    dtype = _int32(payload)
+            response.refreshed.append((positions, values, dtype))
         elif number == 3 and wire_type == VARINT:
             response.watermark = int64(value)
         elif number == 4 and wire_type == LEN:

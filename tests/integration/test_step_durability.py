@@ -2,11 +2,17 @@
 so an update retried after the restart is a duplicate, never applied twice."""
 
 import numpy as np
+import pytest
+import torch
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.durability.recovery import recover
+from ember.ps_server.durability.write_log import WriteLog
+from ember.ps_server.errors import StoreCorruptError
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids, pb
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_to_wire
 from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_update_request,
@@ -58,3 +64,41 @@ def test_clocks_come_back_from_the_log_and_the_checkpoint(tmp_path):
     assert update(second, 3, world=1) is False
     assert rows(second)[1].tolist() == [4] * len(IDS)
     second.journal.close()
+
+
+def test_packed_gradients_are_logged_as_the_float32_they_were_applied_as(tmp_path):
+    first = started(tmp_path)
+    grads = torch.randn(len(IDS), 4, generator=torch.Generator().manual_seed(5))
+    packed = rows_to_wire(grads, RowDtype.BFLOAT16, "grads")
+    for step in range(3):
+        clock = StepClockView("job-b", 1, 0, step, pb.EXACT, 20_000)
+        entry = ("emb", encode_ids(IDS), packed, RowDtype.BFLOAT16)
+        first.steps.update(decode_update_request(encode_update_request([entry], clock)))
+    before = rows(first)
+    first.journal.close()
+
+    second = started(tmp_path)  # replays the three clocks from the log alone
+    after = rows(second)
+    assert np.array_equal(after[0], before[0]) and after[1].tolist() == [3] * len(IDS)
+    second.journal.close()
+    logged = [
+        t
+        for payload in WriteLog(tmp_path / "wal", 0, 1).replay()
+        if (record := pb.LogRecord.FromString(payload)).WhichOneof("entry") == "step"
+        for t in record.step.tables
+    ]
+    assert len(logged) == 3 and all(t.dtype == RowDtype.FLOAT32 for t in logged)
+    assert all(len(t.grads) == len(IDS) * 4 * 4 for t in logged)  # widened, 4 bytes each
+
+
+def test_a_logged_clock_whose_gradients_are_not_float32_is_refused_as_corrupt(tmp_path):
+    server = started(tmp_path)
+    record = pb.StepApplied(
+        clock=pb.StepClock(job="job-c", world=1, rank=0, clock=0, mode=pb.EXACT, wait_ms=1),
+        tables=[pb.TableGrads(table="emb", ids=encode_ids(IDS), grads=bytes(len(IDS) * 8),
+                              dtype=RowDtype.FLOAT16)],
+    )  # fmt: skip
+    with pytest.raises(StoreCorruptError, match="a shard logs float32 only"):
+        server.steps.replay(record)
+    assert rows(server)[1].tolist() == [0] * len(IDS)
+    server.journal.close()

@@ -14,7 +14,8 @@ from ember.ps_server.errors import OutOfRangeError, PSClientError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.messages import encode_ids
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.step_codec import encode_lookup_request
+from ember.ps_server.wire.row_packing import TORCH_DTYPES
+from ember.ps_server.wire.step_codec import encode_lookup_request, encode_update_request
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
 DIM = 8
@@ -48,22 +49,22 @@ def test_rows_and_gradients_travel_packed_while_the_shard_keeps_float32(
 
         rows, _ = steps.lookup({name: ids for name in tables})  # one mixed-dtype frame per shard
         for name, dtype in wire.items():  # each packed exactly as Tensor.to packs
-            assert torch.equal(rows[name], before[name].to(dtype.torch_dtype).float()), name
+            assert torch.equal(rows[name], before[name].to(TORCH_DTYPES[dtype]).float()), name
 
         refreshed, _ = steps.update(
             {name: (ids, grads[name]) for name in tables}, 0, {name: ids[:50] for name in tables}
         )
         for name, dtype in wire.items():
-            sent = grads[name].to(dtype.torch_dtype).double()  # what the wire carried
+            sent = grads[name].to(TORCH_DTYPES[dtype]).double()  # what the wire carried
             expected = before[name].double() - LR * sent  # SGD in float64 on float32 rows
             after = client.pull(name, ids)
             np.testing.assert_allclose(after.double(), expected, rtol=1e-6, atol=1e-7)
             if dtype is not RowDtype.FLOAT32:  # the shard's rows are float32, not the wire's
-                assert not torch.equal(after, after.to(dtype.torch_dtype).float()), name
+                assert not torch.equal(after, after.to(TORCH_DTYPES[dtype]).float()), name
             positions, values = refreshed[name]
             order = torch.argsort(positions)
             assert positions[order].tolist() == list(range(50))
-            assert torch.equal(values[order], after[:50].to(dtype.torch_dtype).float()), name
+            assert torch.equal(values[order], after[:50].to(TORCH_DTYPES[dtype]).float()), name
 
 
 def test_narrow_rows_save_two_bytes_per_element_of_every_lookup_and_update(
@@ -126,8 +127,7 @@ def test_a_row_beyond_float16_is_refused_out_of_range_and_readable_as_bfloat16(
 def test_an_unknown_dtype_is_invalid_argument(cluster, table_name):
     with PSClient(cluster.endpoints) as client:
         client.create_table(TableSpec(table_name, DIM))
-        ids = np.arange(40)
-        ids = ids[shard_of(table_name, ids, client.num_shards) == 0]
+        ids = _shard0_ids(client, table_name)
         request = encode_lookup_request([(table_name, encode_ids(ids), 7)], None)
         with pytest.raises(PSClientError) as refused:
             client.shard_rpc.run([ShardCall(0, "Lookup", request)])
@@ -138,3 +138,73 @@ def test_an_unknown_dtype_is_invalid_argument(cluster, table_name):
 def test_a_wire_dtype_must_be_one_the_wire_knows(client, table_name):
     with pytest.raises(ValueError, match="row dtype must be one of float32, float16, bfloat16"):
         StepClient(client, StepJob(table_name), wire_dtypes={table_name: "float8"})
+
+
+def test_a_refreshed_row_beyond_float16_comes_back_as_float32_and_the_clock_counts(
+    cluster, table_name, transport
+):
+    ids = torch.arange(6)
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
+        client.create_table(TableSpec(table_name, DIM, optimizer=OptimizerSpec(lr=LR)))
+        values = torch.full((len(ids), DIM), 0.25)
+        values[2, 5] = 1e6
+        client.assign(table_name, ids, values)
+        steps = StepClient(client, StepJob(table_name), wire_dtypes={table_name: "float16"})
+        refreshed, _ = steps.update(
+            {table_name: (ids, torch.ones(len(ids), DIM))}, 0, {table_name: ids}
+        )
+        rows, versions = client.pull_with_versions(table_name, ids)
+        assert versions.eq(2).all()  # assigned, then stepped once
+        positions, values = refreshed[table_name]
+        order = torch.argsort(positions)
+        assert positions[order].tolist() == list(range(len(ids)))
+        assert torch.equal(values[order], rows)  # float32 for the whole entry, exactly
+
+
+def _shard0_ids(client: PSClient, table: str, count: int = 40) -> np.ndarray:
+    ids = np.arange(count * client.num_shards)
+    return ids[shard_of(table, ids, client.num_shards) == 0]
+
+
+def test_packed_infinities_from_a_hand_built_client_are_refused_and_change_nothing(
+    cluster, table_name
+):
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(TableSpec(table_name, DIM))
+        ids = _shard0_ids(client, table_name)
+        grads = np.zeros((len(ids), DIM), dtype=np.uint16)
+        grads[3, 1] = 0x7C00  # float16 +Inf
+        clock = StepJob(table_name).clock(0)
+        entry = (table_name, encode_ids(ids), grads, RowDtype.FLOAT16)
+        request = encode_update_request([entry], clock)
+        with pytest.raises(PSClientError) as refused:
+            client.shard_rpc.run([ShardCall(0, "Update", request, tables=1, clock=0)])
+        assert refused.value.code == Status.INVALID_ARGUMENT
+        assert "NaN or Inf (first at row 3" in refused.value.details
+        assert client.pull_with_versions(table_name, torch.from_numpy(ids))[1].eq(0).all()
+
+
+@pytest.mark.parametrize("where", ["grads", "refresh"])
+def test_an_unknown_dtype_in_an_update_is_invalid_argument_and_changes_nothing(
+    cluster, table_name, where
+):
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(TableSpec(table_name, DIM))
+        ids = _shard0_ids(client, table_name)
+        grads = np.ones((len(ids), DIM), dtype=np.float32)
+        grads_dtype, refresh_dtype = (-1, 0) if where == "grads" else (0, 3)
+        request = encode_update_request(
+            [(table_name, encode_ids(ids), grads, grads_dtype)], StepJob(table_name).clock(0),
+            [(table_name, encode_ids(ids), refresh_dtype)],
+        )  # fmt: skip
+        with pytest.raises(PSClientError) as refused:
+            client.shard_rpc.run([ShardCall(0, "Update", request, tables=1, clock=0)])
+        assert refused.value.code == Status.INVALID_ARGUMENT
+        assert f"unknown row dtype {grads_dtype or refresh_dtype}" in refused.value.details
+        assert client.pull_with_versions(table_name, torch.from_numpy(ids))[1].eq(0).all()
+
+
+def test_a_wire_dtype_for_a_table_that_does_not_exist_is_not_found(client, table_name):
+    with pytest.raises(PSClientError) as missing:
+        StepClient(client, StepJob(table_name), wire_dtypes={table_name + "-typo": "bfloat16"})
+    assert missing.value.code == Status.NOT_FOUND

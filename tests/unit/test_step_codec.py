@@ -51,7 +51,7 @@ def _view_clock(message, present):
     return StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
 
 
-dtypes = st.sampled_from([0, 1, 2])  # RowDtype
+dtypes = st.sampled_from([0, 1, 2, -1, 300])  # RowDtype numbers, and ones it does not define
 
 
 @settings(max_examples=80, deadline=None)
@@ -112,7 +112,7 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
     values=st.lists(blobs, max_size=4),
     watermark=st.integers(-(2**63), 2**63 - 1),
     duplicate=st.booleans(),
-    refreshed=st.lists(st.tuples(blobs, blobs), max_size=3),
+    refreshed=st.lists(st.tuples(blobs, blobs, dtypes), max_size=3),
     flush=names,
 )
 def test_responses_match_the_generated_code_both_ways(
@@ -128,17 +128,17 @@ def test_responses_match_the_generated_code_both_ways(
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
     assert parsed.flush == flush
-    assert [(r.positions, r.values) for r in parsed.refreshed] == refreshed
+    assert [(r.positions, r.values, r.dtype) for r in parsed.refreshed] == refreshed
     view = decode_update_response(
         pb.UpdateResponse(
             duplicate=duplicate,
-            refreshed=[pb.RefreshedRows(positions=p, values=v) for p, v in refreshed],
+            refreshed=[pb.RefreshedRows(positions=p, values=v, dtype=d) for p, v, d in refreshed],
             watermark=watermark,
             flush=flush,
         ).SerializeToString()
     )
     assert view.duplicate == duplicate and view.watermark == watermark and view.flush == flush
-    assert [(bytes(p), bytes(v)) for p, v in view.refreshed] == refreshed
+    assert [(bytes(p), bytes(v), d) for p, v, d in view.refreshed] == refreshed
 
 
 def test_a_repeated_clock_is_merged_field_by_field_as_protobuf_merges_it():
@@ -162,7 +162,7 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
         (encode_update_request([("a", ids, grads)], clock, [("a", ids)], replica=True),
          decode_update_request, pb.UpdateRequest),
         (encode_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
-        (encode_update_response(True, [(ids, grads)], 3, "ckpt-1"), decode_update_response,
+        (encode_update_response(True, [(ids, grads, 1)], 3, "ckpt-1"), decode_update_response,
          pb.UpdateResponse),
     ]  # fmt: skip
     for valid, ours, message in cases:

@@ -1,0 +1,72 @@
+"""Rows and gradients packed for the wire, and widened back.
+
+The shard keeps float32 rows and optimizer state whatever the wire carries
+(see the .proto's ``RowDtype``): the sender packs float32 rows with the pack
+op (round to nearest even, as ``Tensor.to``), the receiver widens them back
+(exact). A value that the narrow type cannot hold would arrive as Inf, so
+packing refuses it instead, naming the row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from ember.kernels.pack import pack_rows, unpack_rows
+from ember.ps_server.errors import InvalidArgumentError, OutOfRangeError
+from ember.ps_server.wire.messages import readonly_tensor
+from ember.ps_server.wire.row_dtype import RowDtype
+
+TORCH_DTYPES = {
+    RowDtype.FLOAT32: torch.float32,
+    RowDtype.FLOAT16: torch.float16,
+    RowDtype.BFLOAT16: torch.bfloat16,
+}
+
+
+def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str) -> np.ndarray:
+    """Float32 ``rows`` [n, dim] as they travel: a float32 array, or the bit patterns of
+    the packed rows as uint16, same shape.
+
+    Raises:
+        OutOfRangeError: a value beyond ``dtype``'s range (nothing is packed), naming
+            ``what`` and the row.
+    """
+    if dtype is RowDtype.FLOAT32:
+        return rows.contiguous().numpy()
+    packed = pack_rows(rows, TORCH_DTYPES[dtype])
+    finite = torch.isfinite(packed).all(dim=1)
+    if not bool(finite.all()):
+        row = int(torch.nonzero(~finite)[0, 0])
+        raise OutOfRangeError(f"{what}: row {row} {_beyond(rows[row], dtype)}")
+    return packed.view(torch.int16).numpy().view(np.uint16)
+
+
+def rows_from_wire(
+    buffer: bytes | memoryview, dtype: RowDtype, num_rows: int, dim: int, what: str
+) -> torch.Tensor:
+    """The float32 rows [num_rows, dim] of a received ``buffer``: a read-only view of it for
+    float32 (callers must not write to it), else a new tensor.
+
+    Raises:
+        InvalidArgumentError: the byte length is not ``num_rows * dim`` elements.
+    """
+    expected = num_rows * dim * dtype.itemsize
+    if len(buffer) != expected:
+        raise InvalidArgumentError(
+            f"{what} must hold {num_rows} ids x dim {dim} {dtype.name.lower()} = {expected} "
+            f"bytes, got {len(buffer)}"
+        )
+    rows = readonly_tensor(buffer, TORCH_DTYPES[dtype]).view(num_rows, dim)
+    return rows if dtype is RowDtype.FLOAT32 else unpack_rows(rows)
+
+
+def _beyond(row: torch.Tensor, dtype: RowDtype) -> str:
+    """Why ``row`` cannot travel as ``dtype``, and what to send instead."""
+    if not bool(torch.isfinite(row).all()):
+        return "holds a value that is not finite"
+    limit = torch.finfo(TORCH_DTYPES[dtype]).max
+    wider = "bfloat16 or float32" if dtype is RowDtype.FLOAT16 else "float32"
+    return (
+        f"holds {float(row.abs().max()):.6g}, beyond the range of {dtype.name.lower()} "
+        f"(max {limit:.6g}); send this table as {wider}"
+    )
