@@ -250,14 +250,16 @@ class TableStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., rows: _Optional[int] = ..., bytes: _Optional[int] = ..., pull_requests: _Optional[int] = ..., push_requests: _Optional[int] = ..., rows_pulled: _Optional[int] = ..., rows_pushed: _Optional[int] = ..., duplicate_pushes: _Optional[int] = ...) -> None: ...
 
 class DataPlane(_message.Message):
-    __slots__ = ("transport", "host", "port")
+    __slots__ = ("transport", "host", "port", "max_message_bytes")
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     transport: str
     host: str
     port: int
-    def __init__(self, transport: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    max_message_bytes: int
+    def __init__(self, transport: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("shard", "num_shards", "tables", "data_planes")

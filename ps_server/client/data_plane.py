@@ -3,11 +3,12 @@ offers it and answers, gRPC otherwise, said once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
 from ember.ps_server.client.transport import ShardCall, Transport, TransportError
-from ember.ps_server.client.ucx_transport import Address, UcxTransport
+from ember.ps_server.client.ucx_transport import UcxTransport
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.ucx import UcxUnavailableError
 from ember.ps_server.wire.messages import pb
@@ -62,19 +63,20 @@ def open_data_plane(
     return ucx
 
 
-def ucx_address(endpoint: str, planes: Sequence[DataPlaneAddress]) -> Address | None:
-    """Where the UCX listener in ``planes`` is (None: none offered); a listener that names no
-    host is on the host of the shard's gRPC ``endpoint``."""
+def ucx_address(endpoint: str, planes: Sequence[DataPlaneAddress]) -> DataPlaneAddress | None:
+    """The UCX listener in ``planes`` (None: none offered), its host filled in: one that names
+    no host is on the host of the shard's gRPC ``endpoint``."""
     for plane in planes:
         if plane.transport == "ucx":
-            return plane.host or endpoint.rsplit(":", 1)[0].strip("[]"), plane.port
+            host = plane.host or endpoint.rsplit(":", 1)[0].strip("[]")
+            return dataclasses.replace(plane, host=host)
     return None
 
 
 def _locator(grpc: Transport, endpoints: Sequence[str], timeout_s: float):
     """Asks shard k for its UCX listener again, over gRPC (it may have restarted elsewhere)."""
 
-    def locate(shard: int) -> Address:
+    def locate(shard: int) -> DataPlaneAddress:
         reply = grpc.call(ShardCall(shard, "Stats", pb.StatsRequest(without_sizes=True)), timeout_s)
         planes = [DataPlaneAddress.from_proto(plane) for plane in reply.data_planes]
         address = ucx_address(endpoints[shard], planes)

@@ -222,7 +222,7 @@ class StepClient:
             dim = self.client.dim(table)
             unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
             dtype = self.wire_dtype(table)
-            wire_rows = rows_to_wire(summed, dtype, f"gradients of table {table!r}")
+            wire_rows = rows_to_wire(summed, dtype, f"gradients of table {table!r}", unique_ids)
             for shard, positions in enumerate(self._route(table, unique_ids)):
                 if len(positions):
                     per_shard_updates[shard].append(

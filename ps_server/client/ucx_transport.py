@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from ember.ps_server.client.transport import ShardCall, TransportError
-from ember.ps_server.errors import EmberError, Status
+from ember.ps_server.errors import EmberError, MessageTooLargeError, Status
 from ember.ps_server.ucx import (
     close_endpoint,
     endpoint_closed,
@@ -39,9 +39,9 @@ from ember.ps_server.wire.frames import (
     Op,
     payload_body,
 )
+from ember.ps_server.wire.stats import DataPlaneAddress
 from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
 
-Address = tuple[str, int]
 _OPS = {"Lookup": Op.LOOKUP, "Update": Op.UPDATE}
 _DECODERS: dict[Op, Callable[[memoryview], Any]] = {
     Op.LOOKUP: decode_lookup_response,
@@ -53,8 +53,9 @@ class UcxTransport:
     """Step calls over UCX to the listeners at ``addresses`` (shard k at ``addresses[k]``).
 
     Args:
-        addresses: ``(host, port)`` of every shard's UCX listener.
-        max_message_bytes: the largest request or reply, both ways.
+        addresses: every shard's UCX listener (its host filled in).
+        max_message_bytes: the largest request or reply, both ways (a request is also
+            held to the shard's own limit, where its listener says it).
         locate: asks shard k for its listener's address again (after it was lost).
     """
 
@@ -63,9 +64,9 @@ class UcxTransport:
 
     def __init__(
         self,
-        addresses: Sequence[Address],
+        addresses: Sequence[DataPlaneAddress],
         max_message_bytes: int,
-        locate: Callable[[int], Address],
+        locate: Callable[[int], DataPlaneAddress],
     ) -> None:
         self._ucx = load_ucx()
         self._errors = ucx_errors(self._ucx)
@@ -91,10 +92,11 @@ class UcxTransport:
 
     def call(self, call: ShardCall, timeout_s: float) -> Any:
         """The decoded reply of a Lookup or Update ``call`` (its request ends with the trailer)."""
-        if len(call.request) > self._max_message_bytes + len(END_MARK):
+        limit = self._request_limit(call.shard)
+        if len(call.request) > limit + len(END_MARK):
             raise TransportError(
                 Status.RESOURCE_EXHAUSTED,
-                f"request of {len(call.request)} bytes is over the {self._max_message_bytes}-byte "
+                f"request of {len(call.request) - len(END_MARK)} bytes is over the {limit}-byte "
                 "message limit",
             )
         with self._lock:
@@ -148,7 +150,9 @@ class UcxTransport:
             raise TransportError(Status.UNAVAILABLE, f"UCX: {error}") from None
         except FrameError as error:
             await close_endpoint(endpoint, self._errors)
-            raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
+            too_large = isinstance(error, MessageTooLargeError)
+            status = Status.RESOURCE_EXHAUSTED if too_large else Status.INTERNAL
+            raise TransportError(status, f"unreadable reply: {error}") from None
         except asyncio.CancelledError:
             await close_endpoint(endpoint, self._errors)
             raise
@@ -162,6 +166,12 @@ class UcxTransport:
             return _DECODERS[op](payload)
         except EmberError as error:
             raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
+
+    def _request_limit(self, shard: int) -> int:
+        """The largest request message ``shard`` takes: this client's limit, or the shard's
+        listener's where it says a smaller one."""
+        theirs = self._addresses[shard].max_message_bytes
+        return min(self._max_message_bytes, theirs) if theirs else self._max_message_bytes
 
     async def _endpoint(self, shard: int, timeout_s: float) -> Any:
         idle = self._idle[shard]
@@ -179,14 +189,17 @@ class UcxTransport:
                 loop = asyncio.get_running_loop()
                 self._addresses[shard] = await loop.run_in_executor(None, self._locate, shard)
                 self._lost[shard] = False
-            host, port = self._addresses[shard]
+            plane = self._addresses[shard]
             async with asyncio.timeout(timeout_s):
-                return await self._ucx.create_endpoint(host, port, endpoint_error_handling=True)
+                return await self._ucx.create_endpoint(
+                    plane.host, plane.port, endpoint_error_handling=True
+                )
         except (TimeoutError, OSError, *self._errors) as error:
             self._lost[shard] = True
-            host, port = self._addresses[shard]
+            plane = self._addresses[shard]
             raise TransportError(
-                Status.UNAVAILABLE, f"cannot connect to UCX listener {host}:{port}: {error!r}"
+                Status.UNAVAILABLE,
+                f"cannot connect to UCX listener {plane.host}:{plane.port}: {error!r}",
             ) from None
         except TransportError:
             self._lost[shard] = True

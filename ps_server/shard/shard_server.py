@@ -91,7 +91,9 @@ class ShardServer:
         config: ShardConfig, logic: ParameterServer, ucx_listener: UcxListener | None
     ) -> tuple[grpc.Server, int, health.HealthServicer]:
         planes = (
-            [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port)] if ucx_listener else []
+            [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port, config.max_message_bytes)]
+            if ucx_listener
+            else []
         )
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),

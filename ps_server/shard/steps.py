@@ -309,7 +309,7 @@ class StepService:
 
 def _wire_rows(target: Table, ids: np.ndarray, dtype: RowDtype) -> np.ndarray:
     """The rows of ``ids`` as ``dtype`` carries them (see :func:`rows_to_wire`)."""
-    return rows_to_wire(target.read_weights(ids), dtype, f"table {target.spec.name!r}")
+    return rows_to_wire(target.read_weights(ids), dtype, f"table {target.spec.name!r}", ids)
 
 
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:

@@ -22,7 +22,7 @@ import enum
 import struct
 from collections.abc import Iterable
 
-from ember.ps_server.errors import InvalidArgumentError, Status
+from ember.ps_server.errors import InvalidArgumentError, MessageTooLargeError, Status
 from ember.ps_server.wire.row_dtype import RowDtype
 
 MAGIC = b"EMBF"
@@ -56,6 +56,11 @@ def frame_dtype(dtypes: Iterable[int]) -> int:
 
 class FrameError(InvalidArgumentError):
     """A frame that cannot be read: the stream it came on is no longer trusted."""
+
+
+class FrameTooLargeError(MessageTooLargeError, FrameError):
+    """A frame whose payload is over the receiver's limit (RESOURCE_EXHAUSTED, as gRPC
+    reports it); its payload is not read, so the stream is no longer trusted either."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +122,8 @@ class FrameHeader:
         if dtype not in RowDtype._value2member_map_ and dtype != MIXED_DTYPES:
             raise FrameError(f"unknown row dtype {dtype}")
         if not len(END_MARK) <= size <= max_payload_bytes:
-            raise FrameError(
+            too_large = FrameTooLargeError if size > max_payload_bytes else FrameError
+            raise too_large(
                 f"payload of {size} bytes is outside {len(END_MARK)}..{max_payload_bytes}"
             )
         if clock < NO_CLOCK:

@@ -23,13 +23,13 @@ TORCH_DTYPES = {
 }
 
 
-def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str) -> np.ndarray:
-    """Float32 ``rows`` [n, dim] as they travel: a float32 array, or the bit patterns of
-    the packed rows as uint16, same shape.
+def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str, ids: np.ndarray) -> np.ndarray:
+    """Float32 ``rows`` [n, dim] of ``ids`` as they travel: a float32 array, or the bit
+    patterns of the packed rows as uint16, same shape.
 
     Raises:
         OutOfRangeError: a value beyond ``dtype``'s range (nothing is packed), naming
-            ``what`` and the row.
+            ``what`` and the row's id.
     """
     if dtype is RowDtype.FLOAT32:
         return rows.contiguous().numpy()
@@ -37,7 +37,7 @@ def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str) -> np.ndarray:
     finite = torch.isfinite(packed).all(dim=1)
     if not bool(finite.all()):
         row = int(torch.nonzero(~finite)[0, 0])
-        raise OutOfRangeError(f"{what}: row {row} {_beyond(rows[row], dtype)}")
+        raise OutOfRangeError(f"{what}: the row of id {int(ids[row])} {_beyond(rows[row], dtype)}")
     return packed.view(torch.int16).numpy().view(np.uint16)
 
 

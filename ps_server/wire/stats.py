@@ -58,17 +58,23 @@ class DataPlaneAddress:
         transport: its kind (``ucx``).
         host: where to reach it ('' : the host of the shard's gRPC endpoint).
         port: its port.
+        max_message_bytes: the largest request message it takes (0: not said), so that
+            a client refuses a larger one itself, as gRPC's limit would.
     """
 
     transport: str
     host: str
     port: int
+    max_message_bytes: int = 0
 
     def to_proto(self) -> pb.DataPlane:
         """The message the Stats RPC carries."""
-        return pb.DataPlane(transport=self.transport, host=self.host, port=self.port)
+        return pb.DataPlane(
+            transport=self.transport, host=self.host, port=self.port,
+            max_message_bytes=self.max_message_bytes,
+        )  # fmt: skip
 
     @classmethod
     def from_proto(cls, message: pb.DataPlane) -> DataPlaneAddress:
         """The address ``message`` carries."""
-        return cls(message.transport, message.host, message.port)
+        return cls(message.transport, message.host, message.port, message.max_message_bytes)

@@ -69,7 +69,7 @@ def test_clocks_come_back_from_the_log_and_the_checkpoint(tmp_path):
 def test_packed_gradients_are_logged_as_the_float32_they_were_applied_as(tmp_path):
     first = started(tmp_path)
     grads = torch.randn(len(IDS), 4, generator=torch.Generator().manual_seed(5))
-    packed = rows_to_wire(grads, RowDtype.BFLOAT16, "grads")
+    packed = rows_to_wire(grads, RowDtype.BFLOAT16, "grads", IDS)
     for step in range(3):
         clock = StepClockView("job-b", 1, 0, step, pb.EXACT, 20_000)
         entry = ("emb", encode_ids(IDS), packed, RowDtype.BFLOAT16)

@@ -13,6 +13,7 @@ from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
+from tests.support.raw_frames import ucx_missing
 from tests.support.reference import ReferenceRow
 
 ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
@@ -247,3 +248,20 @@ def test_a_step_message_over_the_limit_is_resource_exhausted_on_every_transport(
         with pytest.raises(PSClientError) as refused:
             steps.lookup({t.name: torch.arange(40_000)})  # 320 kB of ids
     assert refused.value.code == Status.RESOURCE_EXHAUSTED, refused.value
+
+
+def test_a_request_over_the_shards_smaller_limit_is_resource_exhausted_on_every_transport(
+    table_name, transport
+):
+    flags = [*([] if ucx_missing() else ["--ucx"]), "--max-message-bytes", str(1 << 16)]
+    with (
+        LocalCluster(2, flags) as small,
+        PSClient(small.endpoints, ClientConfig(transport=transport)) as client,
+    ):
+        client.create_table(spec(table_name))
+        steps = StepClient(client, StepJob(table_name, world=1))
+        with pytest.raises(PSClientError) as refused:
+            steps.lookup({table_name: torch.arange(40_000)})  # 320 kB of ids
+        assert refused.value.code == Status.RESOURCE_EXHAUSTED, refused.value
+        rows, _ = steps.lookup({table_name: torch.arange(1_000)})  # the plane goes on
+        assert torch.equal(rows[table_name], client.pull(table_name, torch.arange(1_000)))

@@ -108,14 +108,17 @@ def test_gradients_whose_bytes_do_not_fit_their_dtype_or_an_unknown_dtype_are_re
 def test_an_unreadable_header_or_a_short_payload_ends_only_its_endpoint(shard0):
     client, raw, ids, table = shard0
     lookup = encode_lookup_request([("t", encode_ids(ids))], None, END_MARK)
+    invalid, too_large = Status.INVALID_ARGUMENT, Status.RESOURCE_EXHAUSTED
     bad_headers = [
-        (b"GET / HTTP/1.1\r\n" + bytes(20), "not an Ember frame"),
-        (_frame(Op.LOOKUP, lookup)[:5] + bytes([9]) + _frame(Op.LOOKUP, lookup)[6:], "op 9"),
-        (_frame(Op.LOOKUP, lookup, status=Status.INTERNAL), "request carries status INTERNAL"),
-        (FrameHeader(Op.LOOKUP, 7, 1 << 40).encode(), "outside"),
-    ]
-    for header, words in bad_headers:
-        _assert_refused(raw.exchange(header, None), Status.INVALID_ARGUMENT, words)
+        (b"GET / HTTP/1.1\r\n" + bytes(20), invalid, "not an Ember frame"),
+        (_frame(Op.LOOKUP, lookup)[:5] + bytes([9]) + _frame(Op.LOOKUP, lookup)[6:], invalid,
+         "op 9"),
+        (_frame(Op.LOOKUP, lookup, status=Status.INTERNAL), invalid,
+         "request carries status INTERNAL"),
+        (FrameHeader(Op.LOOKUP, 7, 1 << 40).encode(), too_large, "outside"),  # as gRPC says
+    ]  # fmt: skip
+    for header, status, words in bad_headers:
+        _assert_refused(raw.exchange(header, None), status, words)
         raw.reconnect()
     short = FrameHeader(Op.LOOKUP, 7, len(lookup) + 16, tables=1).encode()
     _assert_refused(raw.exchange(short, lookup), Status.INVALID_ARGUMENT, "shorter")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from ember.ps_server.errors import InvalidArgumentError, Status
+from ember.ps_server.errors import InvalidArgumentError, Status, status_for
 from ember.ps_server.wire.frames import (
     END_MARK,
     HEADER_BYTES,
@@ -13,6 +13,7 @@ from ember.ps_server.wire.frames import (
     NO_CLOCK,
     FrameError,
     FrameHeader,
+    FrameTooLargeError,
     Op,
     RowDtype,
     check_header_matches,
@@ -71,8 +72,15 @@ def test_a_request_must_carry_status_ok() -> None:
         FrameHeader.decode(asked, LIMIT, request=True)
 
 
-def test_frame_errors_are_invalid_argument() -> None:
-    assert issubclass(FrameError, InvalidArgumentError)
+def test_frame_errors_are_invalid_argument_but_a_payload_over_the_limit_is_too_large() -> None:
+    assert status_for(FrameError("x")) == Status.INVALID_ARGUMENT
+    with pytest.raises(FrameTooLargeError) as refused:
+        FrameHeader.decode(_with(6, LIMIT + 1), LIMIT)
+    assert status_for(refused.value) == Status.RESOURCE_EXHAUSTED
+    assert isinstance(refused.value, FrameError)  # the stream is not trusted after it
+    with pytest.raises(FrameError) as short:
+        FrameHeader.decode(_with(6, 0), LIMIT)
+    assert not isinstance(short.value, FrameTooLargeError)
 
 
 def test_a_payload_cut_short_leaves_the_zeroed_tail_and_is_refused() -> None:
