@@ -110,5 +110,14 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the loop; block until it returns or raises."""
+        """Run ``coroutine`` on the loop; block until it returns or raises.
+
+        Raises:
+            RuntimeError: called on the loop's own thread (it would wait for itself).
+        """
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError(
+                "a UCX call blocked the UCX event loop's own thread; call it from another thread"
+            )
         return self.submit(coroutine).result()

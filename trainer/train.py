@@ -117,7 +117,8 @@ def train(config: TrainConfig) -> dict:
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader
         )
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
-        report["transport"] = client.shard_rpc.data_plane.name  # what carried the step calls
+        # What carried the rows: the step calls' transport, or gRPC's pulls and pushes.
+        report["transport"] = client.shard_rpc.data_plane.name if config.clocked() else "grpc"
         if rank == 0:
             report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
         close(inner)

@@ -271,6 +271,12 @@ class StepClient:
                         f"refresh of table {table!r} named positions outside its "
                         f"{len(positions)} ids",
                     )  # fmt: skip
+                if dtype not in (RowDtype.FLOAT32, self.wire_dtype(table)):
+                    raise PSClientError(
+                        self.client.endpoints[shard], Status.INTERNAL,
+                        f"refresh of table {table!r} came as row dtype {dtype}, asked for "
+                        f"{self.wire_dtype(table).name.lower()} (or float32)",
+                    )  # fmt: skip
                 rows = self._received_rows(shard, table, values, len(where), "refresh", dtype)
                 refreshed[table][0].append(positions[where])
                 refreshed[table][1].append(rows.clone())

@@ -88,17 +88,12 @@ class UcxTransport:
             TransportError: UNAVAILABLE naming the first shard that cannot be reached.
         """
         for shard in range(len(self._addresses)):
-            self._idle[shard].append(self._loop.run(self._connect(shard, timeout_s)))
+            deadline = self._loop.loop.time() + timeout_s
+            self._idle[shard].append(self._loop.run(self._connect(shard, deadline)))
 
     def call(self, call: ShardCall, timeout_s: float) -> Any:
         """The decoded reply of a Lookup or Update ``call`` (its request ends with the trailer)."""
-        limit = self._request_limit(call.shard)
-        if len(call.request) > limit + len(END_MARK):
-            raise TransportError(
-                Status.RESOURCE_EXHAUSTED,
-                f"request of {len(call.request) - len(END_MARK)} bytes is over the {limit}-byte "
-                "message limit",
-            )
+        self._check_size(call)  # against the limit last heard; again once connected
         with self._lock:
             if self._closed:
                 raise TransportError(Status.CANCELLED, "the client is closed")
@@ -135,9 +130,15 @@ class UcxTransport:
         request = FrameHeader(
             op, next(self._request_ids), len(call.request), call.tables, call.clock, call.dtype
         )
-        endpoint = await self._endpoint(call.shard, timeout_s)
+        deadline = asyncio.get_running_loop().time() + timeout_s  # connecting included
+        endpoint = await self._endpoint(call.shard, deadline)
         try:
-            async with asyncio.timeout(timeout_s):
+            self._check_size(call)  # the shard's limit, as a relocation may have renewed it
+        except TransportError:
+            self._idle[call.shard].append(endpoint)
+            raise
+        try:
+            async with asyncio.timeout_at(deadline):
                 reply, payload = await self._exchange(endpoint, request, call.request)
         except TimeoutError:
             await close_endpoint(endpoint, self._errors)
@@ -167,30 +168,42 @@ class UcxTransport:
         except EmberError as error:
             raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
 
-    def _request_limit(self, shard: int) -> int:
-        """The largest request message ``shard`` takes: this client's limit, or the shard's
-        listener's where it says a smaller one."""
-        theirs = self._addresses[shard].max_message_bytes
-        return min(self._max_message_bytes, theirs) if theirs else self._max_message_bytes
+    def _check_size(self, call: ShardCall) -> None:
+        """Refuse a request over this client's limit, or the shard listener's where it says a
+        smaller one (RESOURCE_EXHAUSTED, as gRPC's limits are reported).
 
-    async def _endpoint(self, shard: int, timeout_s: float) -> Any:
+        Raises:
+            TransportError: RESOURCE_EXHAUSTED.
+        """
+        theirs = self._addresses[call.shard].max_message_bytes
+        limit = min(self._max_message_bytes, theirs) if theirs else self._max_message_bytes
+        if len(call.request) > limit + len(END_MARK):
+            raise TransportError(
+                Status.RESOURCE_EXHAUSTED,
+                f"request of {len(call.request) - len(END_MARK)} bytes is over the {limit}-byte "
+                "message limit",
+            )
+
+    async def _endpoint(self, shard: int, deadline: float) -> Any:
         idle = self._idle[shard]
         while idle:
             endpoint = idle.pop()
             if not endpoint_closed(endpoint):
                 return endpoint
             await close_endpoint(endpoint, self._errors)
-        return await self._connect(shard, timeout_s)
+            self._lost[shard] = True  # the shard may have restarted: ask where (and its limit)
+        return await self._connect(shard, deadline)
 
-    async def _connect(self, shard: int, timeout_s: float) -> Any:
-        """A new endpoint to ``shard`` (its address asked for again if the last one was lost)."""
+    async def _connect(self, shard: int, deadline: float) -> Any:
+        """A new endpoint to ``shard`` by ``deadline`` (the loop's clock), its address asked
+        for again if the last one was lost."""
         try:
-            if self._lost[shard]:
-                loop = asyncio.get_running_loop()
-                self._addresses[shard] = await loop.run_in_executor(None, self._locate, shard)
-                self._lost[shard] = False
-            plane = self._addresses[shard]
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(deadline):
+                if self._lost[shard]:
+                    loop = asyncio.get_running_loop()
+                    self._addresses[shard] = await loop.run_in_executor(None, self._locate, shard)
+                    self._lost[shard] = False
+                plane = self._addresses[shard]
                 return await self._ucx.create_endpoint(
                     plane.host, plane.port, endpoint_error_handling=True
                 )

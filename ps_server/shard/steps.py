@@ -175,15 +175,15 @@ class StepService:
     def replay(self, record: pb.StepApplied) -> None:
         """Apply a logged clock again at recovery (no log record is written)."""
         c = record.clock
-        if record.replica:
-            self.replicas.holds_replica(c.job, replaying=True)
-        clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
-        job = self.clocks.job(clock)
         if any(t.dtype != RowDtype.FLOAT32 for t in record.tables):
             raise StoreCorruptError(
                 f"the log record of job {c.job!r} clock {c.clock} holds gradients that are not "
                 "float32; a shard logs float32 only"
             )
+        if record.replica:
+            self.replicas.holds_replica(c.job, replaying=True)
+        clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
+        job = self.clocks.job(clock)
         updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
         with job.cond:
             if (
@@ -282,11 +282,12 @@ class StepService:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
                 positions = _positions_in(ids, changed.get(target.spec.name))
+            rows, name = target.read_weights(ids[positions]), f"table {target.spec.name!r}"
             try:
-                replies.append((positions, _wire_rows(target, ids[positions], dtype), dtype))
+                replies.append((positions, rows_to_wire(rows, dtype, name, ids[positions]), dtype))
             except OutOfRangeError:
                 wide = RowDtype.FLOAT32
-                replies.append((positions, _wire_rows(target, ids[positions], wide), wide))
+                replies.append((positions, rows_to_wire(rows, wide, name, ids[positions]), wide))
         return replies
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:

@@ -73,7 +73,8 @@ class FrameHeader:
         payload_bytes: bytes of the payload message that follows, end mark included.
         tables: tables in the payload's message (0 in a reply).
         clock: the step clock the message carries (:data:`NO_CLOCK`: none).
-        dtype: how the message's rows travel (see :func:`frame_dtype`).
+        dtype: how the message's rows travel (see :func:`frame_dtype`); a reply echoes its
+            request's (an Update's refreshed rows say their own dtype in the message).
         status: OK in requests; a reply's outcome.
     """
 

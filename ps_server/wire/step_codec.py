@@ -45,7 +45,8 @@ class StepClockView:
 
 
 class IdsEntry(NamedTuple):
-    """One table's ids to encode; ``dtype``: the .proto ``RowDtype`` of the rows answered."""
+    """One table's ids to encode; ``dtype``: the .proto ``RowDtype`` of the rows answered (a
+    refresh entry's may come back as float32, see the .proto's ``RefreshedRows``)."""
 
     table: str
     ids: Buffer

@@ -263,5 +263,25 @@ def test_a_request_over_the_shards_smaller_limit_is_resource_exhausted_on_every_
         with pytest.raises(PSClientError) as refused:
             steps.lookup({table_name: torch.arange(40_000)})  # 320 kB of ids
         assert refused.value.code == Status.RESOURCE_EXHAUSTED, refused.value
+        if transport == "ucx":  # refused before sending: the shard said its limit
+            assert "over the 65536-byte message limit" in refused.value.details
         rows, _ = steps.lookup({table_name: torch.arange(1_000)})  # the plane goes on
+        assert torch.equal(rows[table_name], client.pull(table_name, torch.arange(1_000)))
+
+
+def test_a_reply_over_the_clients_limit_is_resource_exhausted_and_the_next_call_works(
+    cluster, table_name, transport
+):
+    config = ClientConfig(transport=transport, max_message_bytes=1 << 16)
+    with PSClient(cluster.endpoints, config) as client:
+        client.create_table(spec(table_name))
+        steps = StepClient(client, StepJob(table_name, world=1))
+        with pytest.raises(PSClientError) as refused:
+            steps.lookup(
+                {table_name: torch.arange(12_000)}
+            )  # per shard: 48 kB of ids, 96 kB of rows
+        assert refused.value.code == Status.RESOURCE_EXHAUSTED, refused.value
+        reply_side = {"grpc": "Received message larger than max", "ucx": "unreadable reply"}
+        assert reply_side[transport] in refused.value.details  # the reply, not the request
+        rows, _ = steps.lookup({table_name: torch.arange(1_000)})
         assert torch.equal(rows[table_name], client.pull(table_name, torch.arange(1_000)))

@@ -145,10 +145,10 @@ def test_a_wire_dtype_must_be_one_the_wire_knows(client, table_name):
 def test_a_refreshed_row_beyond_float16_comes_back_as_float32_and_the_clock_counts(
     cluster, table_name, transport
 ):
-    ids = torch.arange(6)
+    ids = torch.arange(40)
     with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
         client.create_table(TableSpec(table_name, DIM, optimizer=OptimizerSpec(lr=LR)))
-        values = torch.full((len(ids), DIM), 0.25)
+        values = torch.full((len(ids), DIM), 0.1)  # 0.1 - 0.5 is not a float16
         values[2, 5] = 1e6
         client.assign(table_name, ids, values)
         steps = StepClient(client, StepJob(table_name), wire_dtypes={table_name: "float16"})
@@ -160,7 +160,13 @@ def test_a_refreshed_row_beyond_float16_comes_back_as_float32_and_the_clock_coun
         positions, values = refreshed[table_name]
         order = torch.argsort(positions)
         assert positions[order].tolist() == list(range(len(ids)))
-        assert torch.equal(values[order], rows)  # float32 for the whole entry, exactly
+        values = values[order]
+        shards = shard_of(table_name, ids.numpy(), client.num_shards)
+        wide = torch.from_numpy(shards == shards[2])  # the entry that holds the big row
+        assert 0 < int(wide.sum()) < len(ids)
+        assert torch.equal(values[wide], rows[wide])  # float32 for that whole entry, exactly
+        narrow = rows[~wide].to(torch.float16).float()  # the other shard's entry stays packed
+        assert torch.equal(values[~wide], narrow) and not torch.equal(narrow, rows[~wide])
 
 
 def _shard0_ids(client: PSClient, table: str, count: int = 40) -> np.ndarray:

@@ -1,0 +1,113 @@
+"""The UCX client's deadline covers the whole call, and its event loop refuses to wait on itself.
+
+A listener that takes the request and never answers stands in for a shard that hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from ember.ps_server.client.transport import ShardCall, TransportError
+from ember.ps_server.client.ucx_transport import UcxTransport
+from ember.ps_server.errors import Status
+from ember.ps_server.ucx import load_ucx, ucx_loop
+from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES
+from ember.ps_server.wire.stats import DataPlaneAddress
+
+from tests.support.raw_frames import require_ucx
+
+TIMEOUT_S = 0.5
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[int]:
+    """The port of a UCX listener that reads a frame's header and then never answers."""
+    require_ucx()
+    ucx, loop = load_ucx(), ucx_loop()
+    released = loop.run(_event())
+
+    async def hang(endpoint) -> None:
+        await endpoint.recv(np.empty(HEADER_BYTES, dtype=np.uint8))
+        await released.wait()
+
+    async def listen():
+        return ucx.create_listener(hang)
+
+    listener = loop.run(listen())
+    try:
+        yield listener.port
+    finally:
+        loop.loop.call_soon_threadsafe(released.set)
+        loop.run(_close(listener))
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _close(listener) -> None:
+    listener.close()
+
+
+def _unreachable_locate(shard: int) -> DataPlaneAddress:
+    raise AssertionError("a hanging shard is not lost: nothing to locate")
+
+
+def test_a_shard_that_never_answers_is_deadline_exceeded_within_the_call_timeout(
+    silent_listener,
+):
+    transport = UcxTransport(
+        [DataPlaneAddress("ucx", "127.0.0.1", silent_listener)], 1 << 20, _unreachable_locate
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError) as failed:
+            transport.call(ShardCall(0, "Lookup", b"message" + END_MARK, tables=1), TIMEOUT_S)
+        elapsed = time.monotonic() - started
+    finally:
+        transport.close()
+    assert failed.value.status == Status.DEADLINE_EXCEEDED
+    assert TIMEOUT_S <= elapsed < TIMEOUT_S + 1.0  # connecting and waiting share one deadline
+
+
+def test_finding_a_lost_shard_again_counts_against_the_same_deadline(silent_listener):
+    slow_lookup = threading.Event()
+
+    def locate(shard: int) -> DataPlaneAddress:  # a Stats call to a shard that is slow
+        slow_lookup.wait(10 * TIMEOUT_S)
+        return DataPlaneAddress("ucx", "127.0.0.1", silent_listener)
+
+    transport = UcxTransport([DataPlaneAddress("ucx", "127.0.0.1", 1)], 1 << 20, locate)
+    transport._lost[0] = True  # as after a broken connection: its address is asked for again
+    try:
+        started = time.monotonic()
+        with pytest.raises(TransportError) as failed:
+            transport.call(ShardCall(0, "Lookup", b"message" + END_MARK, tables=1), TIMEOUT_S)
+        elapsed = time.monotonic() - started
+    finally:
+        slow_lookup.set()
+        transport.close()
+    assert failed.value.status == Status.UNAVAILABLE  # retryable: the shard was not reached
+    assert elapsed < TIMEOUT_S + 1.0
+
+
+def test_a_blocking_call_on_the_ucx_loop_thread_is_refused_not_a_deadlock():
+    require_ucx()
+    loop = ucx_loop()
+
+    async def nested() -> str:
+        async def inner() -> str:
+            return "never"
+
+        try:
+            loop.run(inner())
+        except RuntimeError as error:
+            return str(error)
+        return "ran"
+
+    assert "blocked the UCX event loop's own thread" in loop.run(nested())
