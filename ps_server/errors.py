@@ -96,6 +96,10 @@ class WriteLogLockedError(EmberError):
     """Another live process holds this shard's write-ahead log."""
 
 
+class ShardStoppingError(EmberError):
+    """The shard is shutting down and takes no new request (retry it elsewhere or later)."""
+
+
 class ClockTimeoutError(EmberError):
     """A request waited past its deadline for other ranks of its job (named in the message)."""
 
@@ -127,6 +131,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     WriteLogLockedError: Status.FAILED_PRECONDITION,
     PermissionDeniedError: Status.PERMISSION_DENIED,
     ClockTimeoutError: Status.DEADLINE_EXCEEDED,
+    ShardStoppingError: Status.UNAVAILABLE,
     TooManyJobsError: Status.RESOURCE_EXHAUSTED,
     ReplicaReleasedError: Status.FAILED_PRECONDITION,
 }

@@ -9,6 +9,9 @@ short, too long or too slow, a lost peer) is answered if it can be and ends
 that endpoint only. At most ``workers`` frames are held at once, however many
 endpoints peers open; a frame's payload must arrive, and its reply be sent,
 within :data:`TRANSFER_DEADLINE_S` each (the handler itself is not bounded).
+Once closing, as gRPC's stop does, the listener takes no new connection and
+answers a frame that arrives on an open one UNAVAILABLE (the client may retry
+elsewhere), while frames already taken get the grace period to finish.
 
 UCX listens on every interface (its listener takes a port, not an address):
 shield the port as you would the gRPC one.
@@ -19,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from ember.ps_server.errors import EmberError, Status, status_for
+from ember.ps_server.errors import EmberError, ShardStoppingError, Status, status_for
 from ember.ps_server.ucx import (
     UcxUnavailableError,
     close_endpoint,
@@ -80,6 +84,7 @@ class UcxListener:
         self._busy = 0
         self._idle = self._loop.run(_event())
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ember-ucx")
+        self.closing = threading.Event()  # set as close() begins: new frames are refused
         try:
             self._listener = self._loop.run(self._listen(port))
         except (*self._errors, OSError, RuntimeError) as error:
@@ -91,8 +96,9 @@ class UcxListener:
         return self._ucx.create_listener(self._serve, port=port, endpoint_error_handling=True)
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop taking connections, let frames being handled finish within ``grace_s``, then
-        close every endpoint."""
+        """Stop taking connections and frames, let frames being handled finish within
+        ``grace_s``, then close every endpoint."""
+        self.closing.set()
         self._loop.run(self._close(grace_s))
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -108,11 +114,14 @@ class UcxListener:
         await asyncio.gather(*self._serving, return_exceptions=True)
 
     async def _serve(self, endpoint: Any) -> None:
+        if self.closing.is_set():  # accepted as the listener closed
+            await close_endpoint(endpoint, self._errors)
+            return
         task = asyncio.current_task()
         self._serving.add(task)
         try:
-            while True:
-                await self._serve_one(endpoint)
+            while await self._serve_one(endpoint):
+                pass
         except self._errors:
             pass  # the peer went away
         except FrameError as error:
@@ -121,8 +130,9 @@ class UcxListener:
             self._serving.discard(task)
             await close_endpoint(endpoint, self._errors)
 
-    async def _serve_one(self, endpoint: Any) -> None:
-        """Answer one frame (FrameError: the endpoint can no longer be trusted)."""
+    async def _serve_one(self, endpoint: Any) -> bool:
+        """Answer one frame; whether the endpoint goes on (FrameError: it can no longer be
+        trusted)."""
         raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
         await endpoint.recv(raw)
         try:
@@ -130,6 +140,9 @@ class UcxListener:
         except FrameError as error:
             await self._reply_error(endpoint, _UNREAD_REQUEST, error)
             raise
+        if self.closing.is_set():  # its payload is not read: the endpoint ends after this
+            await self._reply_error(endpoint, header, ShardStoppingError("the shard is stopping"))
+            return False
         async with self._slots:
             self._busy += 1
             self._idle.clear()
@@ -139,6 +152,7 @@ class UcxListener:
                 self._busy -= 1
                 if not self._busy:
                     self._idle.set()
+        return True
 
     async def _answer(self, endpoint: Any, header: FrameHeader) -> None:
         payload = np.empty(header.payload_bytes, dtype=np.uint8)
