@@ -8,6 +8,7 @@ from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_request,
@@ -138,7 +139,8 @@ def test_an_update_returns_the_refresh_rows_its_clock_changed():
     duplicate, refreshed, _ = update(server, 0, [4, 9], np.ones((2, 3)), world=1,
                                      refresh=[[1, 9, 7, 4]])  # fmt: skip
     assert duplicate is False
-    ((positions, rows),) = refreshed
+    ((positions, rows, dtype),) = refreshed
+    assert dtype == RowDtype.FLOAT32
     assert positions.tolist() == [1, 3]  # 9 and 4 changed; 1 and 7 did not
     np.testing.assert_array_equal(rows, lookup(server, [9, 4])[0])
 
