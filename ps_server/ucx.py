@@ -115,9 +115,17 @@ class LoopThread:
         Raises:
             RuntimeError: called on the loop's own thread (it would wait for itself).
         """
-        if threading.current_thread() is self._thread:
+        try:
+            self.check_not_on_loop("a UCX call")
+        except RuntimeError:
             coroutine.close()
-            raise RuntimeError(
-                "a UCX call blocked the UCX event loop's own thread; call it from another thread"
-            )
+            raise
         return self.submit(coroutine).result()
+
+    def check_not_on_loop(self, what: str) -> None:
+        """Raise RuntimeError on the loop's own thread, where waiting for the loop would
+        wait forever."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                f"{what} blocked the UCX event loop's own thread; call it from another thread"
+            )

@@ -76,8 +76,9 @@ def ucx_address(endpoint: str, planes: Sequence[DataPlaneAddress]) -> DataPlaneA
 def _locator(grpc: Transport, endpoints: Sequence[str], timeout_s: float):
     """Asks shard k for its UCX listener again, over gRPC (it may have restarted elsewhere)."""
 
-    def locate(shard: int) -> DataPlaneAddress:
-        reply = grpc.call(ShardCall(shard, "Stats", pb.StatsRequest(without_sizes=True)), timeout_s)
+    def locate(shard: int, within_s: float) -> DataPlaneAddress:
+        stats = ShardCall(shard, "Stats", pb.StatsRequest(without_sizes=True))
+        reply = grpc.call(stats, min(timeout_s, within_s))
         planes = [DataPlaneAddress.from_proto(plane) for plane in reply.data_planes]
         address = ucx_address(endpoints[shard], planes)
         if address is None:

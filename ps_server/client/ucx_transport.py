@@ -7,9 +7,12 @@ deadline, is closed, never reused, so a late reply cannot answer a later
 call. Failures map to the statuses gRPC gives: a lost or unreachable peer is
 UNAVAILABLE (retried by the caller; a retried Update is deduplicated by its
 clock on the shard), and the shard's address is asked for again before the
-next connection, so a restarted shard is found on its new port; a deadline
-is DEADLINE_EXCEEDED; a request over the message limit RESOURCE_EXHAUSTED;
-a reply that cannot be read INTERNAL; closing the client CANCELLED.
+next connection, so a restarted shard is found on its new port (one lookup
+per shard at a time, however many calls wait for it). One deadline covers a
+call: no reply by then is DEADLINE_EXCEEDED; no connection (or no new address)
+by then is UNAVAILABLE, so it is retried. A request over the message limit
+(this client's, or the shard's where smaller) is RESOURCE_EXHAUSTED; a reply
+that cannot be read INTERNAL; closing the client CANCELLED.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class UcxTransport:
         addresses: every shard's UCX listener (its host filled in).
         max_message_bytes: the largest request or reply, both ways (a request is also
             held to the shard's own limit, where its listener says it).
-        locate: asks shard k for its listener's address again (after it was lost).
+        locate: asks shard k for its listener's address again (after it was lost), within
+            a timeout in seconds.
     """
 
     name = "ucx"
@@ -66,7 +70,7 @@ class UcxTransport:
         self,
         addresses: Sequence[DataPlaneAddress],
         max_message_bytes: int,
-        locate: Callable[[int], DataPlaneAddress],
+        locate: Callable[[int, float], DataPlaneAddress],
     ) -> None:
         self._ucx = load_ucx()
         self._errors = ucx_errors(self._ucx)
@@ -80,6 +84,7 @@ class UcxTransport:
         self._inflight: set[concurrent.futures.Future] = set()
         self._lock = threading.Lock()
         self._closed = False
+        self._locating: dict[int, asyncio.Future] = {}  # shards being asked where they are
 
     def connect(self, timeout_s: float) -> None:
         """Open one endpoint to every shard now (to find out whether UCX reaches them).
@@ -94,6 +99,7 @@ class UcxTransport:
     def call(self, call: ShardCall, timeout_s: float) -> Any:
         """The decoded reply of a Lookup or Update ``call`` (its request ends with the trailer)."""
         self._check_size(call)  # against the limit last heard; again once connected
+        self._loop.check_not_on_loop("a UCX call")
         with self._lock:
             if self._closed:
                 raise TransportError(Status.CANCELLED, "the client is closed")
@@ -157,8 +163,11 @@ class UcxTransport:
         except asyncio.CancelledError:
             await close_endpoint(endpoint, self._errors)
             raise
-        if reply.request_id == 0:  # the shard could not read our header and closed its end
+        if reply.request_id == 0 or reply.status == Status.UNAVAILABLE:
+            # the shard could not read our header, or is stopping: it closes its end
             await close_endpoint(endpoint, self._errors)
+            if reply.status == Status.UNAVAILABLE:
+                self._lost[call.shard] = True
         else:
             self._idle[call.shard].append(endpoint)
         if reply.status != Status.OK:
@@ -197,12 +206,10 @@ class UcxTransport:
     async def _connect(self, shard: int, deadline: float) -> Any:
         """A new endpoint to ``shard`` by ``deadline`` (the loop's clock), its address asked
         for again if the last one was lost."""
+        if self._lost[shard]:
+            await self._relocate(shard, deadline)
         try:
             async with asyncio.timeout_at(deadline):
-                if self._lost[shard]:
-                    loop = asyncio.get_running_loop()
-                    self._addresses[shard] = await loop.run_in_executor(None, self._locate, shard)
-                    self._lost[shard] = False
                 plane = self._addresses[shard]
                 return await self._ucx.create_endpoint(
                     plane.host, plane.port, endpoint_error_handling=True
@@ -214,9 +221,29 @@ class UcxTransport:
                 Status.UNAVAILABLE,
                 f"cannot connect to UCX listener {plane.host}:{plane.port}: {error!r}",
             ) from None
-        except TransportError:
-            self._lost[shard] = True
-            raise
+
+    async def _relocate(self, shard: int, deadline: float) -> None:
+        """Ask ``shard`` over gRPC where its listener is now, by ``deadline``; calls that need
+        it meanwhile wait for the same answer.
+
+        Raises:
+            TransportError: UNAVAILABLE, no answer by the deadline or no listener offered.
+        """
+        loop = asyncio.get_running_loop()
+        asking = self._locating.get(shard)
+        if asking is None:
+            remaining = max(0.001, deadline - loop.time())
+            asking = loop.run_in_executor(None, self._locate, shard, remaining)
+            self._locating[shard] = asking
+            asking.add_done_callback(lambda _: self._locating.pop(shard, None))
+        try:
+            async with asyncio.timeout_at(deadline):
+                self._addresses[shard] = await asyncio.shield(asking)
+        except TimeoutError:
+            raise TransportError(
+                Status.UNAVAILABLE, f"shard {shard} did not say where its UCX listener is in time"
+            ) from None
+        self._lost[shard] = False
 
     async def _exchange(
         self, endpoint: Any, request: FrameHeader, message: bytes

@@ -180,11 +180,11 @@ class StepService:
                 f"the log record of job {c.job!r} clock {c.clock} holds gradients that are not "
                 "float32; a shard logs float32 only"
             )
+        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
         if record.replica:
             self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
         job = self.clocks.job(clock)
-        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
         with job.cond:
             if (
                 job.mode == pb.EXACT
@@ -282,12 +282,13 @@ class StepService:
                 positions = np.arange(len(ids), dtype=np.int64)
             else:
                 positions = _positions_in(ids, changed.get(target.spec.name))
-            rows, name = target.read_weights(ids[positions]), f"table {target.spec.name!r}"
+            changed_ids, name = ids[positions], f"table {target.spec.name!r}"
+            rows = target.read_weights(changed_ids)
             try:
-                replies.append((positions, rows_to_wire(rows, dtype, name, ids[positions]), dtype))
+                replies.append((positions, rows_to_wire(rows, dtype, name, changed_ids), dtype))
             except OutOfRangeError:
                 wide = RowDtype.FLOAT32
-                replies.append((positions, rows_to_wire(rows, wide, name, ids[positions]), wide))
+                replies.append((positions, rows_to_wire(rows, wide, name, changed_ids), wide))
         return replies
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:

@@ -143,15 +143,15 @@ class UcxListener:
         if self.closing.is_set():  # its payload is not read: the endpoint ends after this
             await self._reply_error(endpoint, header, ShardStoppingError("the shard is stopping"))
             return False
-        async with self._slots:
-            self._busy += 1
-            self._idle.clear()
-            try:
+        self._busy += 1  # counted while it waits for a slot too: close() lets it finish
+        self._idle.clear()
+        try:
+            async with self._slots:
                 await self._answer(endpoint, header)
-            finally:
-                self._busy -= 1
-                if not self._busy:
-                    self._idle.set()
+        finally:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.set()
         return True
 
     async def _answer(self, endpoint: Any, header: FrameHeader) -> None:

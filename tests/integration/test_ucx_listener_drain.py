@@ -18,38 +18,49 @@ def test_a_closing_listener_finishes_the_frame_in_hand_and_refuses_new_ones():
     require_ucx()
     handling, release = threading.Event(), threading.Event()
 
-    def parked(header: FrameHeader, message: memoryview) -> bytes:
-        handling.set()
-        release.wait(GRACE_S)  # as a lookup parked for another rank's clock
+    def parked_or_echo(header: FrameHeader, message: memoryview) -> bytes:
+        if bytes(message) == b"first":
+            handling.set()
+            release.wait(GRACE_S)  # as a lookup parked for another rank's clock
         return bytes(message) + END_MARK
 
-    listener = UcxListener({Op.LOOKUP: parked}, 1 << 20, workers=4)
+    listener = UcxListener({Op.LOOKUP: parked_or_echo}, 1 << 20, workers=4)
     first, second = RawFrames("127.0.0.1", listener.port), RawFrames("127.0.0.1", listener.port)
-    payload = b"first" + END_MARK
-    answer: list = []
-    asking = threading.Thread(
-        target=lambda: answer.append(
-            first.exchange(FrameHeader(Op.LOOKUP, 1, len(payload)).encode(), payload)
-        )
-    )
-    asking.start()
-    assert handling.wait(GRACE_S)
-    closing = threading.Thread(target=listener.close, args=(GRACE_S,))
-    closing.start()
-    assert listener.closing.wait(GRACE_S)
+    asking = closing = None
+    try:
+        assert _ask(second, 1, b"hello")[1] == b"hello"  # the second endpoint is being served
+        answer: list = []
+        asking = threading.Thread(target=lambda: answer.append(_ask(first, 2, b"first")))
+        asking.start()
+        assert handling.wait(GRACE_S)
+        closing = threading.Thread(target=listener.close, args=(GRACE_S,))
+        closing.start()
+        assert listener.closing.wait(GRACE_S)
 
-    late = b"late" + END_MARK
-    reply = second.exchange(FrameHeader(Op.LOOKUP, 2, len(late)).encode(), late)
-    assert reply is not None
-    header, message = reply
-    assert (header.request_id, header.status) == (2, Status.UNAVAILABLE)
-    assert b"stopping" in message
+        header, message = _ask(second, 3, b"late")
+        assert (header.request_id, header.status) == (3, Status.UNAVAILABLE)
+        assert b"stopping" in message
 
-    release.set()
-    asking.join(GRACE_S)
-    closing.join(GRACE_S)
-    assert not closing.is_alive()
-    (finished,) = answer
-    assert finished is not None and finished[0].status == Status.OK and finished[1] == b"first"
-    first.close()
-    second.close()
+        release.set()
+        asking.join(GRACE_S)
+        closing.join(GRACE_S)
+        assert not closing.is_alive()
+        (finished,) = answer
+        assert finished[0].status == Status.OK and finished[1] == b"first"
+    finally:
+        release.set()
+        for thread in (asking, closing):
+            if thread is not None:
+                thread.join(GRACE_S)
+        if closing is None:
+            listener.close(0)
+        first.close()
+        second.close()
+
+
+def _ask(raw: RawFrames, request_id: int, body: bytes):
+    """One Lookup frame of ``body`` and its reply ``(header, message)``."""
+    payload = body + END_MARK
+    reply = raw.exchange(FrameHeader(Op.LOOKUP, request_id, len(payload)).encode(), payload)
+    assert reply is not None, "the listener closed the endpoint without an answer"
+    return reply
