@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from bench_timing import process_cpu_seconds
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
-from ember.ps_server.ucx import UcxUnavailableError, load_ucx
+from ember.ps_server.ucx import ucx_missing
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM
@@ -139,15 +139,6 @@ def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:
         hit_rate=report["cache_hit_rate"],
         replica_sync_mib=report["bytes_replica_sync"] / 2**20,
     )
-
-
-def ucx_missing() -> str:
-    """Why no UCX binding loads here ('' when one does)."""
-    try:
-        load_ucx()
-    except UcxUnavailableError as error:
-        return str(error)
-    return ""
 
 
 def run_section(

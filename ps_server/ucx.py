@@ -61,6 +61,15 @@ def load_ucx() -> ModuleType:
     )
 
 
+def ucx_missing() -> str:
+    """Why no UCX binding loads here ('' when one does)."""
+    try:
+        load_ucx()
+    except UcxUnavailableError as error:
+        return str(error)
+    return ""
+
+
 def ucx_errors(ucx: ModuleType) -> tuple[type[BaseException], ...]:
     """The exception classes ``ucx`` raises for a failed transfer or a lost peer."""
     exceptions = ucx.exceptions

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.ucx import ucx_missing
 
-from tests.support.raw_frames import require_ucx, ucx_missing
+from tests.support.raw_frames import require_ucx
 from tests.support.redis_server import RedisServer, require_redis_server
 
 

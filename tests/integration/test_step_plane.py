@@ -11,9 +11,9 @@ from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.ucx import ucx_missing
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
-from tests.support.raw_frames import ucx_missing
 from tests.support.reference import ReferenceRow
 
 ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)

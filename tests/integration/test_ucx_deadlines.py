@@ -65,20 +65,15 @@ def test_a_shard_that_never_answers_is_deadline_exceeded_within_the_call_timeout
         [DataPlaneAddress("ucx", "127.0.0.1", silent_listener)], 1 << 20, _unreachable_locate
     )
     try:
-        started = time.monotonic()
-        with pytest.raises(TransportError) as failed:
-            transport.call(ShardCall(0, "Lookup", b"message" + END_MARK, tables=1), TIMEOUT_S)
-        elapsed = time.monotonic() - started
+        failed, elapsed = _failed_call(transport)
     finally:
         transport.close()
-    assert failed.value.status == Status.DEADLINE_EXCEEDED
+    assert failed.status == Status.DEADLINE_EXCEEDED
     assert TIMEOUT_S <= elapsed < TIMEOUT_S + 2.0
 
 
 def test_finding_a_lost_shard_again_counts_against_the_same_deadline(silent_listener):
-    slow_lookup = threading.Event()
-
-    asked: list[float] = []
+    slow_lookup, asked = threading.Event(), []
 
     def locate(shard: int, within_s: float) -> DataPlaneAddress:  # a slow Stats call
         asked.append(within_s)
@@ -88,17 +83,22 @@ def test_finding_a_lost_shard_again_counts_against_the_same_deadline(silent_list
     transport = UcxTransport([DataPlaneAddress("ucx", "127.0.0.1", 1)], 1 << 20, locate)
     transport._lost[0] = True  # as after a broken connection: its address is asked for again
     try:
-        started = time.monotonic()
-        with pytest.raises(TransportError) as failed:
-            transport.call(ShardCall(0, "Lookup", b"message" + END_MARK, tables=1), TIMEOUT_S)
-        elapsed = time.monotonic() - started
+        failed, elapsed = _failed_call(transport)
     finally:
         slow_lookup.set()
         transport.close()
-    assert failed.value.status == Status.UNAVAILABLE  # retryable: the shard was not reached
-    assert "did not say where its UCX listener is in time" in failed.value.details
+    assert failed.status == Status.UNAVAILABLE  # retryable: the shard was not reached
+    assert "did not say where its UCX listener is in time" in failed.details
     assert elapsed < TIMEOUT_S + 2.0  # not the lookup's 5 s
     assert len(asked) == 1 and asked[0] <= TIMEOUT_S  # it was given what was left
+
+
+def _failed_call(transport: UcxTransport) -> tuple[TransportError, float]:
+    """The error of a Lookup to shard 0 with TIMEOUT_S, and the seconds it took."""
+    started = time.monotonic()
+    with pytest.raises(TransportError) as failed:
+        transport.call(ShardCall(0, "Lookup", b"message" + END_MARK, tables=1), TIMEOUT_S)
+    return failed.value, time.monotonic() - started
 
 
 def test_a_blocking_call_on_the_ucx_loop_thread_is_refused_not_a_deadlock():

@@ -7,19 +7,10 @@ import os
 
 import numpy as np
 import pytest
-from ember.ps_server.ucx import UcxUnavailableError, close_endpoint, load_ucx, ucx_errors, ucx_loop
+from ember.ps_server.ucx import close_endpoint, load_ucx, ucx_errors, ucx_loop, ucx_missing
 from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES, FrameHeader
 
 REPLY_LIMIT = 1 << 26
-
-
-def ucx_missing() -> str:
-    """Why no UCX binding loads here ('' when one does)."""
-    try:
-        load_ucx()
-    except UcxUnavailableError as error:
-        return str(error)
-    return ""
 
 
 def require_ucx() -> None:
