@@ -12,17 +12,15 @@ shard) and serves two methods with identity (de)serialisers:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import threading
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
-from ember.ps_server.wire.messages import message_size_options
+from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
+from stand_in_flags import shard_flags, write_ready_file
 
 SERVICE = "ember.bench.Echo"
 
@@ -49,14 +47,10 @@ def _handlers(dim: int, max_rows: int) -> grpc.GenericRpcHandler:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag in ("--shard", "--num-shards", "--port", "--workers", "--max-message-bytes"):
-        parser.add_argument(flag, type=int, default=0)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--ready-file", type=Path, required=True)
+    parser = shard_flags(__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=64)
     args = parser.parse_args()
-    max_bytes = args.max_message_bytes or (64 << 20)
+    max_bytes = args.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
     retain_freed_buffers(max_bytes)  # as a shard does
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=args.workers or 8),
@@ -65,9 +59,7 @@ def main() -> None:
     server.add_generic_rpc_handlers((_handlers(args.dim, max_bytes // (4 * args.dim + 8)),))
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     server.start()
-    tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-    tmp.write_text(json.dumps({"endpoint": f"{args.host}:{port}"}))
-    os.replace(tmp, args.ready_file)
+    write_ready_file(args.ready_file, args.host, port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(0.5):

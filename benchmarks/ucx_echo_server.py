@@ -9,15 +9,14 @@ The ready file names ``host:port`` of the UCX listener.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import signal
 from pathlib import Path
 
 import numpy as np
 from ember.ps_server.ucx import load_ucx, ucx_errors
+from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
+from stand_in_flags import shard_flags, write_ready_file
 
 SIZES = np.dtype("<u8")
 
@@ -40,9 +39,7 @@ async def serve(host: str, port: int, ready_file: Path, max_bytes: int) -> None:
             pass
 
     listener = ucx.create_listener(handle, port=port)
-    tmp = ready_file.with_name(ready_file.name + ".tmp")
-    tmp.write_text(json.dumps({"endpoint": f"{host}:{listener.port}"}))
-    os.replace(tmp, ready_file)
+    write_ready_file(ready_file, host, listener.port)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
@@ -50,13 +47,9 @@ async def serve(host: str, port: int, ready_file: Path, max_bytes: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag in ("--shard", "--num-shards", "--port", "--workers", "--max-message-bytes"):
-        parser.add_argument(flag, type=int, default=0)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--ready-file", type=Path, required=True)
-    args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port, args.ready_file, args.max_message_bytes or 64 << 20))
+    args = shard_flags(__doc__.splitlines()[0]).parse_args()
+    max_bytes = args.max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
+    asyncio.run(serve(args.host, args.port, args.ready_file, max_bytes))
 
 
 if __name__ == "__main__":
