@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from bench_timing import process_cpu_seconds
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.ucx import ucx_missing
@@ -53,7 +54,8 @@ RUNS = {
     },
     "(d) lru, piggybacked checks": {"cache": "lru", "data_path": "pipeline"},
     "(c1) over UCX": {
-        "cache": "replicated", "data_path": "pipeline", "staleness": 1, "transport": "ucx",
+        "cache": "replicated", "data_path": "pipeline", "staleness": 1,
+        "client": ClientConfig(transport="ucx"),
     },
     "(c1) bfloat16 rows on the wire": {
         "cache": "replicated", "data_path": "pipeline", "staleness": 1, "wire_dtype": "bfloat16",
@@ -150,7 +152,7 @@ def run_section(
     with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
         pids = [p.pid for p in cluster.processes]
         for number, (name, change) in enumerate(RUNS.items()):
-            if change.get("transport") == "ucx" and no_ucx:
+            if "client" in change and change["client"].transport == "ucx" and no_ucx:
                 print(f"  {name}: skipped, UCX does not load here ({no_ucx})")
                 continue
             bounds = {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}

@@ -6,7 +6,6 @@ goes through :func:`env_value`, so the variable names are discoverable here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,11 +40,3 @@ def parse_bool(raw: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError("expected one of 1, true, yes, on, 0, false, no, off")
-
-
-def dataclass_from_env(cls: type[T]) -> T:
-    """An instance of the dataclass ``cls`` whose every field may be set by ``EMBER_<FIELD>``."""
-    defaults = cls()
-    return cls(
-        **{f.name: env_value(f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)}
-    )

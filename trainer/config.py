@@ -6,49 +6,109 @@ import dataclasses
 import os
 
 import torch
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.step_client import MODES
-from ember.ps_server.client.transport import check_transport
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.cache.hot_cache import POLICIES
 from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
+
+from ember.settings import setting
 
 DATA_PATHS = ("auto", "pipeline", "serial")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """What one training run does (every rank gets the same config)."""
+    """What one training run does (every rank gets the same config). Each field but
+    ``endpoints`` and ``client`` is a setting (flag, EMBER_* variable and cluster-file key;
+    see :mod:`ember.settings`), described by its help text."""
 
     endpoints: tuple[str, ...]
-    steps: int = 200
-    batch_size: int = 1024
-    eval_batches: int = 8
-    dim: int = 16
-    optimizer: str = "adagrad"
-    sparse_lr: float = 0.05
-    dense_lr: float = 0.05
-    max_cardinality: int = 200_000
-    zipf_exponent: float = 1.2
-    seed: int = 0
-    criteo_path: str | None = None
-    table_prefix: str = "criteo"
-    progress: bool = True
-    device: str = "auto"
-    heldout_every: int = 10
-    cache: str = "none"
-    cache_mb: float = 16.0
-    pull_bound: int = 0
-    push_bound: int = 0
-    profile_batches: int = 32
-    data_path: str = "auto"
-    staleness: int = 0
-    update_mode: str = "exact"
-    wait_s: float = 120.0
-    torch_threads: int = 0
-    flush_every: int = 1000
-    transport: str = "grpc"
-    wire_dtype: str = "float32"
+    client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
+    steps: int = setting(200, "training steps per rank")
+    batch_size: int = setting(1024, "samples per step and rank")
+    eval_batches: int = setting(8, "held-out batches evaluated on rank 0")
+    dim: int = setting(16, "embedding width")
+    optimizer: str = setting(
+        "adagrad",
+        "sparse optimizer",
+        choices=[kind.lower() for kind in OptimizerKind.__members__],
+    )
+    sparse_lr: float = setting(0.05, "learning rate of the embeddings")
+    dense_lr: float = setting(0.05, "learning rate of the dense layers")
+    max_cardinality: int = setting(200_000, "cap on ids per feature")
+    zipf_exponent: float = setting(1.2, "skew of the synthetic ids")
+    seed: int = setting(0, "seed of the data and the initial parameters")
+    criteo_path: str | None = setting(
+        None,
+        "train on this Criteo TSV file instead of synthetic data; every --heldout-every-th "
+        "line is held out for evaluation",
+        flag="--criteo",
+    )
+    table_prefix: str = setting("criteo", "PS tables are named PREFIX.f0 .. PREFIX.f25")
+    progress: bool = setting(True, "a live progress line on rank 0")
+    device: str = setting(
+        "auto",
+        "cpu, cuda or cuda:N; auto is cuda where torch sees a GPU, else cpu. Under torchrun, "
+        "cuda is cuda:LOCAL_RANK. The process group follows: NCCL on GPUs, gloo on CPUs",
+    )
+    heldout_every: int = setting(
+        10, "with --criteo, line n is held out when n % N == N-1 (default: every tenth)"
+    )
+    cache: str = setting(
+        "none",
+        "hot embeddings: none, static, lru, lfu (caches) or replicated",
+        choices=("none", "replicated", *POLICIES),
+    )
+    cache_mb: float = setting(16.0, "cache memory budget per rank, MiB")
+    pull_bound: int = setting(0, "versions a cached row may lag")
+    push_bound: int = setting(0, "local updates a row may hold back")
+    profile_batches: int = setting(32, "batches the cache profiler samples")
+    data_path: str = setting(
+        "auto",
+        "pipeline (auto): each step's rows are fetched while the previous step computes and "
+        "updates leave in the background, under step clocks for --cache none or replicated; "
+        "the lru, lfu and static caches pull misses early and send their freshness checks "
+        "behind the previous push. serial: pull, compute, push",
+        choices=DATA_PATHS,
+    )
+    staleness: int = setting(
+        0, "pipeline: step t reads every rank's updates of steps <= t-1-S; 0 is exact"
+    )
+    update_mode: str = setting(
+        "exact",
+        "pipeline: exact (the shards sum every rank's gradients of a step into one optimizer "
+        "step per row, as one process would) or async (one step per rank's update)",
+        choices=MODES,
+    )
+    wait_s: float = setting(
+        120.0,
+        "pipeline: how long a shard holds a step for other ranks before it fails, naming the "
+        "ranks it waited for",
+    )
+    torch_threads: int = setting(
+        0,
+        "intra-op threads of this rank's tensor ops (0: torch's default). Use 1 when shards "
+        "share the rank's cores: idle OpenMP threads spin and take their CPU",
+    )
+    flush_every: int = setting(
+        1000,
+        "--cache replicated: write the hot rows stepped since the last write-back to the "
+        "shards every N steps (what a crashed trainer can lose); 0: at the end only",
+    )
+    wire_dtype: str = setting(
+        "float32",
+        "pipeline: how cold rows and their gradients travel; float16 and bfloat16 halve their "
+        "bytes (the shards keep float32 rows and optimizer state). bfloat16 keeps float32's "
+        "range; float16 refuses values beyond 65504",
+        choices=[dtype.name.lower() for dtype in RowDtype],
+    )
+
+    @property
+    def transport(self) -> str:
+        """What carries the step calls (the client config's choice)."""
+        return self.client.transport
 
     def pipelined(self) -> bool:
         """Whether the next step's rows are fetched while a step computes (``auto``: yes).
@@ -90,7 +150,7 @@ class TrainConfig:
             raise ValueError(
                 f"data_path must be one of {', '.join(DATA_PATHS)}, got {self.data_path!r}"
             )
-        check_transport(self.transport)
+        self.client.validate()
         if self.transport == "ucx" and not (
             self.pipelined() and self.cache in ("none", "replicated")
         ):

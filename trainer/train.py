@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig, process_group_backend, resolve_device
@@ -65,7 +64,7 @@ def train(config: TrainConfig) -> dict:
     )
     dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
     reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
-    with PSClient(list(config.endpoints), ClientConfig(transport=config.transport)) as client:
+    with PSClient(list(config.endpoints), config.client) as client:
         for spec in specs:
             client.create_table(spec)
         inner = build_row_source(client, config, specs, data, (rank, world), device)

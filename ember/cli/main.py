@@ -6,7 +6,15 @@ import argparse
 import logging
 import sys
 
-from ember.cli import checkpoint_cmd, cluster_cmd, demo_cmd, doctor_cmd, ps_cmd, train_cmd
+from ember.cli import (
+    certs_cmd,
+    checkpoint_cmd,
+    cluster_cmd,
+    demo_cmd,
+    doctor_cmd,
+    ps_cmd,
+    train_cmd,
+)
 from ember.env import env_value
 
 
@@ -29,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_cmd.register(commands)
     demo_cmd.register(commands)
     doctor_cmd.register(commands)
+    certs_cmd.register(commands)
     return parser
 
 

@@ -4,38 +4,43 @@ from __future__ import annotations
 
 import dataclasses
 
-from ember.ps_server.client.transport import check_transport
+from ember.ps_server.client.transport import TRANSPORTS, check_transport
+from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
-from ember.env import dataclass_from_env
+from ember.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
-    """How a PSClient talks to shards.
+    """How a PSClient talks to shards: each field is a setting (flag, EMBER_* variable and
+    cluster-file key; see :mod:`ember.settings`), described by its help text."""
 
-    Attributes:
-        timeout_s: deadline of each RPC.
-        max_attempts: tries per RPC when a shard is UNAVAILABLE (1 = no retry).
-        initial_backoff_s: wait before the first retry; doubles each retry.
-        max_backoff_s: longest wait between retries.
-        max_message_bytes: largest request or reply; bigger batches are chunked.
-        transport: what carries the step calls (Lookup, Update): ``grpc``, ``ucx``
-            (every shard must offer a UCX listener), or ``auto`` (UCX where every shard
-            offers it and UCX loads here, else gRPC, said once).
-    """
-
-    timeout_s: float = 30.0
-    max_attempts: int = 5
-    initial_backoff_s: float = 0.05
-    max_backoff_s: float = 2.0
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    transport: str = "grpc"
-
-    @classmethod
-    def from_env(cls) -> ClientConfig:
-        """Defaults overridden by EMBER_TIMEOUT_S, EMBER_MAX_ATTEMPTS, ..."""
-        return dataclass_from_env(cls)
+    timeout_s: float = setting(30.0, "deadline of each call to a shard, seconds")
+    max_attempts: int = setting(5, "tries per call while a shard is UNAVAILABLE (1: no retry)")
+    initial_backoff_s: float = setting(0.05, "wait before the first retry; doubles each retry")
+    max_backoff_s: float = setting(2.0, "longest wait between retries")
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES, "largest request or reply; bigger batches are split"
+    )
+    transport: str = setting(
+        "grpc",
+        "what carries the step calls (Lookup, Update): grpc, ucx (shards started with --ucx), "
+        "or auto (ucx where every shard offers it and UCX loads here, else grpc, said once)",
+        choices=TRANSPORTS,
+    )
+    tls_ca: str = setting(
+        "", "PEM CA bundle that signed the shards' certificates: connect with TLS, verified"
+    )
+    tls_cert: str = setting(
+        "", "PEM client certificate for shards that require mutual TLS (with --tls-key)"
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert")
+    token_file: str = setting(
+        "",
+        "file holding the cluster's shared token, sent on every call; or put the token "
+        f"itself in {TOKEN_ENV}",
+    )
 
     def validate(self) -> None:
         """Raise ValueError naming the first field out of range."""
@@ -48,3 +53,7 @@ class ClientConfig:
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
         check_transport(self.transport)
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_cert and not self.tls_ca:
+            raise ValueError("tls_cert (mutual TLS) needs tls_ca to verify the shards with")

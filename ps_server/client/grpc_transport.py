@@ -6,8 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.transport import ShardCall, TransportError
 from ember.ps_server.errors import Status
+from ember.ps_server.security.channels import open_channel
+from ember.ps_server.security.credentials import load_token
 from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import decode_pull_reply
 from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
@@ -41,21 +44,43 @@ class _DataPathStub(pb_grpc.ParameterServerStub):
         )
 
 
+# What a connection that the shard closed during setup most likely means.
+_PLAINTEXT_HINT = (
+    " (the shard closed the connection during setup: if it serves TLS, connect with --tls-ca)"
+)
+_TLS_HINT = (
+    " (the TLS handshake failed: the shard may require mutual TLS, with a client certificate "
+    "(--tls-cert, --tls-key) that its --tls-client-ca signed and that is still valid)"
+)
+
+
+def _closed_while_connecting(details: str) -> bool:
+    return "failed to connect" in details and ("Socket closed" in details or "andshake" in details)
+
+
 class GrpcTransport:
     """Calls to the shards at ``endpoints`` (shard k at ``endpoints[k]``) over gRPC.
 
     Args:
         endpoints: ``host:port`` of every shard.
-        max_message_bytes: the largest request or reply, both ways.
+        config: the message limit (both ways), TLS files and token file.
+
+    Raises:
+        ValueError: a TLS or token file that cannot be read, or a token too weak.
     """
 
     name = "grpc"
     trailer = b""
 
-    def __init__(self, endpoints: Sequence[str], max_message_bytes: int) -> None:
-        options = message_size_options(max_message_bytes)
-        self._channels = [grpc.insecure_channel(e, options=options) for e in endpoints]
+    def __init__(self, endpoints: Sequence[str], config: ClientConfig) -> None:
+        options = message_size_options(config.max_message_bytes)
+        token = load_token(config.token_file)
+        self._channels = [
+            open_channel(e, options, config.tls_ca, config.tls_cert, config.tls_key, token)
+            for e in endpoints
+        ]
         self._stubs = [_DataPathStub(channel) for channel in self._channels]
+        self._connect_hint = _TLS_HINT if config.tls_ca else _PLAINTEXT_HINT
 
     def call(self, call: ShardCall, timeout_s: float) -> Any:
         """The decoded reply of ``call``; a gRPC error becomes a TransportError of its status."""
@@ -63,7 +88,10 @@ class GrpcTransport:
         try:
             return method(call.request, timeout=timeout_s)
         except grpc.RpcError as error:
-            raise TransportError(Status(error.code().value[0]), error.details() or "") from None
+            details = error.details() or ""
+            if _closed_while_connecting(details):
+                details += self._connect_hint
+            raise TransportError(Status(error.code().value[0]), details) from None
 
     def close(self) -> None:
         """Close the channels."""

@@ -42,7 +42,7 @@ class ShardRPC:
     def __init__(self, endpoints: Sequence[str], config: ClientConfig) -> None:
         self.endpoints = list(endpoints)
         self.config = config
-        self._grpc = GrpcTransport(self.endpoints, config.max_message_bytes)
+        self._grpc = GrpcTransport(self.endpoints, config)
         self._data: Transport = self._grpc
         self._data_lock = threading.Lock()
         self._fan_out = FanOut(max_workers=max(8, 2 * len(self.endpoints)))

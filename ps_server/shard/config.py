@@ -3,77 +3,102 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
+from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.stores import check_store_url
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
-from ember.env import dataclass_from_env
+from ember.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardConfig:
-    """How one shard process serves.
+    """How one shard process serves: each field is a setting (flag, EMBER_* variable and
+    cluster-file key; see :mod:`ember.settings`), described by its help text."""
 
-    Attributes:
-        shard: this shard's index, 0-based.
-        num_shards: number of shards in the cluster.
-        host: address to bind.
-        port: port to bind; 0 picks a free one (reported in the ready file).
-        workers: gRPC handler threads. A step request that waits for other ranks
-            (see the .proto's clocks) holds one while it waits.
-        max_message_bytes: largest request or reply.
-        dedup_window: recent push request ids remembered per table.
-        torch_threads: intra-op threads of the shard's tensor ops. Shard work
-            is memory-bound and requests already run on ``workers`` threads;
-            more intra-op threads mostly spin, stealing cores from the
-            handlers (and, on one machine, from trainers).
-        store: where table rows live: ``memory``, a ``redis://`` / ``rediss://``
-            URL, or ``tiered+redis://...?capacity=ROWS`` (see ``open_store``).
-        restore: a checkpoint directory, or a root whose newest checkpoint is
-            restored before serving ('' for none); any shard count.
-        wal: write-ahead log directory ('' for none): every write request is
-            logged before it is applied and acknowledged; at start the shard
-            restores the log's base checkpoint and replays the log.
-        wal_fsync: ``always`` (fsync before acknowledging, group commit) or
-            ``interval`` (fsync every ``wal_fsync_interval_s``).
-        wal_fsync_interval_s: fsync period under ``interval``.
-        checkpoint_root: the directory checkpoint requests may write under
-            ('' refuses them all); paths resolving outside it are refused.
-        accept_empty_store: when the Redis behind ``store`` loses this shard's
-            rows (restarted without persistence, flushed, replaced) go on from
-            initial rows; by default the shard stops serving and says why.
-        ucx: also serve the step calls (Lookup, Update) on a UCX listener, advertised
-            to clients in the Stats reply (needs ``ember-ps[ucx]``).
-        ucx_port: the UCX listener's port; 0 picks a free one.
-        ucx_host: the address clients reach the UCX listener at ('' : the same host as
-            the gRPC endpoint), e.g. the IPoIB or RoCE address on a host whose gRPC
-            address is on another network.
-    """
-
-    shard: int = 0
-    num_shards: int = 1
-    host: str = "127.0.0.1"
-    port: int = 0
-    workers: int = 32
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    dedup_window: int = 65536
-    torch_threads: int = 1
-    store: str = "memory"
-    restore: str = ""
-    wal: str = ""
-    wal_fsync: str = "interval"
-    wal_fsync_interval_s: float = 0.05
-    checkpoint_root: str = ""
-    accept_empty_store: bool = False
-    ucx: bool = False
-    ucx_port: int = 0
-    ucx_host: str = ""
-
-    @classmethod
-    def from_env(cls) -> ShardConfig:
-        """Defaults overridden by EMBER_SHARD, EMBER_NUM_SHARDS, EMBER_HOST, EMBER_PORT, ..."""
-        return dataclass_from_env(cls)
+    shard: int = setting(0, "this shard's index, 0-based")
+    num_shards: int = setting(1, "shards in the cluster")
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(0, "port; 0 picks a free one (reported in the ready file)")
+    workers: int = setting(
+        32,
+        "gRPC handler threads; a step request that waits for other ranks' clocks holds one "
+        "while it waits",
+    )
+    max_message_bytes: int = setting(
+        DEFAULT_MAX_MESSAGE_BYTES, f"largest request or reply (default {DEFAULT_MAX_MESSAGE_BYTES})"
+    )
+    dedup_window: int = setting(65536, "recent push request ids remembered per table")
+    torch_threads: int = setting(
+        1,
+        "intra-op threads of tensor ops; shard work is memory-bound and already runs on the "
+        "handler threads, so more mostly spin and take cores from handlers and trainers",
+    )
+    store: str = setting(
+        "memory",
+        "where rows live: memory, redis://[user:password@]host:port/db, rediss://..., or "
+        "tiered+redis://...?capacity=ROWS for a memory tier of ROWS rows in front of Redis "
+        "(give a password through the environment, not the command line)",
+    )
+    restore: str = setting(
+        "",
+        "restore this checkpoint (or the newest under this root) before serving; the "
+        "checkpoint may come from another shard count",
+    )
+    wal: str = setting(
+        "",
+        "write-ahead log directory: log every write before acknowledging it, and at start "
+        "restore the log's checkpoint and replay it",
+    )
+    wal_fsync: str = setting(
+        "interval",
+        "always: fsync before each acknowledgement (group commit); interval: fsync every "
+        "--wal-fsync-interval-s",
+        choices=FSYNC_POLICIES,
+    )
+    wal_fsync_interval_s: float = setting(0.05, "fsync period under --wal-fsync interval")
+    checkpoint_root: str = setting(
+        "",
+        "the only directory checkpoint requests may write under (absolute); without it the "
+        "shard refuses checkpoints",
+    )
+    accept_empty_store: bool = setting(
+        False,
+        "when Redis loses this shard's rows while it serves (restarted without persistence, "
+        "flushed), go on from initial rows instead of refusing to serve",
+    )
+    ucx: bool = setting(
+        False,
+        "also serve Lookup and Update over UCX, advertised to clients (needs "
+        "pip install 'ember-ps[ucx]')",
+    )
+    ucx_port: int = setting(0, "the UCX listener's port; 0 picks a free one")
+    ucx_host: str = setting(
+        "",
+        "the address clients reach the UCX listener at, e.g. the IPoIB or RoCE address; "
+        "default: the host of the gRPC endpoint",
+    )
+    tls_cert: str = setting(
+        "", "PEM certificate to serve TLS with (with --tls-key); clients verify it by its CA"
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert")
+    tls_client_ca: str = setting(
+        "",
+        "PEM CA bundle: require mutual TLS, accepting only client certificates it signed "
+        "(needs --tls-cert)",
+    )
+    token_file: str = setting(
+        "",
+        "file holding the shared token that every call but health must carry; or put the "
+        f"token itself in {TOKEN_ENV}",
+    )
+    ucx_unauthenticated: bool = setting(
+        False,
+        "allow --ucx beside TLS or a token: the UCX data plane carries neither, so its port "
+        "must only be reachable from a network you trust",
+    )
 
     def validate(self) -> None:
         """Raise ValueError naming the first field out of range."""
@@ -101,4 +126,23 @@ class ShardConfig:
         if self.checkpoint_root and not self.checkpoint_root.startswith("/"):
             raise ValueError(
                 f"checkpoint_root must be an absolute path, got {self.checkpoint_root!r}"
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+
+    def authenticated(self) -> bool:
+        """Whether calls need TLS or a token (the token may also come from the environment)."""
+        return bool(self.tls_cert or self.token_file or os.environ.get(TOKEN_ENV, "").strip())
+
+    def check_ucx_trust(self) -> None:
+        """Refuse UCX beside TLS or a token unless ``ucx_unauthenticated`` says the network is
+        trusted: the UCX data plane carries neither, so it would be an open side door."""
+        if self.ucx and self.authenticated() and not self.ucx_unauthenticated:
+            raise ValueError(
+                "--ucx beside TLS or a token: the UCX data plane is neither encrypted nor "
+                "authenticated, so anyone who reaches its port could read and write rows. Add "
+                "--ucx-unauthenticated where only a trusted network reaches it "
+                "(docs/bare-metal-rdma.md, 'Trust boundary')"
             )

@@ -15,6 +15,8 @@ import grpc
 import torch
 from ember.kernels.loader import native_ops_available
 from ember.ps_server.durability.recovery import recover
+from ember.ps_server.security.credentials import load_token
+from ember.ps_server.security.server import TokenInterceptor, server_credentials
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.shard.server import ParameterServer
@@ -63,6 +65,14 @@ class ShardServer:
     def start(cls, config: ShardConfig) -> ShardServer:
         """Bind, register the services and start serving."""
         config.validate()
+        config.check_ucx_trust()
+        # Read the credentials before recovery, which may take long, so a bad file fails fast.
+        token = load_token(config.token_file)
+        credentials = (
+            server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            if config.tls_cert
+            else None
+        )
         torch.set_num_threads(config.torch_threads)
         retain_freed_buffers(config.max_message_bytes)
         native_ops_available()  # build or load the native ops before the first request waits on it
@@ -78,7 +88,9 @@ class ShardServer:
         recover(logic, config)
         ucx_listener = _start_ucx_listener(config, logic)
         try:
-            grpc_server, port, health_servicer = cls._start_grpc(config, logic, ucx_listener)
+            grpc_server, port, health_servicer = cls._start_grpc(
+                config, logic, ucx_listener, token, credentials
+            )
         except BaseException:
             if ucx_listener is not None:
                 ucx_listener.close(grace_s=0)
@@ -88,7 +100,11 @@ class ShardServer:
 
     @staticmethod
     def _start_grpc(
-        config: ShardConfig, logic: ParameterServer, ucx_listener: UcxListener | None
+        config: ShardConfig,
+        logic: ParameterServer,
+        ucx_listener: UcxListener | None,
+        token: bytes | None,
+        credentials: grpc.ServerCredentials | None,
     ) -> tuple[grpc.Server, int, health.HealthServicer]:
         planes = (
             [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port, config.max_message_bytes)]
@@ -98,6 +114,7 @@ class ShardServer:
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),
+            interceptors=[TokenInterceptor(token)] if token else [],
         )
         grpc_server.add_generic_rpc_handlers(
             (method_handlers(ParameterServerServicer(logic, planes)),)
@@ -107,7 +124,11 @@ class ShardServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
         )
-        port = grpc_server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if credentials is not None:
+            port = grpc_server.add_secure_port(address, credentials)
+        else:
+            port = grpc_server.add_insecure_port(address)
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
         grpc_server.start()

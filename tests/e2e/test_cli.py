@@ -92,7 +92,7 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
         (["demo", "--batch-size", "0"], "batch_size must be >= 1"),
         (
             ["train", "--endpoints", "127.0.0.1:1", "--optimizer", "lion"],
-            "optimizer must be one of",
+            "--optimizer: invalid choice: 'lion'",
         ),
         (["train"], "give --endpoints or --endpoints-file"),
         (["checkpoint", "--dir", "/tmp/x"], "give --endpoints or --endpoints-file"),

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 import torch
+from ember.ps_server.client.config import ClientConfig
 from ember.trainer.config import TrainConfig
 
 from ember.cli.main import build_parser
@@ -14,7 +15,12 @@ def test_train_argv_round_trips_every_config_field():
         optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
         criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
         pull_bound=3, push_bound=4, profile_batches=2, device="cpu", heldout_every=7,
-        data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10, transport="auto",
+        data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10,
+        client=ClientConfig(
+            timeout_s=3.5, max_attempts=2, initial_backoff_s=0.5, max_backoff_s=4.0,
+            max_message_bytes=1 << 20, transport="auto", tls_ca="/pki/ca.pem",
+            tls_cert="/pki/client.pem", tls_key="/pki/client.key", token_file="/pki/token",
+        ),
     )  # fmt: skip
     pipelined = dataclasses.replace(
         cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async",
@@ -28,9 +34,16 @@ def test_train_argv_round_trips_every_config_field():
         changed |= {
             f.name
             for f in dataclasses.fields(config)
-            if getattr(config, f.name) != getattr(defaults, f.name)
+            if f.name != "client" and getattr(config, f.name) != getattr(defaults, f.name)
         }
-    assert changed == {f.name for f in dataclasses.fields(TrainConfig)} - {"endpoints"}
+        changed |= {
+            f"client.{f.name}"
+            for f in dataclasses.fields(ClientConfig)
+            if getattr(config.client, f.name) != getattr(defaults.client, f.name)
+        }
+    every_setting = {f.name for f in dataclasses.fields(TrainConfig)} - {"endpoints", "client"}
+    every_setting |= {f"client.{f.name}" for f in dataclasses.fields(ClientConfig)}
+    assert changed == every_setting
 
 
 @pytest.mark.parametrize(
@@ -87,7 +100,8 @@ def test_devices_resolve_and_the_process_group_follows_them(monkeypatch):
     ids=["lru", "static", "serial"],
 )
 def test_ucx_is_refused_where_rows_travel_by_pull_and_push(change):
-    config = TrainConfig(endpoints=("127.0.0.1:1",), transport="ucx", **change)
+    ucx = ClientConfig(transport="ucx")
+    config = TrainConfig(endpoints=("127.0.0.1:1",), client=ucx, **change)
     with pytest.raises(ValueError, match="transport ucx carries the step calls only"):
         config.validate()
-    TrainConfig(endpoints=("127.0.0.1:1",), transport="ucx", cache="replicated").validate()
+    TrainConfig(endpoints=("127.0.0.1:1",), client=ucx, cache="replicated").validate()
