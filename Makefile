@@ -20,6 +20,7 @@ test: export EMBER_EXTRAS = dev,ucx
 test: export EMBER_REQUIRE_UCX = 1
 test: setup
 	@bash scripts/setup-redis.sh
+	@bash scripts/setup-compose.sh
 	@# Build the native ops once, before any test or shard needs them.
 	$(VENV)/bin/ember doctor
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

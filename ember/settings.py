@@ -112,12 +112,13 @@ def settings_from_args(cls: type[T], args: argparse.Namespace, **given: Any) -> 
     return cls(**values, **given)
 
 
-def settings_argv(config: Any, skip: Sequence[str] = ()) -> list[str]:
-    """Flags that give every setting of ``config`` that differs from its default, but ``skip``."""
+def settings_argv(config: Any, skip: Sequence[str] = (), always: Sequence[str] = ()) -> list[str]:
+    """Flags that give every setting of ``config`` that differs from its default (and those
+    in ``always`` even when not), but none in ``skip``."""
     argv: list[str] = []
     for field in settings_of(type(config)):
         value = getattr(config, field.name)
-        if field.name in skip or value == field.default:
+        if field.name in skip or (value == field.default and field.name not in always):
             continue
         if isinstance(value, bool):
             argv.append(flag_of(field) if value else "--no-" + flag_of(field)[2:])

@@ -22,6 +22,13 @@ _READY_TIMEOUT_S = 60.0
 _READY_POLL_S = 0.02
 
 
+def write_endpoints_file(endpoints: Sequence[str], path: Path) -> None:
+    """Write ``{"endpoints": [...]}`` as JSON, atomically (``--endpoints-file`` reads it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"endpoints": list(endpoints)}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 class ClusterError(RuntimeError):
     """A shard process failed to start or exited early."""
 
@@ -97,12 +104,6 @@ class LocalCluster:
         ready = self._launch(shard, replace=True, port=port)
         self.endpoints[shard] = self._await_ready(shard, ready)
         return self.endpoints[shard]
-
-    def write_endpoints(self, path: Path) -> None:
-        """Write ``{"endpoints": [...]}`` as JSON, atomically."""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"endpoints": self.endpoints}, indent=2) + "\n")
-        os.replace(tmp, path)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM every shard, wait for a graceful exit, SIGKILL stragglers."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
 from ember.env import env_value
+from ember.ps_server.client.config import ClientConfig
+from ember.settings import add_setting_flags, settings_from_args
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -42,27 +44,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a training job that died holding hot-row replicas: stop waiting for it (its "
         "rows are in the checkpoint as last written back); repeatable",
     )
-    parser.add_argument(
-        "--timeout-s",
-        type=float,
-        default=600.0,
-        help="deadline of each shard's write (default 600)",
-    )
+    add_setting_flags(parser, ClientConfig)
+    # A shard's write of a large table takes long; the client's default suits training calls.
+    parser.set_defaults(timeout_s=env_value("TIMEOUT_S", 600.0))
     add_endpoint_flags(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Take the checkpoint and print its directory."""
-    from ember.ps_server.client.config import ClientConfig
     from ember.ps_server.client.ps_client import PSClient
     from ember.ps_server.errors import PSClientError
 
     endpoints = endpoints_from_args(args, "checkpoint")
-    if not args.timeout_s > 0:
-        raise SystemExit(f"ember checkpoint: --timeout-s must be > 0, got {args.timeout_s}")
     try:
-        with PSClient(endpoints, ClientConfig(timeout_s=args.timeout_s)) as client:
+        with PSClient(endpoints, settings_from_args(ClientConfig, args)) as client:
             directory = client.checkpoint(
                 args.dir,
                 incremental=args.incremental,

@@ -12,6 +12,7 @@ from ember.cli import (
     cluster_cmd,
     demo_cmd,
     doctor_cmd,
+    health_cmd,
     ps_cmd,
     train_cmd,
 )
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.register(commands)
     doctor_cmd.register(commands)
     certs_cmd.register(commands)
+    health_cmd.register(commands)
     return parser
 
 

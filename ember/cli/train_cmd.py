@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if report["rank"] == 0:
         print_summary(report)
         if args.report is not None:
+            args.report.parent.mkdir(parents=True, exist_ok=True)
             args.report.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +146,14 @@ def test_health_answers_without_a_token(tls_shard, pki):
             health_pb2.HealthCheckRequest(), timeout=10
         )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    command = [sys.executable, "-m", "ember.cli.main", "health", tls_shard.endpoints[0]]
+    checked = subprocess.run(
+        [*command, "--tls-ca", str(pki["good"]["ca.pem"])],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (checked.returncode, checked.stdout.split()[-1]) == (0, "SERVING"), checked.stderr
+    plaintext = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert plaintext.returncode == 1 and "UNAVAILABLE" in plaintext.stdout
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,94 @@
+"""The cluster file as local processes: Redis, the shards, and the trainer job under torchrun."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Self
+
+from ember.deploy.cluster_file import ClusterSpec
+from ember.deploy.redis_process import RedisProcess
+from ember.deploy.topology import Placement, shard_config, trainer_module_args
+from ember.ps_server.cluster import LocalCluster
+from ember.settings import settings_argv
+
+# Set per shard by LocalCluster itself.
+_PER_SHARD = ("shard", "num_shards", "host", "port")
+
+
+class LocalDeployment:
+    """Starts a cluster spec's Redis and shards on loopback; runs its trainer job on demand.
+
+    Args:
+        spec: the cluster.
+        workdir: where Redis's data, the shards' WAL, checkpoints and logs, and the
+            trainer's log and report go (created).
+
+    Example:
+        >>> with LocalDeployment(load_cluster_file(path), Path("run")) as cluster:  # doctest: +SKIP
+        ...     status = cluster.run_trainer()
+    """
+
+    def __init__(self, spec: ClusterSpec, workdir: Path) -> None:
+        spec.validate()
+        self.spec = spec
+        self.workdir = workdir.resolve()
+        self.redis: RedisProcess | None = None
+        self.shards: LocalCluster | None = None
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The shards' endpoints, in shard order."""
+        assert self.shards is not None, "not started"
+        return self.shards.endpoints
+
+    @property
+    def report_path(self) -> Path:
+        """Where the trainer job's report goes."""
+        return self.workdir / "report.json"
+
+    def __enter__(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            redis_address = ""
+            if self.spec.redis is not None:
+                redis_dir = self.workdir / "redis"
+                redis_dir.mkdir(exist_ok=True)
+                self.redis = self._stack.enter_context(RedisProcess(redis_dir, append_only=True))
+                redis_address = self.redis.address
+            for directory in ("wal", "checkpoints"):
+                (self.workdir / directory).mkdir(exist_ok=True)
+            self.shards = self._stack.enter_context(
+                LocalCluster(
+                    self.spec.shards,
+                    self.shard_flags(redis_address),
+                    workdir=self.workdir / "shards",
+                )
+            )
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def shard_flags(self, redis_address: str) -> list[str]:
+        """The ``ember ps`` flags of every shard but those LocalCluster sets per shard."""
+        placement = Placement("127.0.0.1", 0, redis_address, str(self.workdir))
+        return settings_argv(shard_config(self.spec, 0, placement), skip=_PER_SHARD)
+
+    def run_trainer(self) -> int:
+        """Run the trainer job to its end (output in ``trainer.log``); its exit status."""
+        assert self.spec.trainer is not None, "the cluster file has no [trainer]"
+        args = trainer_module_args(self.spec, self.endpoints, str(self.report_path))
+        # Each rank's OpenMP threads would spin against the shards' on a small machine.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        with open(self.workdir / "trainer.log", "ab") as log:
+            return subprocess.run(
+                [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=env, check=False
+            ).returncode

@@ -1,0 +1,119 @@
+"""One cluster file, two launchers: the compose file and `ember cluster up --config`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from ember.ps_server.shard.config import ShardConfig
+
+from ember.cli.main import build_parser
+from ember.cli.train_cmd import config_from_args
+from ember.deploy.cluster_file import load_cluster_file
+from ember.deploy.compose import render_compose
+from ember.deploy.local import LocalDeployment
+from ember.deploy.topology import service_names, train_config, trainer_module_args
+from ember.settings import settings_from_args
+from tests.support.redis_server import require_redis_server
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_FILE = REPO / "docker" / "cluster.toml"
+COMPOSE_FILE = REPO / "docker" / "compose.yaml"
+EMBER = [sys.executable, "-m", "ember.cli.main"]
+# What differs between the launchers: where things are, not what runs.
+PLACED = ("shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root")
+
+
+def _compose_config() -> dict:
+    """The compose file as docker-compose itself resolves it (no daemon needed)."""
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose is not installed (scripts/setup-compose.sh installs it)")
+    result = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE_FILE), "config"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_the_compose_file_is_the_cluster_files_output():
+    assert COMPOSE_FILE.read_text() == render_compose(
+        load_cluster_file(CLUSTER_FILE), "docker/cluster.toml"
+    ), "regenerate: ember cluster compose --config docker/cluster.toml > docker/compose.yaml"
+
+
+def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_path):
+    spec = load_cluster_file(CLUSTER_FILE)
+    services = _compose_config()["services"]
+    assert list(services) == service_names(spec) == ["redis", "shard-0", "shard-1", "trainer"]
+    local = LocalDeployment(spec, tmp_path)
+    for k in range(spec.shards):
+        command = services[f"shard-{k}"]["command"]
+        local_command = ["ps", "--shard", str(k), "--num-shards", str(spec.shards)]
+        local_command += local.shard_flags("127.0.0.1:6379")
+        in_container, on_this_host = (_shard_config(c) for c in (command, local_command))
+        assert (in_container.shard, in_container.num_shards) == (k, spec.shards)
+        assert _unplaced(in_container) == _unplaced(on_this_host) == _unplaced(spec.shard)
+        assert in_container.store.startswith("tiered+redis://redis:6379/")
+        assert on_this_host.store.startswith("tiered+redis://127.0.0.1:6379/")
+        assert bool(in_container.wal) == bool(on_this_host.wal) == spec.wal
+        assert services[f"shard-{k}"]["depends_on"]["redis"]["condition"] == "service_healthy"
+        assert services[f"shard-{k}"]["healthcheck"]["test"][1:3] == ["ember", "health"]
+        # The log and the checkpoints are on the volume, which outlives the container.
+        assert "ember-durable:/var/lib/ember" in services[f"shard-{k}"]["volumes"][0]
+        assert in_container.wal.startswith("/var/lib/ember/")
+    trainer = services["trainer"]
+    assert trainer["entrypoint"] == ["python"]
+    local_args = trainer_module_args(spec, ["127.0.0.1:1", "127.0.0.1:2"], "report.json")
+    for args, endpoints in (
+        (trainer["command"], ("shard-0:50051", "shard-1:50051")),
+        (local_args, ("127.0.0.1:1", "127.0.0.1:2")),
+    ):
+        assert args[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+        assert args[4:9] == ["-m", "ember.cli.main", "--log-level", "WARNING", "train"]
+        parsed = build_parser().parse_args(args[6:])
+        assert config_from_args(parsed, parsed.endpoints.split(",")) == train_config(
+            spec, endpoints
+        )
+    assert {name for name, dep in trainer["depends_on"].items()
+            if dep["condition"] == "service_healthy"} == {"shard-0", "shard-1"}  # fmt: skip
+
+
+def _shard_config(command: list[str]) -> ShardConfig:
+    return settings_from_args(ShardConfig, build_parser().parse_args(command))
+
+
+def _unplaced(config: ShardConfig) -> ShardConfig:
+    """``config`` without what placement and shard numbering set."""
+    return dataclasses.replace(
+        config, **{name: ShardConfig().__getattribute__(name) for name in PLACED}
+    )
+
+
+def test_cluster_up_with_redis_two_shards_and_two_ranks_trains_to_the_end(tmp_path):
+    require_redis_server()
+    config = tmp_path / "cluster.toml"
+    text = CLUSTER_FILE.read_text().replace("steps = 60", "steps = 12")
+    assert "steps = 12" in text
+    config.write_text(text)
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [*EMBER, "cluster", "up", "--config", str(config), "--workdir", str(workdir),
+         "--endpoints-file", str(tmp_path / "endpoints.json")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "starting Redis, 2 shards" in result.stdout
+    report = json.loads((workdir / "report.json").read_text())
+    assert (report["world_size"], report["steps"]) == (2, 12)
+    assert report["heldout_auc"] > 0.55  # 12 steps: above chance, not yet good
+    # The shards logged their writes and kept rows in Redis's append-only file.
+    assert any((workdir / "wal").iterdir())
+    assert any((workdir / "redis").rglob("*.aof*"))
+    assert not (tmp_path / "endpoints.json").exists()
