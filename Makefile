@@ -16,7 +16,7 @@ demo: setup
 # falling back to the reference ops (which users still get by default).
 test: export EMBER_KERNELS = native
 # The UCX tests run over UCX_TLS=tcp on loopback, so the UCX extra is part of the test setup.
-test: export EMBER_EXTRAS = dev,ucx
+test: export EMBER_EXTRAS = dev,ucx,report
 test: export EMBER_REQUIRE_UCX = 1
 test: setup
 	@bash scripts/setup-redis.sh

@@ -68,6 +68,8 @@ class LocalCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: list[subprocess.Popen] = []
         self.endpoints: list[str] = []
+        # What each shard's ready file said (endpoint, pid, metrics_port, ...).
+        self.ready_info: dict[int, dict] = {}
 
     def __enter__(self) -> Self:
         self.start()
@@ -154,7 +156,8 @@ class LocalCluster:
                     f"shard {shard} not ready after {_READY_TIMEOUT_S} s: {self._log_tail(shard)}"
                 )
             time.sleep(_READY_POLL_S)
-        return json.loads(ready.read_text())["endpoint"]
+        self.ready_info[shard] = json.loads(ready.read_text())
+        return self.ready_info[shard]["endpoint"]
 
     def _log_tail(self, shard: int) -> str:
         log = self.workdir / f"shard-{shard}.log"

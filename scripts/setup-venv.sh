@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Idempotent setup of .venv: Python 3.11+ (pyproject's requires-python), a CPU torch 2.13.0 unless a torch is
 # already importable by the system Python (then the venv sees it), and Ember
-# in editable mode with the extras in EMBER_EXTRAS (default: dev). Re-runs only when
+# in editable mode with the extras in EMBER_EXTRAS (default: dev,report). Re-runs only when
 # pyproject.toml changes or other extras are asked for.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
-EXTRAS="${EMBER_EXTRAS:-dev}"
+EXTRAS="${EMBER_EXTRAS:-dev,report}"
 STAMP="$VENV/.ember-installed-${EXTRAS//,/-}"
 TORCH_CPU_VERSION=2.13.0
 

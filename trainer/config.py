@@ -48,6 +48,17 @@ class TrainConfig:
     )
     table_prefix: str = setting("criteo", "PS tables are named PREFIX.f0 .. PREFIX.f25")
     progress: bool = setting(True, "a live progress line on rank 0")
+    run_dir: str = setting(
+        "",
+        "write the run directory here (rank 0): config.json, metrics.jsonl (a line per step) "
+        "and report.json; `ember report DIR` plots it",
+    )
+    metrics_port: int | None = setting(
+        None,
+        "serve Prometheus metrics on this port plus LOCAL_RANK (0: a free port per rank); "
+        "none by default",
+    )
+    metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
     device: str = setting(
         "auto",
         "cpu, cuda or cuda:N; auto is cuda where torch sees a GPU, else cpu. Under torchrun, "
@@ -179,6 +190,8 @@ class TrainConfig:
             raise ValueError(
                 f"torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535 - 64:
+            raise ValueError(f"metrics_port must be in 0..65471, got {self.metrics_port}")
         if not 0.001 <= self.wait_s <= 3600:
             raise ValueError(f"wait_s must be in [0.001, 3600], got {self.wait_s}")
         if self.cache == "replicated" and not self.pipelined():

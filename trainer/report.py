@@ -9,6 +9,7 @@ import torch
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.sources import RowSourceKind, pipeline_timing
+from ember.trainer.telemetry import bytes_per_sample, hit_rate
 
 
 def run_report(
@@ -29,7 +30,6 @@ def run_report(
     background; ``ps_overlapped_s`` is the part of their time the steps did not wait for.
     """
     samples = len(losses) * config.batch_size
-    per_sample = max(1, samples)
     timing = pipeline_timing(source)
     return {
         "rank": rank,
@@ -38,11 +38,11 @@ def run_report(
         "data_path": "pipeline" if config.pipelined() else "serial",
         "steps": len(losses),
         "samples_per_s": samples * world / wall if wall else 0.0,
-        "cache_hit_rate": getattr(source, "hit_rate", lambda: 0.0)(),
-        "bytes_pulled_per_sample": source.traffic.bytes_pulled / per_sample,
-        "bytes_pushed_per_sample": source.traffic.bytes_pushed / per_sample,
-        "bytes_hot_allreduce_per_sample": getattr(source, "allreduce_bytes", 0) / per_sample,
-        "bytes_control_per_sample": source.traffic.bytes_control / per_sample,
+        "cache_hit_rate": hit_rate(source),
+        **{
+            f"bytes_{name}_per_sample": value
+            for name, value in bytes_per_sample(source, samples).items()
+        },
         "bytes_replica_sync": source.traffic.bytes_replica_sync,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "train_losses": losses,

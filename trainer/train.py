@@ -32,7 +32,6 @@ from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCr
 from ember.trainer.embedding import PSEmbeddingBagCollection
 from ember.trainer.metrics import log_loss, roc_auc
 from ember.trainer.models.dlrm import DLRM
-from ember.trainer.progress import ProgressBar
 from ember.trainer.report import run_report
 from ember.trainer.sources import (
     TimedSource,
@@ -40,9 +39,9 @@ from ember.trainer.sources import (
     close,
     dealt,
     flush,
-    pipeline_timing,
     release,
 )
+from ember.trainer.telemetry import Telemetry
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -72,7 +71,7 @@ def train(config: TrainConfig) -> dict:
         ebc = PSEmbeddingBagCollection(
             source, [s.name for s in specs], grad_scale=1.0 / world, device=device
         )
-        progress = ProgressBar(config.steps) if config.progress and rank == 0 else None
+        telemetry = Telemetry(config, rank, world)
         losses: list[float] = []
         batches = _train_batches(config, data, reader, rank, world)
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -102,14 +101,12 @@ def train(config: TrainConfig) -> dict:
                 if _write_back_due(config, len(losses)):
                     with source.wait:
                         flush(inner)  # bounds what a crashed trainer loses of its replicas
-                if progress:
-                    progress.update(
-                        len(losses), **_progress_fields(losses, source, config, world, start)
-                    )
+                telemetry.step(len(losses), losses[-1], source)
             with source.wait:
                 flush(inner, last=True)
         except BaseException:
             release(inner)  # checkpoints stop waiting for this job's replicas
+            telemetry.close()
             raise
         wall = time.perf_counter() - start
         report = run_report(
@@ -118,8 +115,12 @@ def train(config: TrainConfig) -> dict:
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
         # What carried the rows: the step calls' transport, or gRPC's pulls and pushes.
         report["transport"] = client.shard_rpc.data_plane.name if config.clocked() else "grpc"
-        if rank == 0:
-            report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
+        try:
+            if rank == 0:
+                report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
+            telemetry.finish(report)
+        finally:
+            telemetry.close()
         close(inner)
     if world > 1:
         dist.barrier()
@@ -162,25 +163,6 @@ def table_specs(config: TrainConfig, num_features: int) -> list[TableSpec]:
         )
         for f in range(num_features)
     ]
-
-
-def _progress_fields(
-    losses: list[float], source: TimedSource, config: TrainConfig, world: int, start: float
-) -> dict[str, float]:
-    """What the progress line shows: throughput, loss, the shares of time the steps waited on
-    the PS and computed, the PS time hidden behind compute, and the last served clock lag."""
-    elapsed = time.perf_counter() - start
-    fields = {
-        "samples/s": len(losses) * config.batch_size * world / elapsed,
-        "loss": losses[-1],
-        "compute": 1 - source.wait.seconds / elapsed,
-        "PS wait": source.wait.seconds / elapsed,
-    }
-    timing = pipeline_timing(source.inner)
-    if timing is not None:
-        fields["overlapped"] = timing.overlapped / elapsed
-        fields["lag"] = timing.lags[-1] if timing.lags else 0
-    return fields
 
 
 def _write_back_due(config: TrainConfig, steps: int) -> bool:

@@ -3,7 +3,7 @@
 ``up --shards N`` starts N shards and keeps them until Ctrl-C / SIGTERM. ``up --config F``
 runs the cluster file F (Redis, shards, trainer job; see :mod:`ember.deploy.cluster_file`):
 with a trainer job it trains to the end and stops, without one it serves until stopped.
-``compose --config F`` prints the same topology as a compose file.
+``compose --config F --out DIR`` writes the same topology as a compose file.
 """
 
 from __future__ import annotations
@@ -50,8 +50,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "trainer's report (default: a temp dir without --config, ./ember-cluster with it)",
     )
     up.set_defaults(run=run_up)
-    compose = actions.add_parser("compose", help="print the compose file of a cluster file")
+    compose = actions.add_parser(
+        "compose", help="write the compose file (and Prometheus's config) of a cluster file"
+    )
     compose.add_argument("--config", type=Path, required=True, help="cluster file (TOML)")
+    compose.add_argument(
+        "--out", type=Path, required=True, help="directory of compose.yaml (the Dockerfile's)"
+    )
     compose.set_defaults(run=run_compose)
 
 
@@ -66,10 +71,14 @@ def _load(path: Path):
 
 
 def run_compose(args: argparse.Namespace) -> int:
-    """Print the compose file."""
-    from ember.deploy.compose import render_compose
+    """Write the compose deployment's files; name them."""
+    from ember.deploy.compose import rendered_files
 
-    sys.stdout.write(render_compose(_load(args.config), str(args.config)))
+    for name, text in rendered_files(_load(args.config), str(args.config)).items():
+        path = args.out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 
@@ -89,6 +98,7 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
+    from ember.cli.report_cmd import render_report
     from ember.cli.train_cmd import print_summary
     from ember.deploy.local import LocalDeployment
 
@@ -97,6 +107,17 @@ def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
     redis = "Redis, " if spec.redis is not None else ""
     print(f"starting {redis}{spec.shards} shards under {workdir} ...", flush=True)
     with LocalDeployment(spec, workdir) as cluster:
+        if spec.metrics:
+            ports = [cluster.shards.ready_info[k]["metrics_port"] for k in range(spec.shards)]
+            trainer = cluster.placement.trainer_metrics_port
+            print(
+                "metrics: shards at "
+                + " ".join(f"http://127.0.0.1:{p}/metrics" for p in ports)
+                + (
+                    f"; trainer ranks from http://127.0.0.1:{trainer}/metrics up" if trainer else ""
+                ),
+                flush=True,
+            )
         if spec.trainer is None:
             return _serve(cluster.endpoints, cluster.shards.processes, args.endpoints_file, stop)
         write_endpoints_file(cluster.endpoints, args.endpoints_file)
@@ -112,8 +133,8 @@ def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
                 f"ember cluster: the trainer job failed with exit status {status}", file=sys.stderr
             )
             return status
-        print_summary(json.loads(cluster.report_path.read_text()))
-        print(f"report written to {cluster.report_path}; cluster stopped", flush=True)
+        print_summary(json.loads((cluster.run_dir / "report.json").read_text()))
+        print(f"run report: {render_report(cluster.run_dir)} (plots beside it)", flush=True)
     return 0
 
 

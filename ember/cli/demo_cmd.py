@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ember.cli.report_cmd import render_report
 from ember.cli.train_cmd import add_training_flags, config_from_args, print_summary, train_argv
 from ember.env import env_value
 
@@ -31,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         batch_size=512,
         max_cardinality=50_000,
         report=Path("ember-demo-report.json"),
+        run_dir="ember-demo-run",
         cache="replicated",
         staleness=1,
         torch_threads=1,  # the shards share the cores
@@ -63,4 +65,6 @@ def run(args: argparse.Namespace) -> int:
     report = json.loads(Path(args.report).read_text())
     print_summary(report)
     print(f"report written to {args.report}; shards stopped cleanly", flush=True)
+    if config.run_dir:
+        print(f"run report: {render_report(Path(config.run_dir))} (plots beside it)", flush=True)
     return 0

@@ -14,6 +14,7 @@ from ember.cli import (
     doctor_cmd,
     health_cmd,
     ps_cmd,
+    report_cmd,
     train_cmd,
 )
 from ember.env import env_value
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cmd.register(commands)
     certs_cmd.register(commands)
     health_cmd.register(commands)
+    report_cmd.register(commands)
     return parser
 
 

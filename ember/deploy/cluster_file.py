@@ -21,6 +21,9 @@ Example (``docker/cluster.toml`` is the one the compose file is made from)::
     ranks = 2
     steps = 100             # and TrainConfig settings (ember train --help)
 
+    [monitoring]
+    metrics = true          # Prometheus endpoints on every shard and rank
+
 Every table and key is checked: an unknown key or a value of the wrong type is
 refused with its key path (:class:`~ember.settings.SettingsError`).
 """
@@ -42,9 +45,10 @@ from ember.trainer.config import TrainConfig
 PLACED_SHARD_SETTINGS = (
     "shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root", "restore",
     "ucx", "ucx_port", "ucx_host", "tls_cert", "tls_key", "tls_client_ca", "token_file",
+    "metrics_port",
 )  # fmt: skip
 # TrainConfig settings the launchers set.
-PLACED_TRAIN_SETTINGS = ("progress",)
+PLACED_TRAIN_SETTINGS = ("progress", "run_dir", "metrics_port", "metrics_host")
 MAX_SHARDS = 64
 MAX_RANKS = 64
 
@@ -79,6 +83,7 @@ class ClusterSpec:
     checkpoints: bool = False
     redis: RedisSpec | None = None
     trainer: TrainerSpec | None = None
+    metrics: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad value."""
@@ -119,7 +124,7 @@ def load_cluster_file(path: Path) -> ClusterSpec:
 
 def cluster_from_mapping(document: Mapping[str, Any]) -> ClusterSpec:
     """The cluster a parsed file describes (see the module docstring)."""
-    tables = {"shard", "client", "durability", "redis", "trainer"}
+    tables = {"shard", "client", "durability", "redis", "trainer", "monitoring"}
     _check_keys(document, "", tables | {"shards"})
     shards = document.get("shards", 1)
     if not isinstance(shards, int) or isinstance(shards, bool):
@@ -127,11 +132,8 @@ def cluster_from_mapping(document: Mapping[str, Any]) -> ClusterSpec:
     for name in tables:
         if name in document and not isinstance(document[name], Mapping):
             raise SettingsError(f"{name}: expected a table, got {type(document[name]).__name__}")
-    durability = document.get("durability", {})
-    _check_keys(durability, "durability", {"wal", "checkpoints"})
-    for key, value in durability.items():
-        if not isinstance(value, bool):
-            raise SettingsError(f"durability.{key}: expected bool, got {type(value).__name__}")
+    durability = _flags(document, "durability", {"wal", "checkpoints"})
+    monitoring = _flags(document, "monitoring", {"metrics"})
     redis = None
     if "redis" in document:
         _check_keys(document["redis"], "redis", {"tier_rows"})
@@ -161,7 +163,18 @@ def cluster_from_mapping(document: Mapping[str, Any]) -> ClusterSpec:
         checkpoints=durability.get("checkpoints", False),
         redis=redis,
         trainer=trainer,
+        metrics=monitoring.get("metrics", False),
     )
+
+
+def _flags(document: Mapping[str, Any], name: str, known: set[str]) -> dict[str, bool]:
+    """The table ``name`` of on/off keys."""
+    table = document.get(name, {})
+    _check_keys(table, name, known)
+    for key, value in table.items():
+        if not isinstance(value, bool):
+            raise SettingsError(f"{name}.{key}: expected bool, got {type(value).__name__}")
+    return dict(table)
 
 
 def _check_keys(table: Mapping[str, Any], path: str, known: set[str]) -> None:

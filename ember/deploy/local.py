@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Self
 
 from ember.deploy.cluster_file import ClusterSpec
-from ember.deploy.redis_process import RedisProcess
+from ember.deploy.redis_process import RedisProcess, free_port
 from ember.deploy.topology import Placement, shard_config, trainer_module_args
 from ember.ps_server.cluster import LocalCluster
 from ember.settings import settings_argv
@@ -39,6 +40,10 @@ class LocalDeployment:
         self.redis: RedisProcess | None = None
         self.shards: LocalCluster | None = None
         self._stack = contextlib.ExitStack()
+        # Shards pick free metrics ports (their ready files say which); the ranks take
+        # consecutive ones from a free base.
+        trainer_metrics = free_port() if spec.metrics and spec.trainer else 0
+        self._placement = Placement("127.0.0.1", 0, "", str(self.workdir), 0, trainer_metrics)
 
     @property
     def endpoints(self) -> list[str]:
@@ -47,27 +52,29 @@ class LocalDeployment:
         return self.shards.endpoints
 
     @property
-    def report_path(self) -> Path:
-        """Where the trainer job's report goes."""
-        return self.workdir / "report.json"
+    def placement(self) -> Placement:
+        """Where this cluster's processes run (Redis's address once started)."""
+        return self._placement
+
+    @property
+    def run_dir(self) -> Path:
+        """The trainer job's run directory."""
+        return Path(self._placement.run_dir)
 
     def __enter__(self) -> Self:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            redis_address = ""
             if self.spec.redis is not None:
                 redis_dir = self.workdir / "redis"
                 redis_dir.mkdir(exist_ok=True)
                 self.redis = self._stack.enter_context(RedisProcess(redis_dir, append_only=True))
-                redis_address = self.redis.address
+                self._placement = dataclasses.replace(
+                    self._placement, redis_address=self.redis.address
+                )
             for directory in ("wal", "checkpoints"):
                 (self.workdir / directory).mkdir(exist_ok=True)
             self.shards = self._stack.enter_context(
-                LocalCluster(
-                    self.spec.shards,
-                    self.shard_flags(redis_address),
-                    workdir=self.workdir / "shards",
-                )
+                LocalCluster(self.spec.shards, self.shard_flags(), workdir=self.workdir / "shards")
             )
         except BaseException:
             self._stack.close()
@@ -77,15 +84,14 @@ class LocalDeployment:
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
-    def shard_flags(self, redis_address: str) -> list[str]:
+    def shard_flags(self) -> list[str]:
         """The ``ember ps`` flags of every shard but those LocalCluster sets per shard."""
-        placement = Placement("127.0.0.1", 0, redis_address, str(self.workdir))
-        return settings_argv(shard_config(self.spec, 0, placement), skip=_PER_SHARD)
+        return settings_argv(shard_config(self.spec, 0, self._placement), skip=_PER_SHARD)
 
     def run_trainer(self) -> int:
         """Run the trainer job to its end (output in ``trainer.log``); its exit status."""
         assert self.spec.trainer is not None, "the cluster file has no [trainer]"
-        args = trainer_module_args(self.spec, self.endpoints, str(self.report_path))
+        args = trainer_module_args(self.spec, self.endpoints, self._placement)
         # Each rank's OpenMP threads would spin against the shards' on a small machine.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         with open(self.workdir / "trainer.log", "ab") as log:

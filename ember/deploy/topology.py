@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ember.cli.train_cmd import train_argv
 from ember.deploy.cluster_file import ClusterSpec
 from ember.ps_server.shard.config import ShardConfig
-from ember.settings import settings_argv
 from ember.trainer.config import TrainConfig
 
 REDIS_SERVICE = "redis"
@@ -27,13 +27,23 @@ class Placement:
         bind_host: the address shards bind.
         port: every shard's port (0: each picks a free one).
         redis_address: ``host:port`` of the Redis server.
-        durable_dir: the directory under which WAL and checkpoints live.
+        durable_dir: the directory under which WAL, checkpoints and the run directory live.
+        shard_metrics_port: every shard's metrics port, where the spec asks for metrics
+            (0: each picks a free one).
+        trainer_metrics_port: rank 0's metrics port (rank r: this plus r).
     """
 
     bind_host: str
     port: int
     redis_address: str
     durable_dir: str
+    shard_metrics_port: int = 0
+    trainer_metrics_port: int = 0
+
+    @property
+    def run_dir(self) -> str:
+        """The trainer job's run directory."""
+        return f"{self.durable_dir}/run"
 
 
 def shard_service(shard: int) -> str:
@@ -67,24 +77,32 @@ def shard_config(spec: ClusterSpec, shard: int, placement: Placement) -> ShardCo
         store=store_url(spec, placement),
         wal=f"{placement.durable_dir}/wal" if spec.wal else "",
         checkpoint_root=f"{placement.durable_dir}/checkpoints" if spec.checkpoints else "",
+        metrics_port=placement.shard_metrics_port if spec.metrics else None,
     )
 
 
-def train_config(spec: ClusterSpec, endpoints: Sequence[str]) -> TrainConfig:
-    """The trainer's config, reaching the shards at ``endpoints`` (no live progress line:
-    its output goes to a log)."""
+def train_config(spec: ClusterSpec, endpoints: Sequence[str], placement: Placement) -> TrainConfig:
+    """The trainer's config, reaching the shards at ``endpoints``, writing its run directory
+    under the placement's durable directory (no live progress line: its output is a log)."""
     assert spec.trainer is not None
     return dataclasses.replace(
-        spec.trainer.train, endpoints=tuple(endpoints), client=spec.client, progress=False
+        spec.trainer.train,
+        endpoints=tuple(endpoints),
+        client=spec.client,
+        progress=False,
+        run_dir=placement.run_dir,
+        metrics_port=placement.trainer_metrics_port if spec.metrics else None,
+        metrics_host=placement.bind_host,
     )
 
 
-def trainer_module_args(spec: ClusterSpec, endpoints: Sequence[str], report: str) -> list[str]:
+def trainer_module_args(
+    spec: ClusterSpec, endpoints: Sequence[str], placement: Placement
+) -> list[str]:
     """The trainer job's arguments after ``python``: every rank under torchrun."""
     assert spec.trainer is not None
-    config = train_config(spec, endpoints)
     return [
         "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={spec.trainer.ranks}",
-        "-m", "ember.cli.main", "--log-level", "WARNING", "train", "--report", report,
-        "--endpoints", ",".join(endpoints), *settings_argv(config), *settings_argv(config.client),
+        "-m", "ember.cli.main", "--log-level", "WARNING", "train",
+        *train_argv(train_config(spec, endpoints, placement)),
     ]  # fmt: skip

@@ -33,8 +33,9 @@ import os
 import re
 import socket
 import threading
+import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ember.ps_server.durability.durable_files import fsync_directory, write_durably
@@ -92,6 +93,8 @@ class WriteLog:
         self._synced = 0  # bytes known durable
         self._fd: int | None = None
         self._fsync_failed = False  # after a failed fsync, another proves nothing: none more
+        # Told each fsync's seconds (the shard's metrics).
+        self.on_fsync: Callable[[float], None] | None = None
         self._segment = 0
         self._segment_bytes = 0
         self._lock_file = None
@@ -342,10 +345,13 @@ class WriteLog:
             self.fault.check()
         with self._append_lock:
             target, handle = self._appended, self._fd
+        start = time.perf_counter()
         try:
             os.fsync(handle)
         except OSError as error:
             self._fail(self._fsync_failure(error), fsync_failed=True)
+        if self.on_fsync is not None:
+            self.on_fsync(time.perf_counter() - start)
         self._synced = max(self._synced, target)
 
     def _sync_periodically(self) -> None:

@@ -80,6 +80,11 @@ class ShardConfig:
         "the address clients reach the UCX listener at, e.g. the IPoIB or RoCE address; "
         "default: the host of the gRPC endpoint",
     )
+    metrics_port: int | None = setting(
+        None,
+        "serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, written to the "
+        "ready file); none by default",
+    )
     tls_cert: str = setting(
         "", "PEM certificate to serve TLS with (with --tls-key); clients verify it by its CA"
     )
@@ -108,6 +113,8 @@ class ShardConfig:
             raise ValueError(f"shard must be in 0..{self.num_shards - 1}, got {self.shard}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not 0 <= self.ucx_port <= 65535:
             raise ValueError(f"ucx_port must be in 0..65535, got {self.ucx_port}")
         if self.workers < 1:

@@ -19,6 +19,7 @@ from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
+from ember.ps_server.shard.metrics import ShardMetrics
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.servicer import ParameterServerServicer, method_handlers
 from ember.ps_server.shard.step_handlers import StepHandlers
@@ -27,6 +28,8 @@ from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options
 from ember.ps_server.wire.stats import DataPlaneAddress
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from ember.metrics_endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ class ShardServer:
         port: int,
         health_servicer: health.HealthServicer,
         ucx_listener: UcxListener | None = None,
+        metrics_endpoint: MetricsEndpoint | None = None,
     ) -> None:
         self.config = config
         self.logic = logic
@@ -55,6 +59,7 @@ class ShardServer:
         self._grpc_server = grpc_server
         self._health = health_servicer
         self._ucx_listener = ucx_listener
+        self.metrics_endpoint = metrics_endpoint
 
     @property
     def endpoint(self) -> str:
@@ -85,25 +90,41 @@ class ShardServer:
             accept_empty_store=config.accept_empty_store,
             checkpoint_root=config.checkpoint_root,
         )
-        recover(logic, config)
-        ucx_listener = _start_ucx_listener(config, logic)
+        metrics = ShardMetrics(logic)
+        # Bound before recovery, so that a taken port fails fast.
+        endpoint = (
+            MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
+            if config.metrics_port is not None
+            else None
+        )
+        ucx_listener = None
         try:
+            recover(logic, config)
+            if logic.journal.log is not None:
+                logic.journal.log.on_fsync = metrics.wal_fsync.observe
+            ucx_listener = _start_ucx_listener(config, logic, metrics)
             grpc_server, port, health_servicer = cls._start_grpc(
-                config, logic, ucx_listener, token, credentials
-            )
+                config, logic, ucx_listener, [metrics.grpc_interceptor(), *_token_check(token)],
+                credentials,
+            )  # fmt: skip
         except BaseException:
             if ucx_listener is not None:
                 ucx_listener.close(grace_s=0)
+            if endpoint is not None:
+                endpoint.close()
             raise
-        log.info("shard %d/%d serving on %s:%d", config.shard, config.num_shards, config.host, port)
-        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener)
+        log.info(
+            "shard %d/%d serving on %s:%d (%s)", config.shard, config.num_shards, config.host,
+            port, _security(config, token),
+        )  # fmt: skip
+        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener, endpoint)
 
     @staticmethod
     def _start_grpc(
         config: ShardConfig,
         logic: ParameterServer,
         ucx_listener: UcxListener | None,
-        token: bytes | None,
+        interceptors: list[grpc.ServerInterceptor],
         credentials: grpc.ServerCredentials | None,
     ) -> tuple[grpc.Server, int, health.HealthServicer]:
         planes = (
@@ -114,7 +135,7 @@ class ShardServer:
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             options=message_size_options(config.max_message_bytes),
-            interceptors=[TokenInterceptor(token)] if token else [],
+            interceptors=interceptors,
         )
         grpc_server.add_generic_rpc_handlers(
             (method_handlers(ParameterServerServicer(logic, planes)),)
@@ -149,6 +170,7 @@ class ShardServer:
             "shard": self.config.shard,
             "num_shards": self.config.num_shards,
             "pid": os.getpid(),
+            "metrics_port": self.metrics_endpoint.port if self.metrics_endpoint else None,
         }
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(info))
@@ -163,19 +185,33 @@ class ShardServer:
         stopped.wait()
         self.logic.flush()
         self.logic.journal.close()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
 
     def wait(self) -> None:
         """Block until the server stops."""
         self._grpc_server.wait_for_termination()
 
 
-def _start_ucx_listener(config: ShardConfig, logic: ParameterServer) -> UcxListener | None:
+def _token_check(token: bytes | None) -> list[grpc.ServerInterceptor]:
+    return [TokenInterceptor(token)] if token else []
+
+
+def _security(config: ShardConfig, token: bytes | None) -> str:
+    """How calls are protected, for the log."""
+    tls = "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
+    return f"{tls}, {'token required' if token else 'no token'}"
+
+
+def _start_ucx_listener(
+    config: ShardConfig, logic: ParameterServer, metrics: ShardMetrics
+) -> UcxListener | None:
     """The UCX listener of the step calls, where ``config`` asks for one."""
     if not config.ucx:
         return None
     listener = UcxListener(
-        StepHandlers(logic).frame_handlers(), config.max_message_bytes, config.workers,
-        config.ucx_port,
+        metrics.frame_handlers(StepHandlers(logic).frame_handlers()), config.max_message_bytes,
+        config.workers, config.ucx_port,
     )  # fmt: skip
     log.info("shard %d serving step calls over UCX on port %d", config.shard, listener.port)
     if config.host not in ("0.0.0.0", "::"):

@@ -162,6 +162,11 @@ class StepClocks:
         _check_same_job(clock, job.world, job.mode)
         return job
 
+    def applied_by_job(self) -> dict[str, list[int]]:
+        """Each live job's highest applied clock per rank (-1: none yet)."""
+        with self._lock:
+            return {job.name: list(job.applied) for job in self._jobs.values()}
+
     def snapshot(self) -> dict[str, dict]:
         """Every job's world, mode and applied clocks, retired ones too (for checkpoints)."""
         with self._lock:

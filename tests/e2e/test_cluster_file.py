@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 from ember.ps_server.shard.config import ShardConfig
+from ember.trainer.run_plots import PLOTS
 
 from ember.cli.main import build_parser
 from ember.cli.train_cmd import config_from_args
 from ember.deploy.cluster_file import load_cluster_file
-from ember.deploy.compose import render_compose
+from ember.deploy.compose import rendered_files
 from ember.deploy.local import LocalDeployment
 from ember.deploy.topology import service_names, train_config, trainer_module_args
 from ember.settings import settings_from_args
@@ -27,7 +28,7 @@ CLUSTER_FILE = REPO / "docker" / "cluster.toml"
 COMPOSE_FILE = REPO / "docker" / "compose.yaml"
 EMBER = [sys.executable, "-m", "ember.cli.main"]
 # What differs between the launchers: where things are, not what runs.
-PLACED = ("shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root")
+PLACED = ("shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root", "metrics_port")
 
 
 def _compose_config() -> dict:
@@ -42,27 +43,34 @@ def _compose_config() -> dict:
     return yaml.safe_load(result.stdout)
 
 
-def test_the_compose_file_is_the_cluster_files_output():
-    assert COMPOSE_FILE.read_text() == render_compose(
-        load_cluster_file(CLUSTER_FILE), "docker/cluster.toml"
-    ), "regenerate: ember cluster compose --config docker/cluster.toml > docker/compose.yaml"
+def test_the_compose_files_are_the_cluster_files_output():
+    files = rendered_files(load_cluster_file(CLUSTER_FILE), "docker/cluster.toml")
+    assert set(files) == {"compose.yaml", "monitoring/prometheus.yml"}
+    for name, text in files.items():
+        assert (REPO / "docker" / name).read_text() == text, (
+            "regenerate: ember cluster compose --config docker/cluster.toml --out docker"
+        )
 
 
 def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_path):
     spec = load_cluster_file(CLUSTER_FILE)
     services = _compose_config()["services"]
-    assert list(services) == service_names(spec) == ["redis", "shard-0", "shard-1", "trainer"]
+    assert service_names(spec) == ["redis", "shard-0", "shard-1", "trainer"]
+    assert set(services) == {*service_names(spec), "prometheus", "grafana"}
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
     local = LocalDeployment(spec, tmp_path)
+    local._placement = dataclasses.replace(local.placement, redis_address="127.0.0.1:6379")
     for k in range(spec.shards):
         command = services[f"shard-{k}"]["command"]
         local_command = ["ps", "--shard", str(k), "--num-shards", str(spec.shards)]
-        local_command += local.shard_flags("127.0.0.1:6379")
+        local_command += local.shard_flags()
         in_container, on_this_host = (_shard_config(c) for c in (command, local_command))
         assert (in_container.shard, in_container.num_shards) == (k, spec.shards)
         assert _unplaced(in_container) == _unplaced(on_this_host) == _unplaced(spec.shard)
         assert in_container.store.startswith("tiered+redis://redis:6379/")
         assert on_this_host.store.startswith("tiered+redis://127.0.0.1:6379/")
         assert bool(in_container.wal) == bool(on_this_host.wal) == spec.wal
+        assert (in_container.metrics_port, on_this_host.metrics_port) == (9400, 0)
         assert services[f"shard-{k}"]["depends_on"]["redis"]["condition"] == "service_healthy"
         assert services[f"shard-{k}"]["healthcheck"]["test"][1:3] == ["ember", "health"]
         # The log and the checkpoints are on the volume, which outlives the container.
@@ -70,17 +78,22 @@ def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_pat
         assert in_container.wal.startswith("/var/lib/ember/")
     trainer = services["trainer"]
     assert trainer["entrypoint"] == ["python"]
-    local_args = trainer_module_args(spec, ["127.0.0.1:1", "127.0.0.1:2"], "report.json")
-    for args, endpoints in (
-        (trainer["command"], ("shard-0:50051", "shard-1:50051")),
-        (local_args, ("127.0.0.1:1", "127.0.0.1:2")),
-    ):
+    local_endpoints = ["127.0.0.1:1", "127.0.0.1:2"]
+    local_args = trainer_module_args(spec, local_endpoints, local.placement)
+    configs = []
+    for args in (trainer["command"], local_args):
         assert args[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
         assert args[4:9] == ["-m", "ember.cli.main", "--log-level", "WARNING", "train"]
         parsed = build_parser().parse_args(args[6:])
-        assert config_from_args(parsed, parsed.endpoints.split(",")) == train_config(
-            spec, endpoints
-        )
+        configs.append(config_from_args(parsed, parsed.endpoints.split(",")))
+    in_container, on_this_host = configs
+    assert in_container.endpoints == ("shard-0:50051", "shard-1:50051")
+    assert on_this_host == train_config(spec, local_endpoints, local.placement)
+    placed = ("endpoints", "run_dir", "metrics_port", "metrics_host")
+    assert dataclasses.replace(in_container, **{f: getattr(on_this_host, f) for f in placed}) == (
+        on_this_host
+    )
+    assert in_container.run_dir.startswith("/var/lib/ember/") and in_container.metrics_port
     assert {name for name, dep in trainer["depends_on"].items()
             if dep["condition"] == "service_healthy"} == {"shard-0", "shard-1"}  # fmt: skip
 
@@ -110,10 +123,14 @@ def test_cluster_up_with_redis_two_shards_and_two_ranks_trains_to_the_end(tmp_pa
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "starting Redis, 2 shards" in result.stdout
-    report = json.loads((workdir / "report.json").read_text())
+    report = json.loads((workdir / "run" / "report.json").read_text())
     assert (report["world_size"], report["steps"]) == (2, 12)
     assert report["heldout_auc"] > 0.55  # 12 steps: above chance, not yet good
     # The shards logged their writes and kept rows in Redis's append-only file.
     assert any((workdir / "wal").iterdir())
     assert any((workdir / "redis").rglob("*.aof*"))
     assert not (tmp_path / "endpoints.json").exists()
+    # The run directory and its report: the plots and the summary.
+    assert "run report: " in result.stdout
+    assert {p.name for p in (workdir / "run").glob("*.png")} == {f"{name}.png" for name in PLOTS}
+    assert (workdir / "run" / "summary.md").read_text().startswith("# Ember training run")

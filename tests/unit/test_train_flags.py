@@ -15,7 +15,8 @@ def test_train_argv_round_trips_every_config_field():
         optimizer="sgd", sparse_lr=0.3, dense_lr=0.2, max_cardinality=999, zipf_exponent=1.4, seed=5,
         criteo_path="/data/day_0", table_prefix="x", progress=False, cache="lru", cache_mb=2.5,
         pull_bound=3, push_bound=4, profile_batches=2, device="cpu", heldout_every=7,
-        data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10,
+        data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10, run_dir="/runs/a",
+        metrics_port=9500, metrics_host="0.0.0.0",
         client=ClientConfig(
             timeout_s=3.5, max_attempts=2, initial_backoff_s=0.5, max_backoff_s=4.0,
             max_message_bytes=1 << 20, transport="auto", tls_ca="/pki/ca.pem",
