@@ -25,12 +25,12 @@ test: setup
 	$(VENV)/bin/ember doctor
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+# Every benchmark; writes benchmarks/results.json, results.md and the README's table.
+# BENCH_ARGS=--quick for small sizes.
+bench: export EMBER_EXTRAS = dev,ucx,report
 bench: setup
-	$(VENV)/bin/python benchmarks/bench_ps.py
-	$(VENV)/bin/python benchmarks/bench_kernels.py
-	$(VENV)/bin/python benchmarks/bench_trainer.py
 	@bash scripts/setup-redis.sh
-	$(VENV)/bin/python benchmarks/bench_cold_tier.py
+	$(VENV)/bin/python -m benchmarks $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -57,6 +57,7 @@ from ember.ps_server.stores.redis_store import DEFAULT_BATCH_KEYS, RedisStore, r
 from ember.ps_server.stores.row_codec import encode_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.data.synthetic import zipf_ranks
+from figures import Figures, add_json_flag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.redis_server import RedisServer
@@ -71,7 +72,7 @@ def shard_marker(url: str) -> RedisShardMarker:
     return marker
 
 
-def redis_against_raw(url: str, n: int, dim: int, rounds: int) -> None:
+def redis_against_raw(figures: Figures, url: str, n: int, dim: int, rounds: int) -> None:
     """Section 1."""
     # Adagrad-sized state; the shard's marker rides along, as in a shard.
     store = RedisStore(url, "bench", 0, dim, state_width=dim, marker=shard_marker(url))
@@ -115,9 +116,12 @@ def redis_against_raw(url: str, n: int, dim: int, rounds: int) -> None:
         ("write", write, raw_write),
     ):
         print(f"{name:<6} {ours * 1e3:>9.1f} {theirs * 1e3:>8.1f} {theirs / ours:>6.2f}")
+        figures.add(f"redis store {name} of {n:,} ids / raw redis-py", theirs / ours)
 
 
-def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) -> None:
+def tiered_on_zipf(
+    figures: Figures, url: str, universe: int, batch: int, batches: int, dim: int
+) -> None:
     """Section 2: the same Zipf push stream through tiered, redis and memory stores."""
     rng = np.random.default_rng(1)
     scramble = rng.permutation(universe).astype(np.int64)  # hot ids spread over the id space
@@ -166,9 +170,13 @@ def tiered_on_zipf(url: str, universe: int, batch: int, batches: int, dim: int) 
             f"{name:<28} {rate:>10,.0f} {rate / results['redis'] if 'redis' in results else 1:>9.2f} "
             f"{rate / results['memory']:>10.2f} {hit_rate:>9}"
         )
+    figures.add(
+        "tiered store (10% in memory) on Zipf pushes / redis store",
+        results[name] / results["redis"],
+    )
 
 
-def write_log_cost(dim: int, batch: int, pushes: int, rounds: int = 3) -> None:
+def write_log_cost(figures: Figures, dim: int, batch: int, pushes: int, rounds: int = 3) -> None:
     """Section 3: shard pushes without a log, and with it at both fsync policies.
 
     Modes alternate round by round; each figure is the median of ``rounds``.
@@ -198,6 +206,10 @@ def write_log_cost(dim: int, batch: int, pushes: int, rounds: int = 3) -> None:
             rate = statistics.median(rates[mode])
             mb = rate * len(requests[0][1]) / 1e6
             print(f"{mode:<16} {threads:>7} {rate:>9.1f} {mb:>7.1f} {rate / baseline:>9.2f}")
+            if mode != "none":
+                figures.add(
+                    f"pushes with fsync {mode}, {threads} threads / no log", rate / baseline
+                )
 
 
 def _logged_push_rate(mode: str, requests: list, dim: int, threads: int) -> float:
@@ -225,7 +237,7 @@ def _pushes_per_second(server: ParameterServer, requests: list, threads: int) ->
     return (len(requests) - 1) / (time.perf_counter() - start)
 
 
-def changed_ids_cost(dim: int, batch: int, tracked: int, repeats: int) -> None:
+def changed_ids_cost(figures: Figures, dim: int, batch: int, tracked: int, repeats: int) -> None:
     """Section 4: a push's median time with ``tracked`` changed ids held, against none held."""
     spec = TableSpec("tracked", dim=dim, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.1))
     tables = [Table(spec), Table(spec)]
@@ -250,6 +262,7 @@ def changed_ids_cost(dim: int, batch: int, tracked: int, repeats: int) -> None:
     print(f"{'changed ids':<16} {'ms/push':>8} {'vs none':>8}")
     print(f"{'none':<16} {idle * 1e3:>8.2f} {1.0:>8.2f}")
     print(f"{tracked:<16,} {busy * 1e3:>8.2f} {busy / idle:>8.2f}")
+    figures.add(f"push time with {tracked:,} changed ids tracked / none", busy / idle)
 
 
 def main() -> int:
@@ -263,14 +276,17 @@ def main() -> int:
     parser.add_argument(
         "--tracked", type=int, default=5_000_000, help="changed ids held, section 4"
     )
+    add_json_flag(parser)
     args = parser.parse_args()
+    figures = Figures()
     torch.set_num_threads(1)  # as a shard runs
     retain_freed_buffers()
     with tempfile.TemporaryDirectory() as directory, RedisServer(Path(directory)) as server:
-        redis_against_raw(server.url, args.ids, args.dim, args.rounds)
-        tiered_on_zipf(server.url, args.universe, 16_384, args.batches, args.dim)
-    write_log_cost(args.dim, 4096, args.wal_pushes)
-    changed_ids_cost(16, 4096, args.tracked, 4 * args.rounds + 1)
+        redis_against_raw(figures, server.url, args.ids, args.dim, args.rounds)
+        tiered_on_zipf(figures, server.url, args.universe, 16_384, args.batches, args.dim)
+    write_log_cost(figures, args.dim, 4096, args.wal_pushes)
+    changed_ids_cost(figures, 16, 4096, args.tracked, 4 * args.rounds + 1)
+    figures.write(args.json)
     return 0
 
 

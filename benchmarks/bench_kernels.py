@@ -28,6 +28,7 @@ from ember.kernels.optim import apply_rows, fused_row_update
 from ember.kernels.pack import pack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
+from figures import Figures, add_json_flag
 
 
 def _with_reference(op: Callable[..., object], *args: object) -> object:
@@ -41,6 +42,7 @@ def main() -> int:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--table-rows", type=int, default=4_000_000)
     parser.add_argument("--repeats", type=int, default=11)
+    add_json_flag(parser)
     args = parser.parse_args()
     if not loader.native_ops_available():
         print("native ops unavailable: nothing to compare (see `ember doctor`)")
@@ -127,6 +129,12 @@ def main() -> int:
         f"gather: {2 * gather_bw / 1e9:.2f} GB/s = {2 * gather_bw / copy_bw:.0%} of memcpy (target >= 50%); "
         f"scatter_add: {3 * scatter_bw / 1e9:.2f} GB/s (read 2, write 1) = {3 * scatter_bw / copy_bw:.0%}"
     )
+    figures = Figures()
+    figures.add("dedup + gather + scatter_add, native / torch speed-up", speedup, at_least=1.5)
+    figures.add("gather bandwidth / memcpy", 2 * gather_bw / copy_bw, at_least=0.5)
+    for name, native_s, reference_s in results:
+        figures.add(f"{name}, native / torch speed-up", reference_s / native_s)
+    figures.write(args.json)
     return 0
 
 

@@ -45,6 +45,7 @@ from ember.ps_server.wire.step_codec import encode_lookup_request
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data
+from figures import Figures, add_json_flag
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 DIM = 64
@@ -163,7 +164,9 @@ def main() -> int:
     parser.add_argument(
         "--budget-s", type=float, default=0.4, help="timing budget per round and op"
     )
+    add_json_flag(parser)
     args = parser.parse_args()
+    figures = Figures()
     sizes = [int(s) for s in args.sizes.split(",")]
     retain_freed_buffers()  # one client process serves both systems: same allocator for both
     spec = TableSpec("bench", DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.01))
@@ -191,6 +194,7 @@ def main() -> int:
                     f"{n:>7} {op:>5} {ours:>11.0f} {ours * row_bytes / 1e6:>8.1f} "
                     f"{base:>11.0f} {base * row_bytes / 1e6:>9.1f} {ours / base:>6.2f}"
                 )
+                figures.add(f"{op} of {n:,} ids, Ember / raw gRPC echo", ours / base)
         raw.close()
         raw = RawBytesClient(echo16.endpoints)
         print(
@@ -213,8 +217,10 @@ def main() -> int:
                 f"{1e3 * client_cpu:>10.1f} {1e3 * servers_cpu:>8.1f} {1e3 * raw_client:>10.1f} "
                 f"{1e3 * raw_servers:>8.1f}"
             )
+            figures.add(f"step Lookup of {n:,} ids/shard, Ember / raw gRPC echo", raw_wall / wall)
         client.close()
         raw.close()
+    figures.write(args.json)
     return 0
 
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +42,7 @@ from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import NUM_DENSE
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.train import synthetic_data, table_specs, train
+from figures import Figures, add_json_flag
 from shaped_link import LinkUnavailable, ShapedLink
 
 RUNS = {
@@ -186,7 +185,7 @@ def print_section(title: str, results: dict[str, RunResult]) -> None:
 
 
 def targets(loopback: dict[str, RunResult], shaped: dict[str, RunResult] | None) -> list:
-    """``(target, measured, met)`` for each of the issue's targets."""
+    """``(target, measured, goal, ">=" or "<=")`` for each of the issue's targets."""
     a, b = loopback["(a) reference, no PS"], loopback["(b) serial, no cache"]
     c0, c1 = loopback["(c0) pipeline s=0"], loopback["(c1) pipeline s=1, hot replica"]
     rows = [
@@ -202,10 +201,7 @@ def targets(loopback: dict[str, RunResult], shaped: dict[str, RunResult] | None)
             / shaped["(b) serial, no cache"].samples_per_s
         )
         rows.append(("shaped (c1)/(b) >= 3", ratio, 3.0, ">="))
-    return [
-        (name, value, value >= goal if op == ">=" else value <= goal)
-        for name, value, goal, op in rows
-    ]
+    return rows
 
 
 def open_link(rate_mbit: float, stack: contextlib.ExitStack) -> ShapedLink | None:
@@ -229,7 +225,7 @@ def main() -> int:
         "--rate-mbit", type=float, default=25.0, help="shaped link rate, each direction"
     )
     parser.add_argument("--loopback-only", action="store_true", help="skip the shaped link")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_flag(parser)
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so the shaped link's namespace is removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -272,15 +268,13 @@ def main() -> int:
             print_section(title, shaped)
     print("\ntargets")
     checks = targets(sections["loopback"], shaped)
-    for name, value, met in checks:
+    for name, value, goal, op in checks:
+        met = value >= goal if op == ">=" else value <= goal
         print(f"  {name:<44} measured {value:6.2f}  {'met' if met else 'MISSED'}")
-    if args.json:
-        figures = {
-            section: {name: dataclasses.asdict(r) for name, r in results.items()}
-            for section, results in sections.items()
-        }
-        figures["targets"] = [list(check) for check in checks]
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    figures = Figures()
+    for name, value, goal, op in checks:
+        figures.add(name, value, **{"at_least" if op == ">=" else "at_most": goal})
+    figures.write(args.json)
     return 0
 
 

@@ -38,6 +38,7 @@ from ember.ps_server.ucx import load_ucx, ucx_loop
 from ember.ps_server.wire.messages import encode_ids
 from ember.ps_server.wire.step_codec import encode_lookup_request, encode_update_request
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from figures import Figures, add_json_flag
 
 UCX_ECHO_SERVER = Path(__file__).with_name("ucx_echo_server.py")
 DIM = 64
@@ -123,7 +124,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="1024,16384,131072")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=0.4, help="timing budget per round/op")
+    add_json_flag(parser)
     args = parser.parse_args()
+    figures = Figures()
     os.environ.setdefault("UCX_TLS", "tcp")
     os.environ.setdefault("UCX_NET_DEVICES", "lo")  # loopback only
     retain_freed_buffers()  # one client process serves every system: the same allocator
@@ -161,9 +164,11 @@ def main() -> int:
                     f"{n:>7} {op:>7} {n / ucx:>10.0f} {n / grpc_:>10.0f} {n / base:>10.0f} "
                     f"{base / ucx:>8.2f} {ucx / grpc_:>8.2f}"
                 )
+                figures.add(f"{op} of {n:,} ids, Ember UCX / raw UCX", base / ucx, at_least=0.8)
         raw.close()
         for client in clients.values():
             client.close()
+    figures.write(args.json)
     return 0
 
 

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from figures import Figures, add_json_flag
+
 RUNS = {
     "float32": "float32",
     "bfloat16": "bfloat16",
@@ -44,7 +46,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=120, help="the demo's default")
     parser.add_argument("--eval-batches", type=int, default=8, help="the demo's default")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_flag(parser)
     args = parser.parse_args()
     reports = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -78,6 +80,7 @@ def main() -> int:
             f"{per_sample['control']:>5.0f} {report['samples_per_s']:>9.0f}"
         )
     print("\ntargets")
+    headline = Figures()
     for dtype in ("bfloat16", "float16"):
         delta = figures[dtype]["auc_delta"]
         met = abs(delta) <= AUC_TOLERANCE
@@ -85,8 +88,11 @@ def main() -> int:
             f"  {dtype} AUC within {AUC_TOLERANCE} of float32: {delta:+.4f}  "
             f"{'met' if met else 'MISSED'}"
         )
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        headline.add(f"{dtype} rows: |held-out AUC - float32's|", abs(delta), at_most=AUC_TOLERANCE)
+        headline.add(
+            f"{dtype} rows: bytes/sample / float32's", figures[dtype]["bytes_share_of_float32"]
+        )
+    headline.write(args.json)
     return 0
 
 

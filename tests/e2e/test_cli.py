@@ -60,7 +60,8 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
     report_path = tmp_path / "report.json"
     result = subprocess.run(
         [*EMBER, "demo", "--steps", "30", "--batch-size", "256", "--eval-batches", "4",
-         "--max-cardinality", "5000", "--no-progress", "--report", str(report_path)],
+         "--max-cardinality", "5000", "--no-progress", "--report", str(report_path),
+         "--run-dir", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=300,
@@ -81,6 +82,11 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
     assert report["config"]["batch_size"] == 256
     assert "held-out AUC" in result.stdout and "shards stopped cleanly" in result.stdout
     assert "exposed PS wait" in result.stdout
+    # The demo ends by naming its run report: the plots and the summary.
+    assert f"run report: {tmp_path / 'run' / 'summary.md'}" in result.stdout
+    assert len(list((tmp_path / "run").glob("*.png"))) == 5
+    steps = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in steps] == list(range(1, 31))
 
 
 @pytest.mark.parametrize(
