@@ -133,8 +133,9 @@ def markdown_table(results: dict) -> str:
             lines.append(f"| {name} | {result['status']} | | | |")
         for figure in result["figures"]:
             met = {True: "yes", False: "**no**", None: ""}[figure["met"]]
+            label = figure["name"].replace("|", "\\|")  # a pipe would end the cell
             lines.append(
-                f"| {name} | {figure['name']} | {figure['value']:.3g} | {figure['target']} | {met} |"
+                f"| {name} | {label} | {figure['value']:.3g} | {figure['target']} | {met} |"
             )
     return "\n".join(lines) + "\n"
 
