@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,8 +78,12 @@ def machine() -> dict[str, str]:
     }
 
 
+# A benchmark that runs longer than this has hung (the full trainer one takes ~10 minutes).
+TIMEOUT_S = 3600
+
+
 def run_suite(names: list[str], quick: bool, scratch: Path) -> dict:
-    """Run ``names``; the results document."""
+    """Run ``names`` (their figures in ``scratch``); the results document."""
     results = {}
     for name in names:
         full, small = SUITE[name]
@@ -160,7 +165,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(SUITE)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = run_suite(names, args.quick, args.out)
+    with tempfile.TemporaryDirectory() as scratch:
+        results = run_suite(names, args.quick, Path(scratch))
     (args.out / RESULTS_JSON.name).write_text(json.dumps(results, indent=2) + "\n")
     table = markdown_table(results)
     (args.out / RESULTS_MD.name).write_text("# Benchmark results\n\n" + table)

@@ -274,7 +274,11 @@ def main() -> int:
     figures = Figures()
     for name, value, goal, op in checks:
         figures.add(name, value, **{"at_least" if op == ">=" else "at_most": goal})
-    figures.write(args.json)
+    details = {
+        section: {name: dataclasses.asdict(result) for name, result in results.items()}
+        for section, results in sections.items()
+    }
+    figures.write(args.json, details)
     return 0
 
 

@@ -95,7 +95,7 @@ def main() -> int:
         headline.add(
             f"{dtype} rows: bytes/sample / float32's", figures[dtype]["bytes_share_of_float32"]
         )
-    headline.write(args.json)
+    headline.write(args.json, figures)
     return 0
 
 

@@ -15,21 +15,25 @@ T = TypeVar("T")
 PREFIX = "EMBER_"
 
 
-def env_value(name: str, default: T, parse: Callable[[str], T] | None = None) -> T:
-    """The value of ``EMBER_<NAME>`` parsed like ``default``, or ``default`` if unset.
+def env_value(
+    name: str, default: T, parse: Callable[[str], T] | None = None, prefix: str = PREFIX
+) -> T:
+    """The value of ``<prefix><NAME>`` (``EMBER_<NAME>``) parsed like ``default``, or ``default``
+    if unset.
 
     Example:
         >>> env_value("PORT", 50051)  # reads EMBER_PORT
         50051
     """
-    raw = os.environ.get(PREFIX + name.upper())
+    variable = prefix + name.upper()
+    raw = os.environ.get(variable)
     if raw is None or raw == "":
         return default
     parser = parse or (parse_bool if isinstance(default, bool) else type(default))
     try:
         return parser(raw)
     except ValueError as error:
-        raise ValueError(f"{PREFIX}{name.upper()}={raw!r} is not a valid value: {error}") from None
+        raise ValueError(f"{variable}={raw!r} is not a valid value: {error}") from None
 
 
 def parse_bool(raw: str) -> bool:

@@ -4,7 +4,9 @@ A setting is a field of a config dataclass, declared with :func:`setting`: its
 default and its help text. From that one field come
 
 * its command-line flag (``--field-name``, or the flag given), via :func:`add_setting_flags`;
-* its environment variable ``EMBER_FIELD_NAME``, which sets the flag's default;
+* its environment variable, which sets the flag's default: the class's ``ENV_PREFIX``
+  (``EMBER_`` for shards, ``EMBER_CLIENT_`` for clients, ``EMBER_TRAIN_`` for trainers,
+  so that no variable sets two sides) and the field's name in capitals;
 * its key in a cluster file, checked by :func:`settings_from_mapping`, which
   names the key path of an unknown key or a value of the wrong type.
 
@@ -54,9 +56,19 @@ def settings_of(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if _HELP in f.metadata]
 
 
-def env_name(field: dataclasses.Field) -> str:
-    """The environment variable of ``field``: ``EMBER_<FIELD NAME>``."""
-    return PREFIX + field.name.upper()
+def env_prefix(cls: type) -> str:
+    """The prefix of ``cls``'s environment variables (its ``ENV_PREFIX``, else ``EMBER_``)."""
+    return getattr(cls, "ENV_PREFIX", PREFIX)
+
+
+def env_name(cls: type, field: dataclasses.Field) -> str:
+    """The environment variable of ``cls``'s setting ``field``."""
+    return env_prefix(cls) + field.name.upper()
+
+
+def settings_env_names(*classes: type) -> set[str]:
+    """Every environment variable the settings of ``classes`` read."""
+    return {env_name(cls, field) for cls in classes for field in settings_of(cls)}
 
 
 def flag_of(field: dataclasses.Field) -> str:
@@ -86,7 +98,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, cls: type, skip: Sequence
             continue
         kind, _ = value_type(cls, field)
         default = env_value(field.name, field.default, parse_bool if kind is bool else kind)
-        help_text = f"{field.metadata[_HELP]} (env {env_name(field)})".replace("%", "%%")
+        help_text = f"{field.metadata[_HELP]} (env {env_name(cls, field)})".replace("%", "%%")
         if kind is bool:
             parser.add_argument(
                 flag_of(field),

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -43,6 +43,7 @@ class LocalCluster:
         host: address the shards bind.
         server_command: the program each shard runs, before its flags; any
             server that accepts the ``ember ps`` flags and writes the ready file.
+        env: the shards' environment (default: this process's).
 
     Example:
         >>> with LocalCluster(2) as cluster:                     # doctest: +SKIP
@@ -56,6 +57,7 @@ class LocalCluster:
         workdir: Path | None = None,
         host: str = "127.0.0.1",
         server_command: Sequence[str] = (sys.executable, "-m", "ember.cli.main", "ps"),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -63,6 +65,7 @@ class LocalCluster:
         self.host = host
         self._extra_args = list(extra_args)
         self._server_command = list(server_command)
+        self._env = dict(env) if env is not None else None
         self._tempdir = None if workdir else tempfile.TemporaryDirectory(prefix="ember-cluster-")
         self.workdir = Path(workdir or self._tempdir.name)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,7 @@ class LocalCluster:
         ]  # fmt: skip
         with open(self.workdir / f"shard-{shard}.log", "ab") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self._env
             )
         if replace:
             self.processes[shard] = process

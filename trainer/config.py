@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import ClassVar
 
 import torch
 from ember.ps_server.client.config import ClientConfig
@@ -23,6 +24,8 @@ class TrainConfig:
     """What one training run does (every rank gets the same config). Each field but
     ``endpoints`` and ``client`` is a setting (flag, EMBER_* variable and cluster-file key;
     see :mod:`ember.settings`), described by its help text."""
+
+    ENV_PREFIX: ClassVar[str] = "EMBER_TRAIN_"
 
     endpoints: tuple[str, ...]
     client: ClientConfig = dataclasses.field(default_factory=ClientConfig)

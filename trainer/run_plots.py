@@ -13,8 +13,6 @@ from typing import Any
 
 from ember.trainer.telemetry import BYTE_CATEGORIES
 
-PLOTS = ("loss", "throughput", "hit_rate", "bytes_per_sample", "ps_wait")
-
 
 class RunDirectoryError(ValueError):
     """A run directory that is missing a file or holds one that cannot be read."""

@@ -10,9 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 from ember.trainer.config import TrainConfig
 from ember.trainer.progress import ProgressLine
@@ -22,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from ember.metrics_endpoint import MetricsEndpoint
 
 BYTE_CATEGORIES = ("pulled", "pushed", "hot_allreduce", "control")
+# The plots `ember report` draws from a run directory (trainer/run_plots.py).
+PLOTS = ("loss", "throughput", "hit_rate", "bytes_per_sample", "ps_wait")
 
 
 def bytes_per_sample(source: RowSourceKind, samples: int) -> dict[str, float]:
@@ -113,11 +114,15 @@ class TrainerMetrics:
 
 class RunDirectory:
     """A run's directory: ``config.json`` at the start, ``metrics.jsonl`` (a snapshot per
-    line, flushed as written) while training, ``report.json`` at the end."""
+    line, flushed as written) while training, ``report.json`` at the end. What an earlier
+    run left there (its report, plots and summary) is removed first, so a report never
+    mixes two runs."""
 
     def __init__(self, path: Path, config: TrainConfig) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
+        for name in ("report.json", "summary.md", *(f"{plot}.png" for plot in PLOTS)):
+            (path / name).unlink(missing_ok=True)
         _write_json(path / "config.json", dataclasses.asdict(config))
         # Held open across the steps; finish() or close() closes it.
         self._metrics: TextIO = open(path / "metrics.jsonl", "w", encoding="utf-8")  # noqa: SIM115
@@ -156,7 +161,6 @@ class Telemetry:
 
     def __init__(self, config: TrainConfig, rank: int, world: int) -> None:
         self._config, self._world = config, world
-        self._start = time.perf_counter()
         self.metrics = (
             TrainerMetrics(rank, config.metrics_host, metrics_port_of_rank(config.metrics_port))
             if config.metrics_port is not None
@@ -167,9 +171,8 @@ class Telemetry:
         )
         self.progress = ProgressLine(config.steps) if config.progress and rank == 0 else None
 
-    def step(self, step: int, loss: float, source: TimedSource) -> None:
-        """Record the figures after ``step`` steps (the first began when this was made)."""
-        elapsed = time.perf_counter() - self._start
+    def step(self, step: int, loss: float, source: TimedSource, elapsed: float) -> None:
+        """Record the figures after ``step`` steps, ``elapsed`` seconds after the first began."""
         snapshot = step_snapshot(step, loss, source, self._config, self._world, elapsed)
         if self.metrics is not None:
             self.metrics.record(snapshot)
@@ -183,6 +186,12 @@ class Telemetry:
         if self.run_dir is not None:
             self.run_dir.finish(report)
             self.run_dir = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Stop serving metrics; close what is open (again: nothing)."""

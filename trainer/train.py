@@ -63,7 +63,11 @@ def train(config: TrainConfig) -> dict:
     )
     dense_opt = torch.optim.Adagrad(model.parameters(), lr=config.dense_lr)
     reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)
-    with PSClient(list(config.endpoints), config.client) as client:
+    # Telemetry first: a metrics port that is taken fails before anything is held.
+    with (
+        Telemetry(config, rank, world) as telemetry,
+        PSClient(list(config.endpoints), config.client) as client,
+    ):
         for spec in specs:
             client.create_table(spec)
         inner = build_row_source(client, config, specs, data, (rank, world), device)
@@ -71,7 +75,6 @@ def train(config: TrainConfig) -> dict:
         ebc = PSEmbeddingBagCollection(
             source, [s.name for s in specs], grad_scale=1.0 / world, device=device
         )
-        telemetry = Telemetry(config, rank, world)
         losses: list[float] = []
         batches = _train_batches(config, data, reader, rank, world)
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -101,12 +104,11 @@ def train(config: TrainConfig) -> dict:
                 if _write_back_due(config, len(losses)):
                     with source.wait:
                         flush(inner)  # bounds what a crashed trainer loses of its replicas
-                telemetry.step(len(losses), losses[-1], source)
+                telemetry.step(len(losses), losses[-1], source, time.perf_counter() - start)
             with source.wait:
                 flush(inner, last=True)
         except BaseException:
             release(inner)  # checkpoints stop waiting for this job's replicas
-            telemetry.close()
             raise
         wall = time.perf_counter() - start
         report = run_report(
@@ -115,12 +117,9 @@ def train(config: TrainConfig) -> dict:
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
         # What carried the rows: the step calls' transport, or gRPC's pulls and pushes.
         report["transport"] = client.shard_rpc.data_plane.name if config.clocked() else "grpc"
-        try:
-            if rank == 0:
-                report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
-            telemetry.finish(report)
-        finally:
-            telemetry.close()
+        if rank == 0:
+            report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
+        telemetry.finish(report)
         close(inner)
     if world > 1:
         dist.barrier()

@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise SystemExit(f"ember certs: {error}") from None
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if "ca.key" in paths:
+        print(f"keep {paths['ca.key']} private: whoever holds it can issue certificates")
     print(
         f"shards: --tls-cert {paths['server.pem']} --tls-key {paths['server.key']} "
         f"[--tls-client-ca {paths['ca.pem']} for mutual TLS]"

@@ -46,7 +46,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_setting_flags(parser, ClientConfig)
     # A shard's write of a large table takes long; the client's default suits training calls.
-    parser.set_defaults(timeout_s=env_value("TIMEOUT_S", 600.0))
+    parser.set_defaults(timeout_s=env_value("TIMEOUT_S", 600.0, prefix=ClientConfig.ENV_PREFIX))
     add_endpoint_flags(parser)
     parser.set_defaults(run=run)
 

@@ -84,11 +84,17 @@ def run_compose(args: argparse.Namespace) -> int:
 
 def run_up(args: argparse.Namespace) -> int:
     """Start the cluster, write the endpoints file, train or wait for a signal, stop cleanly."""
+    if args.config is not None:
+        # A signal unwinds the launcher (the trainer job and every process with it).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda number, _: sys.exit(128 + number))
+        try:
+            return _run_file(args, threading.Event())
+        finally:
+            args.endpoints_file.unlink(missing_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if args.config is not None:
-        return _run_file(args, stop)
     from ember.ps_server.cluster import LocalCluster
 
     if args.shards < 1:
@@ -127,7 +133,6 @@ def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
             flush=True,
         )
         status = cluster.run_trainer()
-        args.endpoints_file.unlink(missing_ok=True)
         if status != 0:
             print(
                 f"ember cluster: the trainer job failed with exit status {status}", file=sys.stderr

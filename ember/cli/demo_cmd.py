@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from ember.cli.report_cmd import render_report
-from ember.cli.train_cmd import add_training_flags, config_from_args, print_summary, train_argv
+from ember.cli.train_cmd import add_training_flags, config_from_args, print_summary
+from ember.deploy.topology import train_argv
 from ember.env import env_value
 
 

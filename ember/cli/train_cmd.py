@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ember.cli.endpoints import add_endpoint_flags, endpoints_from_args
-from ember.settings import add_setting_flags, settings_argv, settings_from_args
+from ember.settings import add_setting_flags, settings_from_args
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,13 +48,6 @@ def config_from_args(args: argparse.Namespace, endpoints: list[str]):
     except ValueError as error:
         raise SystemExit(f"ember: {error}") from None
     return config
-
-
-def train_argv(config) -> list[str]:
-    """``ember train`` flags that reproduce ``config`` (inverse of config_from_args)."""
-    return [
-        "--endpoints", ",".join(config.endpoints), *settings_argv(config), *settings_argv(config.client),
-    ]  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

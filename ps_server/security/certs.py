@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 DEFAULT_SERVER_NAMES = ("localhost", "127.0.0.1")
+MAX_DAYS = 36_500
 FILES = ("ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key")
 
 
@@ -43,10 +44,10 @@ def make_certificates(
 
     Raises:
         FileExistsError: one of the files exists already.
-        ValueError: days < 1 or no server name.
+        ValueError: days out of 1..MAX_DAYS, or no server name.
     """
-    if days < 1:
-        raise ValueError(f"days must be >= 1, got {days}")
+    if not 1 <= days <= MAX_DAYS:
+        raise ValueError(f"days must be in 1..{MAX_DAYS}, got {days}")
     if not server_names:
         raise ValueError("the server certificate needs at least one name")
     directory.mkdir(parents=True, exist_ok=True)

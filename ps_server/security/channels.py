@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from ember.ps_server.security.credentials import METADATA_KEY, authorization_value, read_pem
 
+log = logging.getLogger(__name__)
 
-class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+
+class _TokenMetadata(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds ``authorization: Bearer <token>`` to every call."""
 
     def __init__(self, token: bytes) -> None:
@@ -20,6 +28,12 @@ class _TokenMetadata(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientIn
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
         return continuation(self._with_token(details), requests)
@@ -35,6 +49,11 @@ def open_channel(
 ) -> grpc.Channel:
     """A channel to ``endpoint``: TLS verified by ``tls_ca`` where given (mutual TLS with
     ``tls_cert`` and ``tls_key``), plaintext otherwise; ``token`` on every call where given."""
+    if token and not tls_ca:
+        log.warning(
+            "sending the token to %s without TLS: anyone on the path can read it (use --tls-ca)",
+            endpoint,
+        )
     if tls_ca:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=read_pem(tls_ca, "CA bundle"),

@@ -3,11 +3,13 @@ how it travels, and the constant-time check)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
-import os
 import stat
 from pathlib import Path
+
+from ember.env import env_value
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def load_token(token_file: str) -> bytes | None:
             log.warning("token file %s is readable by other users: chmod 600 it", token_file)
         where = f"token file {token_file}"
     else:
-        text = os.environ.get(TOKEN_ENV, "").strip()
+        text = token_in_environment()
         if not text:
             return None
         where = TOKEN_ENV
@@ -55,14 +57,20 @@ def load_token(token_file: str) -> bytes | None:
     return text.encode("ascii")
 
 
+def token_in_environment() -> str:
+    """The token in ``EMBER_AUTH_TOKEN`` ('' : none)."""
+    return env_value("AUTH_TOKEN", "").strip()
+
+
 def authorization_value(token: bytes) -> str:
     """The metadata value a client sends with ``token``."""
     return (_SCHEME + token).decode("ascii")
 
 
 def token_matches(expected: bytes, metadata_value: str | bytes | None) -> bool:
-    """Whether an ``authorization`` metadata value carries ``expected``, compared in constant
-    time (the time depends on neither the token's content nor how much of it matched)."""
+    """Whether an ``authorization`` metadata value carries ``expected``. Their SHA-256
+    digests are compared in constant time, so the time depends on neither the token's
+    content, nor how much of it matched, nor its length."""
     if metadata_value is None:
         return False
     given = (
@@ -70,4 +78,8 @@ def token_matches(expected: bytes, metadata_value: str | bytes | None) -> bool:
         if isinstance(metadata_value, str)
         else metadata_value
     )
-    return hmac.compare_digest(_SCHEME + expected, given)
+    return hmac.compare_digest(_digest(_SCHEME + expected), _digest(given))
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()

@@ -8,8 +8,9 @@ from typing import Any
 import grpc
 from ember.ps_server.security.credentials import METADATA_KEY, read_pem, token_matches
 
-# Orchestrators probe health without credentials; it reveals nothing but serving or not.
-OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+# Orchestrators probe health without credentials; one answer reveals nothing but serving or
+# not (the Watch stream stays closed: it would hold resources for anyone).
+OPEN_METHODS = ("/grpc.health.v1.Health/Check",)
 
 
 def server_credentials(cert: str, key: str, client_ca: str) -> grpc.ServerCredentials:
@@ -38,7 +39,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        if details.method.startswith(OPEN_SERVICES):
+        if details.method in OPEN_METHODS:
             return continuation(details)
         given = dict(details.invocation_metadata or ()).get(METADATA_KEY)
         if token_matches(self._token, given):
@@ -46,10 +47,10 @@ class TokenInterceptor(grpc.ServerInterceptor):
         return _refusal(continuation(details), "no token" if given is None else "wrong token")
 
 
-def _refusal(handler: grpc.RpcMethodHandler | None, reason: str) -> grpc.RpcMethodHandler | None:
-    """A handler of ``handler``'s kind that reads no request and answers UNAUTHENTICATED."""
-    if handler is None:  # an unknown method: gRPC answers UNIMPLEMENTED, which reveals nothing
-        return None
+def _refusal(handler: grpc.RpcMethodHandler | None, reason: str) -> grpc.RpcMethodHandler:
+    """A handler of ``handler``'s kind (unary for an unknown method, so that a caller without
+    the token cannot tell which methods exist) that reads no request and answers
+    UNAUTHENTICATED."""
 
     def refuse(request: Any, context: grpc.ServicerContext) -> None:
         context.abort(
@@ -57,6 +58,8 @@ def _refusal(handler: grpc.RpcMethodHandler | None, reason: str) -> grpc.RpcMeth
             f"{reason}: calls need the cluster's token in the '{METADATA_KEY}' metadata",
         )
 
+    if handler is None:
+        return grpc.unary_unary_rpc_method_handler(refuse)
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(refuse)
     if handler.request_streaming:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
-from ember.ps_server.security.credentials import TOKEN_ENV
+from ember.ps_server.security.credentials import TOKEN_ENV, token_in_environment
 from ember.ps_server.stores import check_store_url
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -82,9 +81,11 @@ class ShardConfig:
     )
     metrics_port: int | None = setting(
         None,
-        "serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port, written to the "
-        "ready file); none by default",
+        "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: a free port, written "
+        "to the ready file); none by default. The endpoint has no authentication: bind it where "
+        "only your monitoring reaches it",
     )
+    metrics_host: str = setting("127.0.0.1", "address the metrics endpoint binds")
     tls_cert: str = setting(
         "", "PEM certificate to serve TLS with (with --tls-key); clients verify it by its CA"
     )
@@ -139,14 +140,15 @@ class ShardConfig:
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
-    def authenticated(self) -> bool:
-        """Whether calls need TLS or a token (the token may also come from the environment)."""
-        return bool(self.tls_cert or self.token_file or os.environ.get(TOKEN_ENV, "").strip())
+    def protected(self) -> bool:
+        """Whether gRPC is closed by TLS or a token (the token may also come from the
+        environment)."""
+        return bool(self.tls_cert or self.token_file or token_in_environment())
 
     def check_ucx_trust(self) -> None:
         """Refuse UCX beside TLS or a token unless ``ucx_unauthenticated`` says the network is
         trusted: the UCX data plane carries neither, so it would be an open side door."""
-        if self.ucx and self.authenticated() and not self.ucx_unauthenticated:
+        if self.ucx and self.protected() and not self.ucx_unauthenticated:
             raise ValueError(
                 "--ucx beside TLS or a token: the UCX data plane is neither encrypted nor "
                 "authenticated, so anyone who reaches its port could read and write rows. Add "

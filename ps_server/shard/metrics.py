@@ -5,10 +5,15 @@ Calls are counted as they finish (``ember_shard_calls_total``, errors by status 
 ``ember_shard_call_errors_total``, latency in ``ember_shard_call_seconds``; the
 ``Checkpoint`` method's latency is how long a checkpoint took). Tables, counters and
 clocks are read from the shard when scraped, so nothing on the request path updates them.
+Rows and bytes held are exported for memory stores only: counting a Redis-backed table
+scans its keys, too much for every scrape (the Stats call still gives them). A scrape
+that cannot read the shard still exports the call counters, and
+``ember_shard_scrape_errors_total`` says it failed.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -20,6 +25,8 @@ from ember.ps_server.wire.frames import FrameHeader, Op
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 # From a sub-millisecond lookup to a long checkpoint or a lookup held for other ranks.
 LATENCY_BUCKETS = (
@@ -47,7 +54,7 @@ class ShardMetrics:
     """The metrics of the shard ``logic``, in a registry of their own."""
 
     def __init__(self, logic: ParameterServer) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         labels = ("transport", "method")
         self.calls = Counter(
             "ember_shard_calls", "Calls served, by transport and method", labels,
@@ -136,8 +143,23 @@ class _ShardCollector(Collector):
 
     def __init__(self, logic: ParameterServer) -> None:
         self._logic = logic
+        self._sizes = logic.store_url == "memory"
+        self._errors = 0
 
     def collect(self) -> Iterator[Any]:
+        try:
+            families = list(self._families())
+        except Exception as error:  # noqa: BLE001 - a scrape must not fail the call counters
+            log.warning("metrics: cannot read the shard's tables and clocks: %s", error)
+            self._errors += 1
+            families = []
+        errors = CounterMetricFamily(
+            "ember_shard_scrape_errors", "Scrapes that could not read the tables or clocks"
+        )
+        errors.add_metric([], self._errors)
+        yield from (*families, errors)
+
+    def _families(self) -> Iterator[Any]:
         rows = GaugeMetricFamily("ember_shard_table_rows", "Rows held, by table", labels=["table"])
         size = GaugeMetricFamily(
             "ember_shard_table_bytes", "Bytes of rows and optimizer state held", labels=["table"]
@@ -151,9 +173,10 @@ class _ShardCollector(Collector):
                 ("duplicate_pushes", "Push requests deduplicated by request id (not applied)"),
             )
         }
-        for table in self._logic.stats(sizes=True):
-            rows.add_metric([table.name], table.rows)
-            size.add_metric([table.name], table.bytes)
+        for table in self._logic.stats(sizes=self._sizes):
+            if self._sizes:
+                rows.add_metric([table.name], table.rows)
+                size.add_metric([table.name], table.bytes)
             for name, family in counters.items():
                 family.add_metric([table.name], getattr(table.counters, name))
         watermark = GaugeMetricFamily(

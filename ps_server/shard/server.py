@@ -112,7 +112,7 @@ class ParameterServer:
         self.num_shards = num_shards
         self.max_message_bytes = max_message_bytes
         self._dedup_window = dedup_window
-        self._store_url = store
+        self.store_url = store
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
         self.fault = ShardFault()
@@ -141,7 +141,7 @@ class ParameterServer:
             existing = self._tables.get(spec.name)
             if existing is None:
                 store = open_store(
-                    self._store_url,
+                    self.store_url,
                     spec.name,
                     self.shard,
                     spec.dim,

@@ -90,23 +90,24 @@ class ShardServer:
             accept_empty_store=config.accept_empty_store,
             checkpoint_root=config.checkpoint_root,
         )
-        metrics = ShardMetrics(logic)
-        # Bound before recovery, so that a taken port fails fast.
+        # Only a shard that serves metrics pays for counting calls. The endpoint is bound
+        # before recovery, so that a taken port fails fast.
+        metrics = ShardMetrics(logic) if config.metrics_port is not None else None
         endpoint = (
-            MetricsEndpoint(metrics.registry, config.host, config.metrics_port)
-            if config.metrics_port is not None
+            MetricsEndpoint(metrics.registry, config.metrics_host, config.metrics_port)
+            if metrics is not None
             else None
         )
         ucx_listener = None
         try:
             recover(logic, config)
-            if logic.journal.log is not None:
+            if metrics is not None and logic.journal.log is not None:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
             ucx_listener = _start_ucx_listener(config, logic, metrics)
+            counting = [metrics.grpc_interceptor()] if metrics is not None else []
             grpc_server, port, health_servicer = cls._start_grpc(
-                config, logic, ucx_listener, [metrics.grpc_interceptor(), *_token_check(token)],
-                credentials,
-            )  # fmt: skip
+                config, logic, ucx_listener, [*counting, *_token_check(token)], credentials
+            )
         except BaseException:
             if ucx_listener is not None:
                 ucx_listener.close(grace_s=0)
@@ -117,6 +118,12 @@ class ShardServer:
             "shard %d/%d serving on %s:%d (%s)", config.shard, config.num_shards, config.host,
             port, _security(config, token),
         )  # fmt: skip
+        if token and credentials is None:
+            log.warning(
+                "the token travels without TLS: anyone on the path can read it (--tls-cert)"
+            )
+        elif credentials is not None and not (token or config.tls_client_ca):
+            log.warning("TLS without a token or mutual TLS encrypts calls but admits anyone")
         return cls(config, logic, grpc_server, port, health_servicer, ucx_listener, endpoint)
 
     @staticmethod
@@ -204,15 +211,16 @@ def _security(config: ShardConfig, token: bytes | None) -> str:
 
 
 def _start_ucx_listener(
-    config: ShardConfig, logic: ParameterServer, metrics: ShardMetrics
+    config: ShardConfig, logic: ParameterServer, metrics: ShardMetrics | None
 ) -> UcxListener | None:
-    """The UCX listener of the step calls, where ``config`` asks for one."""
+    """The UCX listener of the step calls, where ``config`` asks for one (its calls counted
+    where ``metrics`` are kept)."""
     if not config.ucx:
         return None
-    listener = UcxListener(
-        metrics.frame_handlers(StepHandlers(logic).frame_handlers()), config.max_message_bytes,
-        config.workers, config.ucx_port,
-    )  # fmt: skip
+    handlers = StepHandlers(logic).frame_handlers()
+    if metrics is not None:
+        handlers = metrics.frame_handlers(handlers)
+    listener = UcxListener(handlers, config.max_message_bytes, config.workers, config.ucx_port)
     log.info("shard %d serving step calls over UCX on port %d", config.shard, listener.port)
     if config.host not in ("0.0.0.0", "::"):
         log.warning(

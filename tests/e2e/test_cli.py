@@ -101,6 +101,8 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
             "--optimizer: invalid choice: 'lion'",
         ),
         (["train"], "give --endpoints or --endpoints-file"),
+        (["ps", "--ucx", "--token-file", "/no/such/token"], "UCX data plane is neither encrypted"),
+        (["cluster", "compose", "--config", "/no/such.toml", "--out", "/tmp"], "No such file"),
         (["checkpoint", "--dir", "/tmp/x"], "give --endpoints or --endpoints-file"),
         (["ps", "--restore", "/nonexistent/ckpt"], "no finished checkpoint"),
         (["ps", "--wal-fsync", "sometimes"], "invalid choice: 'sometimes'"),

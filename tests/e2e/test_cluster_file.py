@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,14 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 from ember.ps_server.shard.config import ShardConfig
-from ember.trainer.run_plots import PLOTS
+from ember.trainer.telemetry import PLOTS
 
 from ember.cli.main import build_parser
 from ember.cli.train_cmd import config_from_args
 from ember.deploy.cluster_file import load_cluster_file
-from ember.deploy.compose import rendered_files
+from ember.deploy.compose import compose_document, rendered_files
 from ember.deploy.local import LocalDeployment
-from ember.deploy.topology import service_names, train_config, trainer_module_args
+from ember.deploy.topology import train_config, trainer_module_args
 from ember.settings import settings_from_args
 from tests.support.redis_server import require_redis_server
 
@@ -55,8 +56,13 @@ def test_the_compose_files_are_the_cluster_files_output():
 def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_path):
     spec = load_cluster_file(CLUSTER_FILE)
     services = _compose_config()["services"]
-    assert service_names(spec) == ["redis", "shard-0", "shard-1", "trainer"]
-    assert set(services) == {*service_names(spec), "prometheus", "grafana"}
+    expected = ["redis", "shard-0", "shard-1", "trainer"]
+    assert list(compose_document(spec, "docker/cluster.toml")["services"]) == [
+        *expected,
+        "prometheus",
+        "grafana",
+    ]
+    assert set(services) == {*expected, "prometheus", "grafana"}
     assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
     local = LocalDeployment(spec, tmp_path)
     local._placement = dataclasses.replace(local.placement, redis_address="127.0.0.1:6379")
@@ -72,7 +78,8 @@ def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_pat
         assert bool(in_container.wal) == bool(on_this_host.wal) == spec.wal
         assert (in_container.metrics_port, on_this_host.metrics_port) == (9400, 0)
         assert services[f"shard-{k}"]["depends_on"]["redis"]["condition"] == "service_healthy"
-        assert services[f"shard-{k}"]["healthcheck"]["test"][1:3] == ["ember", "health"]
+        probe = ["python", "-m", "ember.cli.health_cmd", "127.0.0.1:50051"]
+        assert services[f"shard-{k}"]["healthcheck"]["test"][1:] == probe
         # The log and the checkpoints are on the volume, which outlives the container.
         assert "ember-durable:/var/lib/ember" in services[f"shard-{k}"]["volumes"][0]
         assert in_container.wal.startswith("/var/lib/ember/")
@@ -116,10 +123,12 @@ def test_cluster_up_with_redis_two_shards_and_two_ranks_trains_to_the_end(tmp_pa
     assert "steps = 12" in text
     config.write_text(text)
     workdir = tmp_path / "run"
+    # Settings in the environment reach no process: the file alone configures them.
+    stray = {"EMBER_WORKERS": "0", "EMBER_STORE": "redis://127.0.0.1:1/0", "EMBER_TRAIN_STEPS": "0"}
     result = subprocess.run(
         [*EMBER, "cluster", "up", "--config", str(config), "--workdir", str(workdir),
          "--endpoints-file", str(tmp_path / "endpoints.json")],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **stray},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "starting Redis, 2 shards" in result.stdout

@@ -26,7 +26,7 @@ from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableS
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data, table_specs
 
-from ember.cli.train_cmd import train_argv
+from ember.deploy.topology import train_argv
 from tests.support.union_reference import pretrained_tables, union_reference
 
 STEPS = 16

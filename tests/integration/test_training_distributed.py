@@ -14,7 +14,7 @@ from ember.trainer.config import TrainConfig
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.train import synthetic_data, table_specs
 
-from ember.cli.train_cmd import train_argv
+from ember.deploy.topology import train_argv
 from tests.support.criteo_file import write_criteo_file
 from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 from tests.support.union_reference import pretrained_tables, union_reference

@@ -43,3 +43,15 @@ def test_the_check_sees_shard_side_modules() -> None:
     """The prefixes name real packages: the shard's entry point loads all three sides."""
     loaded = _shard_side(_modules_loaded_by("import ember.ps_server.shard.shard_server"))
     assert {m.rsplit(".", 1)[0] for m in loaded if m.count(".") == 3} >= set(SHARD_SIDE)
+
+
+def test_the_container_health_probe_loads_neither_torch_nor_the_cli() -> None:
+    program = (
+        "import sys, ember.cli.health_cmd\n"
+        "print(sorted(m for m in ('torch', 'ember.cli.main', 'ember.ps_server.client') "
+        "if m in sys.modules))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.strip() == "[]"

@@ -3,7 +3,8 @@
 import pytest
 
 from ember.deploy.cluster_file import cluster_from_mapping, load_cluster_file
-from ember.deploy.topology import Placement, service_names, shard_config, store_url
+from ember.deploy.compose import compose_document
+from ember.deploy.topology import Placement, shard_config, store_url
 from ember.settings import SettingsError
 
 MINIMAL = {"shards": 2}
@@ -25,6 +26,8 @@ MINIMAL = {"shards": 2}
         ({"shard": {"port": 1}}, r"^shard\.port: unknown key"),
         ({"monitor": {}}, r"^monitor: unknown key"),
         ({"shard": 3}, r"^shard: expected a table"),
+        ({"client": {"token_file": "/t"}}, r"^client\.token_file: unknown key"),  # not served
+        ({"client": {"transport": "ucx"}}, r"^client\.transport: unknown key"),
     ],
 )
 def test_unknown_keys_and_wrong_types_are_refused_naming_the_key_path(document, message):
@@ -38,7 +41,7 @@ def test_out_of_range_values_are_refused_naming_the_file(tmp_path):
     with pytest.raises(SettingsError, match=r"cluster.toml: trainer.ranks must be in 1..64"):
         load_cluster_file(path)
     path.write_text("shards = 2\n[shard]\nworkers = 0\n")
-    with pytest.raises(SettingsError, match=r"cluster.toml: workers must be >= 1"):
+    with pytest.raises(SettingsError, match=r"cluster.toml: \[shard\] workers must be >= 1"):
         load_cluster_file(path)
     path.write_text("shards = [")
     with pytest.raises(SettingsError, match=r"cluster.toml: "):
@@ -56,7 +59,8 @@ def test_a_spec_is_placed_for_each_launcher():
             "trainer": {"ranks": 2, "steps": 7},
         }
     )
-    assert service_names(spec) == ["redis", "shard-0", "shard-1", "shard-2", "trainer"]
+    services = compose_document(spec, "c.toml")["services"]
+    assert list(services) == ["redis", "shard-0", "shard-1", "shard-2", "trainer"]
     placement = Placement("0.0.0.0", 50051, "redis:6379", "/var/lib/ember")
     config = shard_config(spec, 2, placement)
     assert (config.shard, config.num_shards, config.workers) == (2, 3, 5)

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from ember.trainer.run_plots import PLOTS, RunDirectoryError, read_run, render_plots, write_summary
+from ember.trainer.run_plots import RunDirectoryError, read_run, render_plots, write_summary
+from ember.trainer.telemetry import PLOTS
 
 
 def _snapshot(step: int) -> dict:

@@ -13,9 +13,11 @@ from ember.trainer.config import TrainConfig
 from ember.settings import (
     SettingsError,
     add_setting_flags,
+    env_name,
     settings_argv,
     settings_from_args,
     settings_from_mapping,
+    settings_of,
 )
 
 
@@ -73,6 +75,16 @@ def test_optional_settings_take_their_type_or_nothing():
         settings_from_mapping(TrainConfig, {"criteo_path": 3}, "trainer", endpoints=())
 
 
+def test_no_environment_variable_sets_two_settings():
+    names = [
+        env_name(cls, f)
+        for cls in (ShardConfig, ClientConfig, TrainConfig)
+        for f in settings_of(cls)
+    ]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert env_name(ClientConfig, settings_of(ClientConfig)[0]) == "EMBER_CLIENT_TIMEOUT_S"
+
+
 def test_every_setting_has_help_and_a_distinct_flag():
     for cls in (ShardConfig, ClientConfig, TrainConfig):
         parser = argparse.ArgumentParser()
@@ -93,10 +105,12 @@ def test_the_token_is_compared_in_constant_time(monkeypatch):
     assert credentials.token_matches(token, "Bearer 0123456789abcdef")
     assert not credentials.token_matches(token, "Bearer 0123456789abcdeX")
     assert not credentials.token_matches(token, None)
+    digest = credentials._digest
     assert calls == [
-        (b"Bearer " + token, b"Bearer 0123456789abcdef"),
-        (b"Bearer " + token, b"Bearer 0123456789abcdeX"),
+        (digest(b"Bearer " + token), digest(b"Bearer 0123456789abcdef")),
+        (digest(b"Bearer " + token), digest(b"Bearer 0123456789abcdeX")),
     ]
+    assert {len(a) for pair in calls for a in pair} == {32}  # the length of neither leaks
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ from ember.ps_server.client.config import ClientConfig
 from ember.trainer.config import TrainConfig
 
 from ember.cli.main import build_parser
-from ember.cli.train_cmd import config_from_args, train_argv
+from ember.cli.train_cmd import config_from_args
+from ember.deploy.topology import train_argv
 
 
 def test_train_argv_round_trips_every_config_field():
