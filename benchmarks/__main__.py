@@ -97,17 +97,17 @@ def run_suite(names: list[str], quick: bool, scratch: Path) -> dict:
         ]
         print(f"== {name} {' '.join(small if quick else full)}", flush=True)
         start = time.perf_counter()
-        finished = subprocess.run(command, cwd=REPO, check=False)
+        try:
+            status = subprocess.run(command, cwd=REPO, check=False, timeout=TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            status = f"timed out after {TIMEOUT_S} s"
         seconds = time.perf_counter() - start
-        if finished.returncode == 0 and out.exists():
-            results[name] = {
-                "status": "ok",
-                "seconds": seconds,
-                "figures": json.loads(out.read_text()),
-            }
+        if status == 0 and out.exists():
+            figures = json.loads(out.read_text())["figures"]
+            results[name] = {"status": "ok", "seconds": seconds, "figures": figures}
         else:
-            status = f"failed (exit {finished.returncode})"
-            results[name] = {"status": status, "seconds": seconds, "figures": []}
+            failed = status if isinstance(status, str) else f"failed (exit {status})"
+            results[name] = {"status": failed, "seconds": seconds, "figures": []}
         print(f"== {name}: {results[name]['status']} in {seconds:.0f} s", flush=True)
     now = datetime.datetime.now(datetime.UTC)
     return {

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +45,12 @@ class Figures:
             target, met = f"<= {at_most:g}", value <= at_most
         self.items.append(Figure(name, float(value), target, met))
 
-    def write(self, path: Path | None) -> None:
-        """Write the figures as JSON to ``path`` (nothing when None)."""
+    def write(self, path: Path | None, details: Any = None) -> None:
+        """Write ``{"figures": [...], "details": details}`` as JSON to ``path`` (nothing when
+        None); ``details`` holds the run's full measurements."""
         if path is not None:
-            path.write_text(
-                json.dumps([dataclasses.asdict(f) for f in self.items], indent=2) + "\n"
-            )
+            document = {"figures": [dataclasses.asdict(f) for f in self.items], "details": details}
+            path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

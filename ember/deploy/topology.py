@@ -71,6 +71,7 @@ def shard_config(spec: ClusterSpec, shard: int, placement: Placement) -> ShardCo
         wal=f"{placement.durable_dir}/wal" if spec.wal else "",
         checkpoint_root=f"{placement.durable_dir}/checkpoints" if spec.checkpoints else "",
         metrics_port=placement.shard_metrics_port if spec.metrics else None,
+        metrics_host=placement.bind_host,
     )
 
 

@@ -29,7 +29,17 @@ CLUSTER_FILE = REPO / "docker" / "cluster.toml"
 COMPOSE_FILE = REPO / "docker" / "compose.yaml"
 EMBER = [sys.executable, "-m", "ember.cli.main"]
 # What differs between the launchers: where things are, not what runs.
-PLACED = ("shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root", "metrics_port")
+PLACED = (
+    "shard",
+    "num_shards",
+    "host",
+    "port",
+    "store",
+    "wal",
+    "checkpoint_root",
+    "metrics_port",
+    "metrics_host",
+)
 
 
 def _compose_config() -> dict:
@@ -77,6 +87,7 @@ def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_pat
         assert on_this_host.store.startswith("tiered+redis://127.0.0.1:6379/")
         assert bool(in_container.wal) == bool(on_this_host.wal) == spec.wal
         assert (in_container.metrics_port, on_this_host.metrics_port) == (9400, 0)
+        assert (in_container.metrics_host, on_this_host.metrics_host) == ("0.0.0.0", "127.0.0.1")
         assert services[f"shard-{k}"]["depends_on"]["redis"]["condition"] == "service_healthy"
         probe = ["python", "-m", "ember.cli.health_cmd", "127.0.0.1:50051"]
         assert services[f"shard-{k}"]["healthcheck"]["test"][1:] == probe
