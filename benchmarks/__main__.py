@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,22 @@ def machine() -> dict[str, str]:
 TIMEOUT_S = 3600
 
 
+def _run_bounded(command: list[str]) -> int | str:
+    """Run a benchmark; its exit status, or why it was stopped. Past :data:`TIMEOUT_S` it
+    gets SIGINT (so it stops the shards it started) and SIGKILL a minute later."""
+    process = subprocess.Popen(command, cwd=REPO, start_new_session=True)
+    try:
+        return process.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        return f"timed out after {TIMEOUT_S} s"
+
+
 def run_suite(names: list[str], quick: bool, scratch: Path) -> dict:
     """Run ``names`` (their figures in ``scratch``); the results document."""
     results = {}
@@ -97,10 +114,7 @@ def run_suite(names: list[str], quick: bool, scratch: Path) -> dict:
         ]
         print(f"== {name} {' '.join(small if quick else full)}", flush=True)
         start = time.perf_counter()
-        try:
-            status = subprocess.run(command, cwd=REPO, check=False, timeout=TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            status = f"timed out after {TIMEOUT_S} s"
+        status = _run_bounded(command)
         seconds = time.perf_counter() - start
         if status == 0 and out.exists():
             figures = json.loads(out.read_text())["figures"]

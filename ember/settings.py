@@ -87,17 +87,16 @@ def value_type(cls: type, field: dataclasses.Field) -> tuple[type, bool]:
     return hint, False
 
 
-def add_setting_flags(parser: argparse.ArgumentParser, cls: type, skip: Sequence[str] = ()) -> None:
-    """Add a flag for every setting of ``cls`` but ``skip``; ``EMBER_*`` sets its default.
+def add_setting_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add a flag for every setting of ``cls``; its environment variable sets its default.
 
     Raises:
-        ValueError: an ``EMBER_*`` variable that does not parse as its setting's type.
+        ValueError: a variable that does not parse as its setting's type.
     """
     for field in settings_of(cls):
-        if field.name in skip:
-            continue
         kind, _ = value_type(cls, field)
-        default = env_value(field.name, field.default, parse_bool if kind is bool else kind)
+        parse = parse_bool if kind is bool else kind
+        default = env_value(field.name, field.default, parse, prefix=env_prefix(cls))
         help_text = f"{field.metadata[_HELP]} (env {env_name(cls, field)})".replace("%", "%%")
         if kind is bool:
             parser.add_argument(

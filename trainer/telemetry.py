@@ -161,6 +161,14 @@ class Telemetry:
 
     def __init__(self, config: TrainConfig, rank: int, world: int) -> None:
         self._config, self._world = config, world
+        self.metrics = self.run_dir = self.progress = None
+        try:
+            self._open(config, rank)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, config: TrainConfig, rank: int) -> None:
         self.metrics = (
             TrainerMetrics(rank, config.metrics_host, metrics_port_of_rank(config.metrics_port))
             if config.metrics_port is not None

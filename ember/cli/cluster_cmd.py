@@ -84,17 +84,11 @@ def run_compose(args: argparse.Namespace) -> int:
 
 def run_up(args: argparse.Namespace) -> int:
     """Start the cluster, write the endpoints file, train or wait for a signal, stop cleanly."""
-    if args.config is not None:
-        # A signal unwinds the launcher (the trainer job and every process with it).
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda number, _: sys.exit(128 + number))
-        try:
-            return _run_file(args, threading.Event())
-        finally:
-            args.endpoints_file.unlink(missing_ok=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.config is not None:
+        return _run_file(args, stop)
     from ember.ps_server.cluster import LocalCluster
 
     if args.shards < 1:
@@ -104,14 +98,17 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
-    from ember.cli.report_cmd import render_report
-    from ember.cli.train_cmd import print_summary
     from ember.deploy.local import LocalDeployment
 
     spec = _load(args.config)
     workdir = args.workdir or Path("ember-cluster")
     redis = "Redis, " if spec.redis is not None else ""
     print(f"starting {redis}{spec.shards} shards under {workdir} ...", flush=True)
+    if spec.trainer is not None:
+        # A signal unwinds the launcher, the trainer job with it; once: a second one must not
+        # interrupt the stopping of the job, the shards and Redis.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _exit_once)
     with LocalDeployment(spec, workdir) as cluster:
         if spec.metrics:
             ports = [cluster.shards.ready_info[k]["metrics_port"] for k in range(spec.shards)]
@@ -127,19 +124,35 @@ def _run_file(args: argparse.Namespace, stop: threading.Event) -> int:
         if spec.trainer is None:
             return _serve(cluster.endpoints, cluster.shards.processes, args.endpoints_file, stop)
         write_endpoints_file(cluster.endpoints, args.endpoints_file)
-        print(
-            f"shards: {' '.join(cluster.endpoints)}; training on {spec.trainer.ranks} ranks "
-            f"(log: {cluster.workdir / 'trainer.log'})",
-            flush=True,
-        )
-        status = cluster.run_trainer()
-        if status != 0:
-            print(
-                f"ember cluster: the trainer job failed with exit status {status}", file=sys.stderr
-            )
-            return status
-        print_summary(json.loads((cluster.run_dir / "report.json").read_text()))
-        print(f"run report: {render_report(cluster.run_dir)} (plots beside it)", flush=True)
+        try:
+            status = _train(cluster, spec)
+        finally:
+            args.endpoints_file.unlink(missing_ok=True)
+    return status
+
+
+def _exit_once(number: int, _frame: object) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(128 + number)
+
+
+def _train(cluster, spec) -> int:
+    """Run the trainer job; print the summary and name the run report; its exit status."""
+    from ember.cli.report_cmd import render_report
+    from ember.cli.train_cmd import print_summary
+
+    print(
+        f"shards: {' '.join(cluster.endpoints)}; training on {spec.trainer.ranks} ranks "
+        f"(log: {cluster.workdir / 'trainer.log'})",
+        flush=True,
+    )
+    status = cluster.run_trainer()
+    if status != 0:
+        print(f"ember cluster: the trainer job failed with exit status {status}", file=sys.stderr)
+        return status
+    print_summary(json.loads((cluster.run_dir / "report.json").read_text()))
+    print(f"run report: {render_report(cluster.run_dir)} (plots beside it)", flush=True)
     return 0
 
 

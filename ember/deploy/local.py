@@ -16,6 +16,7 @@ from ember.deploy.redis_process import RedisProcess, free_port
 from ember.deploy.topology import Placement, shard_config, trainer_module_args
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.shard.config import ShardConfig
 from ember.settings import settings_argv, settings_env_names
 from ember.trainer.config import TrainConfig
@@ -26,9 +27,10 @@ _PER_SHARD = ("shard", "num_shards", "host", "port")
 
 
 def file_only_environment() -> dict[str, str]:
-    """This process's environment without the variables of any setting, so that the cluster
-    file alone configures the processes (as in the containers, which inherit none)."""
-    settings = settings_env_names(ShardConfig, ClientConfig, TrainConfig)
+    """This process's environment without the variables of any setting or the token, so that
+    the cluster file alone configures the processes (as in the containers, which inherit
+    none)."""
+    settings = settings_env_names(ShardConfig, ClientConfig, TrainConfig) | {TOKEN_ENV}
     return {name: value for name, value in os.environ.items() if name not in settings}
 
 
@@ -119,10 +121,12 @@ class LocalDeployment:
         try:
             return job.wait()
         except BaseException:
-            os.killpg(job.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # the job may have ended already
+                os.killpg(job.pid, signal.SIGTERM)
             try:
                 job.wait(timeout=_TRAINER_GRACE_S)
             except subprocess.TimeoutExpired:
-                os.killpg(job.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, signal.SIGKILL)
                 job.wait()
             raise

@@ -9,6 +9,7 @@ import subprocess
 import threading
 from pathlib import Path
 from typing import Self
+from urllib.parse import quote
 
 from ember.env import env_value
 
@@ -115,7 +116,7 @@ class RedisProcess:
     @property
     def url(self) -> str:
         """A ``redis://`` URL of database 0 (with the password, if any)."""
-        auth = f":{self.password}@" if self.password else ""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{self.address}/0"
 
     def stop(self) -> None:

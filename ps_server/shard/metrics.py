@@ -22,11 +22,17 @@ import grpc
 from ember.ps_server.errors import EmberError, status_for
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.frames import FrameHeader, Op
+from ember.ps_server.wire.messages import SERVICE_NAME, pb
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
+
+_METHODS = {
+    f"/{SERVICE_NAME}/{method.name}": method.name
+    for method in pb.DESCRIPTOR.services_by_name["ParameterServer"].methods
+} | {"/grpc.health.v1.Health/Check": "Health.Check"}
 
 # From a sub-millisecond lookup to a long checkpoint or a lookup held for other ranks.
 LATENCY_BUCKETS = (
@@ -118,7 +124,9 @@ class _CallInterceptor(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None or handler.request_streaming or handler.response_streaming:
             return handler  # reflection's streams and unknown methods are not counted
-        method = details.method.rsplit("/", 1)[-1]
+        # Only the service's own methods get their name: a caller may send any method name
+        # (refused, but still counted), which must not create series without bound.
+        method = _METHODS.get(details.method, "other")
         behaviour, metrics = handler.unary_unary, self._metrics
 
         def counted(request: Any, context: grpc.ServicerContext) -> Any:
@@ -143,7 +151,7 @@ class _ShardCollector(Collector):
 
     def __init__(self, logic: ParameterServer) -> None:
         self._logic = logic
-        self._sizes = logic.store_url == "memory"
+        self._sizes = logic.store_url in ("", "memory")
         self._errors = 0
 
     def collect(self) -> Iterator[Any]:

@@ -70,6 +70,9 @@ def test_a_shards_metrics_count_calls_errors_rows_dedup_fsyncs_and_clocks(metere
             stub.Push(push, timeout=10)  # a retry: deduplicated
             with pytest.raises(grpc.RpcError):
                 stub.Pull(pb.PullRequest(table="no-such-table", ids=encode_ids(ids)), timeout=10)
+            for name in ("Nope1", "Nope2"):  # names a caller makes up
+                with pytest.raises(grpc.RpcError):
+                    channel.unary_unary(f"/ember.v1.ParameterServer/{name}")(b"", timeout=10)
         client.pull(table_name, torch.from_numpy(ids))
         job = f"job-{uuid.uuid4().hex}"
         steps = StepClient(client, StepJob(job, wait_s=30))
@@ -90,6 +93,8 @@ def test_a_shards_metrics_count_calls_errors_rows_dedup_fsyncs_and_clocks(metere
         == 1
     )
     assert moved("ember_shard_call_errors_total", **grpc_push, code="NOT_FOUND") == 0
+    # Method names a caller makes up create no series (unbounded labels would grow forever).
+    assert not [key for key in after if "Nope" in str(key)]
     assert value(after, "ember_shard_push_requests_total", table=table_name) == 2 + 3
     assert value(after, "ember_shard_duplicate_pushes_total", table=table_name) == 1
     assert value(after, "ember_shard_rows_pushed_total", table=table_name) == 3 + 3 * 2

@@ -127,7 +127,8 @@ def test_a_call_without_the_right_token_is_unauthenticated_and_changes_nothing(
     torch.testing.assert_close(_pull(tls_shard.endpoints, _config(pki), table_name), before)
 
 
-@pytest.mark.parametrize("method", SERVICE_METHODS)
+# An unknown method too: a caller without the token cannot tell which methods exist.
+@pytest.mark.parametrize("method", [*SERVICE_METHODS, "NoSuchMethod"])
 def test_every_method_refuses_a_wrong_token_before_reading_the_request(tls_shard, pki, method):
     """An empty request would be INVALID_ARGUMENT if it were read; the token is checked first."""
     ca = str(pki["good"]["ca.pem"])

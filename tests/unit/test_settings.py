@@ -85,6 +85,19 @@ def test_no_environment_variable_sets_two_settings():
     assert env_name(ClientConfig, settings_of(ClientConfig)[0]) == "EMBER_CLIENT_TIMEOUT_S"
 
 
+def test_each_side_reads_its_own_variables(monkeypatch):
+    monkeypatch.setenv("EMBER_CLIENT_TIMEOUT_S", "7.5")
+    monkeypatch.setenv("EMBER_TRAIN_STEPS", "9")
+    monkeypatch.setenv("EMBER_TORCH_THREADS", "3")  # the shard's
+    monkeypatch.setenv("EMBER_STEPS", "11")  # nobody's
+    assert _parse(ClientConfig, []).timeout_s == 7.5
+    parser = argparse.ArgumentParser()
+    add_setting_flags(parser, TrainConfig)
+    args = parser.parse_args([])
+    assert (args.steps, args.torch_threads) == (9, 0)
+    assert _parse(ShardConfig, []).torch_threads == 3
+
+
 def test_every_setting_has_help_and_a_distinct_flag():
     for cls in (ShardConfig, ClientConfig, TrainConfig):
         parser = argparse.ArgumentParser()
