@@ -116,6 +116,10 @@ class TooManyJobsError(EmberError):
     """The shard already tracks as many jobs of a kind as it keeps."""
 
 
+class UnauthenticatedError(EmberError):
+    """A caller without the cluster's token (a UCX connection that did not present it)."""
+
+
 _STATUSES: dict[type[EmberError], Status] = {
     InvalidArgumentError: Status.INVALID_ARGUMENT,
     OutOfRangeError: Status.OUT_OF_RANGE,
@@ -134,6 +138,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     ShardStoppingError: Status.UNAVAILABLE,
     TooManyJobsError: Status.RESOURCE_EXHAUSTED,
     ReplicaReleasedError: Status.FAILED_PRECONDITION,
+    UnauthenticatedError: Status.UNAUTHENTICATED,
 }
 
 

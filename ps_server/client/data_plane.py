@@ -25,10 +25,11 @@ def open_data_plane(
     offered: Sequence[Sequence[DataPlaneAddress]],
     max_message_bytes: int,
     timeout_s: float,
+    token: bytes | None = None,
 ) -> Transport:
     """The transport for the step calls, as ``kind`` asks, given what shard k offers in
-    ``offered[k]``; ``grpc`` itself for gRPC. UCX connects to every shard before it is
-    chosen.
+    ``offered[k]``; ``grpc`` itself for gRPC. UCX connects to every shard (presenting
+    ``token`` where given) before it is chosen.
 
     Raises:
         PSClientError: ``ucx`` was asked for and a shard offers no UCX listener
@@ -46,7 +47,8 @@ def open_data_plane(
         _say_once(f"transport auto: step calls go over gRPC; {reason}")
         return grpc
     try:
-        ucx = UcxTransport(addresses, max_message_bytes, _locator(grpc, endpoints, timeout_s))
+        locate = _locator(grpc, endpoints, timeout_s)
+        ucx = UcxTransport(addresses, max_message_bytes, locate, token)
     except UcxUnavailableError as error:
         if kind == "ucx":
             raise

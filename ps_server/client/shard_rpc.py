@@ -22,6 +22,7 @@ from ember.ps_server.client.fanout import FanOut
 from ember.ps_server.client.grpc_transport import GrpcTransport
 from ember.ps_server.client.transport import STEP_METHODS, ShardCall, Transport, TransportError
 from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.security.credentials import load_token
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.stats import DataPlaneAddress
 
@@ -65,6 +66,7 @@ class ShardRPC:
                 self._data = open_data_plane(
                     self.config.transport, self._grpc, self.endpoints, offered,
                     self.config.max_message_bytes, self.config.timeout_s,
+                    load_token(self.config.token_file),
                 )  # fmt: skip
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from ember.ps_server.client.transport import ShardCall, TransportError
 from ember.ps_server.errors import EmberError, MessageTooLargeError, Status
+from ember.ps_server.security.credentials import authorization_value
 from ember.ps_server.ucx import (
     close_endpoint,
     endpoint_closed,
@@ -61,6 +62,8 @@ class UcxTransport:
             held to the shard's own limit, where its listener says it).
         locate: asks shard k for its listener's address again (after it was lost), within
             a timeout in seconds.
+        token: the cluster's token, presented in a HELLO frame on every new connection
+            (None: none).
     """
 
     name = "ucx"
@@ -71,12 +74,14 @@ class UcxTransport:
         addresses: Sequence[DataPlaneAddress],
         max_message_bytes: int,
         locate: Callable[[int, float], DataPlaneAddress],
+        token: bytes | None = None,
     ) -> None:
         self._ucx = load_ucx()
         self._errors = ucx_errors(self._ucx)
         self._addresses = list(addresses)
         self._lost = [False] * len(self._addresses)
         self._locate = locate
+        self._hello = authorization_value(token).encode("ascii") + END_MARK if token else None
         self._max_message_bytes = max_message_bytes
         self._idle: list[list[Any]] = [[] for _ in self._addresses]
         self._request_ids = itertools.count(1)
@@ -211,9 +216,12 @@ class UcxTransport:
         try:
             async with asyncio.timeout_at(deadline):
                 plane = self._addresses[shard]
-                return await self._ucx.create_endpoint(
+                endpoint = await self._ucx.create_endpoint(
                     plane.host, plane.port, endpoint_error_handling=True
                 )
+                if self._hello is not None:
+                    await self._present_token(endpoint)
+                return endpoint
         except (TimeoutError, OSError, *self._errors) as error:
             self._lost[shard] = True
             plane = self._addresses[shard]
@@ -221,6 +229,22 @@ class UcxTransport:
                 Status.UNAVAILABLE,
                 f"cannot connect to UCX listener {plane.host}:{plane.port}: {error!r}",
             ) from None
+
+    async def _present_token(self, endpoint: Any) -> None:
+        """Send the HELLO frame a listener that requires the token reads first.
+
+        Raises:
+            TransportError: the shard refused it (UNAUTHENTICATED), the endpoint closed.
+        """
+        hello = FrameHeader(Op.HELLO, next(self._request_ids), len(self._hello))
+        try:
+            reply, payload = await self._exchange(endpoint, hello, self._hello)
+        except FrameError as error:
+            await close_endpoint(endpoint, self._errors)
+            raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
+        if reply.status != Status.OK:
+            await close_endpoint(endpoint, self._errors)
+            raise TransportError(reply.status, bytes(payload).decode(errors="replace"))
 
     async def _relocate(self, shard: int, deadline: float) -> None:
         """Ask ``shard`` over gRPC where its listener is now, by ``deadline``; calls that need

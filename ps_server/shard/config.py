@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
-from ember.ps_server.security.credentials import TOKEN_ENV, token_in_environment
+from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.stores import check_store_url
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
@@ -100,10 +100,11 @@ class ShardConfig:
         "file holding the shared token that every call but health must carry; or put the "
         f"token itself in {TOKEN_ENV}",
     )
-    ucx_unauthenticated: bool = setting(
+    ucx_unencrypted: bool = setting(
         False,
-        "allow --ucx beside TLS or a token: the UCX data plane carries neither, so its port "
-        "must only be reachable from a network you trust",
+        "allow --ucx beside TLS: UCX connections present the token, but their rows and "
+        "gradients travel unencrypted, so the UCX port must only be reachable from a network "
+        "you trust",
     )
 
     def validate(self) -> None:
@@ -140,18 +141,14 @@ class ShardConfig:
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
-    def protected(self) -> bool:
-        """Whether gRPC is closed by TLS or a token (the token may also come from the
-        environment)."""
-        return bool(self.tls_cert or self.token_file or token_in_environment())
-
     def check_ucx_trust(self) -> None:
-        """Refuse UCX beside TLS or a token unless ``ucx_unauthenticated`` says the network is
-        trusted: the UCX data plane carries neither, so it would be an open side door."""
-        if self.ucx and self.protected() and not self.ucx_unauthenticated:
+        """Refuse UCX beside TLS unless ``ucx_unencrypted`` says the network is trusted:
+        UCX connections must present the token (where one is set), but UCX has no TLS, so
+        rows would leave the encrypted channel."""
+        if self.ucx and self.tls_cert and not self.ucx_unencrypted:
             raise ValueError(
-                "--ucx beside TLS or a token: the UCX data plane is neither encrypted nor "
-                "authenticated, so anyone who reaches its port could read and write rows. Add "
-                "--ucx-unauthenticated where only a trusted network reaches it "
+                "--ucx beside TLS: the UCX data plane is not encrypted (its connections present "
+                "the token, where one is set, but rows and gradients travel in clear). Add "
+                "--ucx-unencrypted where only a trusted network reaches the UCX port "
                 "(docs/bare-metal-rdma.md, 'Trust boundary')"
             )

@@ -103,7 +103,7 @@ class ShardServer:
             recover(logic, config)
             if metrics is not None and logic.journal.log is not None:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
-            ucx_listener = _start_ucx_listener(config, logic, metrics)
+            ucx_listener = _start_ucx_listener(config, logic, metrics, token)
             counting = [metrics.grpc_interceptor()] if metrics is not None else []
             grpc_server, port, health_servicer = cls._start_grpc(
                 config, logic, ucx_listener, [*counting, *_token_check(token)], credentials
@@ -211,16 +211,18 @@ def _security(config: ShardConfig, token: bytes | None) -> str:
 
 
 def _start_ucx_listener(
-    config: ShardConfig, logic: ParameterServer, metrics: ShardMetrics | None
+    config: ShardConfig, logic: ParameterServer, metrics: ShardMetrics | None, token: bytes | None
 ) -> UcxListener | None:
     """The UCX listener of the step calls, where ``config`` asks for one (its calls counted
-    where ``metrics`` are kept)."""
+    where ``metrics`` are kept; every connection presenting ``token`` where given)."""
     if not config.ucx:
         return None
     handlers = StepHandlers(logic).frame_handlers()
     if metrics is not None:
         handlers = metrics.frame_handlers(handlers)
-    listener = UcxListener(handlers, config.max_message_bytes, config.workers, config.ucx_port)
+    listener = UcxListener(
+        handlers, config.max_message_bytes, config.workers, config.ucx_port, token
+    )
     log.info("shard %d serving step calls over UCX on port %d", config.shard, listener.port)
     if config.host not in ("0.0.0.0", "::"):
         log.warning(

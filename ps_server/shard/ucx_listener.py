@@ -27,7 +27,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from ember.ps_server.errors import EmberError, ShardStoppingError, Status, status_for
+from ember.ps_server.errors import (
+    EmberError,
+    ShardStoppingError,
+    Status,
+    UnauthenticatedError,
+    status_for,
+)
+from ember.ps_server.security.credentials import token_matches
 from ember.ps_server.ucx import (
     UcxUnavailableError,
     close_endpoint,
@@ -38,6 +45,7 @@ from ember.ps_server.ucx import (
 from ember.ps_server.wire.frames import (
     END_MARK,
     HEADER_BYTES,
+    MAX_HELLO_BYTES,
     FrameError,
     FrameHeader,
     Op,
@@ -62,6 +70,8 @@ class UcxListener:
         max_message_bytes: the largest payload accepted.
         workers: frames held and handlers run at once.
         port: the port to listen on (0: a free one).
+        token: the cluster's token: every connection must present it in a HELLO frame
+            before anything else (None: none needed).
 
     Raises:
         UcxUnavailableError: no UCX binding, or the port cannot be listened on.
@@ -73,10 +83,12 @@ class UcxListener:
         max_message_bytes: int,
         workers: int,
         port: int = 0,
+        token: bytes | None = None,
     ) -> None:
         self._ucx = load_ucx()
         self._errors = ucx_errors(self._ucx)
         self._handlers = dict(handlers)
+        self._token = token
         self._max_payload = max_message_bytes + len(END_MARK)
         self._loop = ucx_loop()
         self._slots = self._loop.run(_semaphore(workers))
@@ -120,15 +132,45 @@ class UcxListener:
         task = asyncio.current_task()
         self._serving.add(task)
         try:
-            while await self._serve_one(endpoint):
-                pass
-        except self._errors:
-            pass  # the peer went away
+            if self._token is None or await self._authenticate(endpoint):
+                while await self._serve_one(endpoint):
+                    pass
+        except (TimeoutError, *self._errors):
+            pass  # the peer went away, or did not present the token in time
         except FrameError as error:
             log.warning("closing a UCX endpoint after an unreadable frame: %s", error)
         finally:
             self._serving.discard(task)
             await close_endpoint(endpoint, self._errors)
+
+    async def _authenticate(self, endpoint: Any) -> bool:
+        """Read the connection's first frame: a HELLO with the token is answered OK (True);
+        anything else is answered UNAUTHENTICATED, unread, and the connection ends (False)."""
+        raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
+        async with asyncio.timeout(TRANSFER_DEADLINE_S):
+            await endpoint.recv(raw)
+        try:
+            header = FrameHeader.decode(raw.data, MAX_HELLO_BYTES + len(END_MARK), request=True)
+        except FrameError as error:
+            await self._reply_error(endpoint, _UNREAD_REQUEST, UnauthenticatedError(str(error)))
+            return False
+        if header.op != Op.HELLO:
+            refusal = UnauthenticatedError("a connection must present the token first (HELLO)")
+            await self._reply_error(endpoint, header, refusal)
+            return False
+        payload = np.empty(header.payload_bytes, dtype=np.uint8)
+        async with asyncio.timeout(TRANSFER_DEADLINE_S):
+            await endpoint.recv(payload)
+        try:
+            given = bytes(payload_body(payload.data))
+        except FrameError:
+            given = None
+        if not token_matches(self._token, given):
+            refusal = UnauthenticatedError("no token" if not given else "wrong token")
+            await self._reply_error(endpoint, header, refusal)
+            return False
+        await _send(endpoint, header, Status.OK, END_MARK)
+        return True
 
     async def _serve_one(self, endpoint: Any) -> bool:
         """Answer one frame; whether the endpoint goes on (FrameError: it can no longer be

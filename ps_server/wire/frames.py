@@ -39,6 +39,14 @@ class Op(enum.IntEnum):
 
     LOOKUP = 1
     UPDATE = 2
+    # The first frame of a connection to a listener that requires the cluster's token: its
+    # message is the token as gRPC carries it ("Bearer <token>"); answered OK or
+    # UNAUTHENTICATED (then the listener closes the connection).
+    HELLO = 3
+
+
+# The largest HELLO message a listener reads.
+MAX_HELLO_BYTES = 1024
 
 
 # A header's dtype when the message's tables travel in different dtypes.

@@ -101,7 +101,10 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
             "--optimizer: invalid choice: 'lion'",
         ),
         (["train"], "give --endpoints or --endpoints-file"),
-        (["ps", "--ucx", "--token-file", "/no/such/token"], "UCX data plane is neither encrypted"),
+        (
+            ["ps", "--ucx", "--tls-cert", "/c.pem", "--tls-key", "/k.pem"],
+            "UCX data plane is not encrypted",
+        ),
         (["cluster", "compose", "--config", "/no/such.toml", "--out", "/tmp"], "No such file"),
         (["checkpoint", "--dir", "/tmp/x"], "give --endpoints or --endpoints-file"),
         (["ps", "--restore", "/nonexistent/ckpt"], "no finished checkpoint"),
