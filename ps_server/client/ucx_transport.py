@@ -95,7 +95,8 @@ class UcxTransport:
         """Open one endpoint to every shard now (to find out whether UCX reaches them).
 
         Raises:
-            TransportError: UNAVAILABLE naming the first shard that cannot be reached.
+            TransportError: UNAVAILABLE naming the first shard that cannot be reached, or
+                UNAUTHENTICATED where a shard refuses the token.
         """
         for shard in range(len(self._addresses)):
             deadline = self._loop.loop.time() + timeout_s
@@ -168,8 +169,8 @@ class UcxTransport:
         except asyncio.CancelledError:
             await close_endpoint(endpoint, self._errors)
             raise
-        if reply.request_id == 0 or reply.status == Status.UNAVAILABLE:
-            # the shard could not read our header, or is stopping: it closes its end
+        if reply.request_id == 0 or reply.status in (Status.UNAVAILABLE, Status.UNAUTHENTICATED):
+            # the shard could not read our header, is stopping, or refused us: it closes its end
             await close_endpoint(endpoint, self._errors)
             if reply.status == Status.UNAVAILABLE:
                 self._lost[call.shard] = True
@@ -220,7 +221,11 @@ class UcxTransport:
                     plane.host, plane.port, endpoint_error_handling=True
                 )
                 if self._hello is not None:
-                    await self._present_token(endpoint)
+                    try:
+                        await self._present_token(endpoint)
+                    except BaseException:
+                        await close_endpoint(endpoint, self._errors)
+                        raise
                 return endpoint
         except (TimeoutError, OSError, *self._errors) as error:
             self._lost[shard] = True
@@ -231,19 +236,18 @@ class UcxTransport:
             ) from None
 
     async def _present_token(self, endpoint: Any) -> None:
-        """Send the HELLO frame a listener that requires the token reads first.
+        """Send the HELLO frame a listener that requires the token reads first (the caller
+        closes the endpoint if this raises).
 
         Raises:
-            TransportError: the shard refused it (UNAUTHENTICATED), the endpoint closed.
+            TransportError: the shard refused it (UNAUTHENTICATED) or its reply is unreadable.
         """
         hello = FrameHeader(Op.HELLO, next(self._request_ids), len(self._hello))
         try:
             reply, payload = await self._exchange(endpoint, hello, self._hello)
         except FrameError as error:
-            await close_endpoint(endpoint, self._errors)
             raise TransportError(Status.INTERNAL, f"unreadable reply: {error}") from None
         if reply.status != Status.OK:
-            await close_endpoint(endpoint, self._errors)
             raise TransportError(reply.status, bytes(payload).decode(errors="replace"))
 
     async def _relocate(self, shard: int, deadline: float) -> None:

@@ -102,9 +102,9 @@ class ShardConfig:
     )
     ucx_unencrypted: bool = setting(
         False,
-        "allow --ucx beside TLS: UCX connections present the token, but their rows and "
-        "gradients travel unencrypted, so the UCX port must only be reachable from a network "
-        "you trust",
+        "allow --ucx beside TLS: UCX connections present the token, but it, the rows and the "
+        "gradients travel unencrypted (whoever reads the fabric can take the token and call "
+        "the TLS gRPC service with it), so only a network you trust may reach the UCX port",
     )
 
     def validate(self) -> None:

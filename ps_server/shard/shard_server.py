@@ -118,6 +118,11 @@ class ShardServer:
             "shard %d/%d serving on %s:%d (%s)", config.shard, config.num_shards, config.host,
             port, _security(config, token),
         )  # fmt: skip
+        if token and credentials is not None and ucx_listener is not None:
+            log.warning(
+                "UCX connections present the token unencrypted (--ucx-unencrypted): whoever "
+                "reads the fabric can take it and call the TLS gRPC service with it"
+            )
         if token and credentials is None:
             log.warning(
                 "the token travels without TLS: anyone on the path can read it (--tls-cert)"

@@ -9,7 +9,9 @@ short, too long or too slow, a lost peer) is answered if it can be and ends
 that endpoint only. At most ``workers`` frames are held at once, however many
 endpoints peers open; a frame's payload must arrive, and its reply be sent,
 within :data:`TRANSFER_DEADLINE_S` each (the handler itself is not bounded).
-Once closing, as gRPC's stop does, the listener takes no new connection and
+With a token, a connection's first frame must be a HELLO carrying it (read within
+:data:`HELLO_DEADLINE_S`, outside the ``workers`` limit: it runs no handler); anything
+else is refused UNAUTHENTICATED and the connection closed. Once closing, as gRPC's stop does, the listener takes no new connection and
 answers a frame that arrives on an open one UNAVAILABLE (the client may retry
 elsewhere), while frames already taken get the grace period to finish.
 
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 from ember.ps_server.errors import (
     EmberError,
+    InvalidArgumentError,
     ShardStoppingError,
     Status,
     UnauthenticatedError,
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 
 FrameHandler = Callable[[FrameHeader, memoryview], bytes]
 TRANSFER_DEADLINE_S = 60.0
+# How long a new connection to a listener that requires the token has to present it.
+HELLO_DEADLINE_S = 5.0
 # What an error reply answers when the request's own header could not be read.
 _UNREAD_REQUEST = FrameHeader(Op.LOOKUP, 0, len(END_MARK))
 
@@ -144,33 +149,49 @@ class UcxListener:
             await close_endpoint(endpoint, self._errors)
 
     async def _authenticate(self, endpoint: Any) -> bool:
-        """Read the connection's first frame: a HELLO with the token is answered OK (True);
-        anything else is answered UNAUTHENTICATED, unread, and the connection ends (False)."""
-        raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
-        async with asyncio.timeout(TRANSFER_DEADLINE_S):
-            await endpoint.recv(raw)
+        """Read the connection's first frame within :data:`HELLO_DEADLINE_S`: a HELLO with the
+        token is answered OK (True); anything else is answered UNAUTHENTICATED, its payload
+        unread, and the connection ends (False), as does a peer too slow to present it."""
         try:
-            header = FrameHeader.decode(raw.data, MAX_HELLO_BYTES + len(END_MARK), request=True)
+            async with asyncio.timeout(HELLO_DEADLINE_S):
+                return await self._read_hello(endpoint)
+        except TimeoutError:
+            log.warning("closing a UCX connection that did not present the token in time")
+            return False
+
+    async def _read_hello(self, endpoint: Any) -> bool:
+        raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
+        await endpoint.recv(raw)
+        try:
+            header = FrameHeader.decode(raw.data, self._max_payload, request=True)
         except FrameError as error:
-            await self._reply_error(endpoint, _UNREAD_REQUEST, UnauthenticatedError(str(error)))
+            await self._refuse(endpoint, _UNREAD_REQUEST, str(error))
             return False
         if header.op != Op.HELLO:
-            refusal = UnauthenticatedError("a connection must present the token first (HELLO)")
-            await self._reply_error(endpoint, header, refusal)
+            await self._refuse(
+                endpoint, header, "a connection must present the token first (HELLO)"
+            )
             return False
-        payload = np.empty(header.payload_bytes, dtype=np.uint8)
-        async with asyncio.timeout(TRANSFER_DEADLINE_S):
-            await endpoint.recv(payload)
+        if header.payload_bytes > MAX_HELLO_BYTES + len(END_MARK):
+            await self._refuse(endpoint, header, f"a HELLO is at most {MAX_HELLO_BYTES} bytes")
+            return False
+        # Zeroed: a message shorter than the buffer leaves the rest as it was, and a reused
+        # buffer could hold an earlier connection's token.
+        payload = np.zeros(header.payload_bytes, dtype=np.uint8)
+        await endpoint.recv(payload)
         try:
             given = bytes(payload_body(payload.data))
         except FrameError:
             given = None
         if not token_matches(self._token, given):
-            refusal = UnauthenticatedError("no token" if not given else "wrong token")
-            await self._reply_error(endpoint, header, refusal)
+            await self._refuse(endpoint, header, "no token" if not given else "wrong token")
             return False
         await _send(endpoint, header, Status.OK, END_MARK)
         return True
+
+    async def _refuse(self, endpoint: Any, header: FrameHeader, reason: str) -> None:
+        log.warning("refusing a UCX connection: %s", reason)
+        await self._reply_error(endpoint, header, UnauthenticatedError(reason))
 
     async def _serve_one(self, endpoint: Any) -> bool:
         """Answer one frame; whether the endpoint goes on (FrameError: it can no longer be
@@ -185,6 +206,12 @@ class UcxListener:
         if self.closing.is_set():  # its payload is not read: the endpoint ends after this
             await self._reply_error(endpoint, header, ShardStoppingError("the shard is stopping"))
             return False
+        if header.op == Op.HELLO:  # a token where none is needed, or presented again
+            refusal = InvalidArgumentError("HELLO is only a connection's first frame")
+            if self._token is None:  # accepted unread, as gRPC ignores a token it does not need
+                refusal = None
+            await self._reply_hello(endpoint, header, refusal)
+            return refusal is None
         self._busy += 1  # counted while it waits for a slot too: close() lets it finish
         self._idle.clear()
         try:
@@ -195,6 +222,21 @@ class UcxListener:
             if not self._busy:
                 self._idle.set()
         return True
+
+    async def _reply_hello(
+        self, endpoint: Any, header: FrameHeader, refusal: EmberError | None
+    ) -> None:
+        """Answer a HELLO outside the handshake without reading more than a HELLO's size."""
+        if header.payload_bytes > MAX_HELLO_BYTES + len(END_MARK):
+            await self._reply_error(endpoint, header, FrameError("a HELLO is at most 1 KiB"))
+            raise FrameError(f"a HELLO of {header.payload_bytes} bytes")
+        payload = np.zeros(header.payload_bytes, dtype=np.uint8)
+        async with asyncio.timeout(TRANSFER_DEADLINE_S):
+            await endpoint.recv(payload)
+        if refusal is not None:
+            await self._reply_error(endpoint, header, refusal)
+        else:
+            await _send(endpoint, header, Status.OK, END_MARK)
 
     async def _answer(self, endpoint: Any, header: FrameHeader) -> None:
         payload = np.empty(header.payload_bytes, dtype=np.uint8)
