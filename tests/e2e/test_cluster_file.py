@@ -67,7 +67,7 @@ def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_pat
     spec = load_cluster_file(CLUSTER_FILE)
     services = _compose_config()["services"]
     expected = ["redis", "shard-0", "shard-1", "trainer"]
-    assert list(compose_document(spec, "docker/cluster.toml")["services"]) == [
+    assert list(compose_document(spec)["services"]) == [
         *expected,
         "prometheus",
         "grafana",

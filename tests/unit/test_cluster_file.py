@@ -59,7 +59,7 @@ def test_a_spec_is_placed_for_each_launcher():
             "trainer": {"ranks": 2, "steps": 7},
         }
     )
-    services = compose_document(spec, "c.toml")["services"]
+    services = compose_document(spec)["services"]
     assert list(services) == ["redis", "shard-0", "shard-1", "shard-2", "trainer"]
     placement = Placement("0.0.0.0", 50051, "redis:6379", "/var/lib/ember")
     config = shard_config(spec, 2, placement)
