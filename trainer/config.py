@@ -118,6 +118,16 @@ class TrainConfig:
         "range; float16 refuses values beyond 65504",
         choices=[dtype.name.lower() for dtype in RowDtype],
     )
+    plan: str = setting(
+        "",
+        "auto: replicate the hot set and run at the staleness that `ember plan` predicts "
+        "fastest, within --cache-mb and up to --staleness, with --plan-figures' machine "
+        "figures; FILE: apply a plan `ember plan --out FILE` wrote for this workload. Sets "
+        "cache (replicated, or none), cache_mb and staleness",
+    )
+    plan_figures: str = setting(
+        "", "--plan auto: the machine figures file (`ember plan --calibrate --out FILE`)"
+    )
 
     @property
     def transport(self) -> str:
@@ -210,6 +220,14 @@ class TrainConfig:
                 f"replicated, data_path auto or pipeline); cache {self.cache!r} on data_path "
                 f"{self.data_path!r} bounds staleness with pull_bound and push_bound"
             )
+        if self.plan and (self.cache not in ("none", "replicated") or not self.pipelined()):
+            raise ValueError(
+                "--plan chooses a replicated hot set on the step pipeline: use it with cache "
+                f"none or replicated and data_path auto or pipeline, not cache {self.cache!r} "
+                f"on data_path {self.data_path!r}"
+            )
+        if self.plan_figures and self.plan != "auto":
+            raise ValueError("plan_figures is read by --plan auto only")
         resolve_device(self.device)
 
 

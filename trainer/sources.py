@@ -34,6 +34,7 @@ from ember.trainer.pipeline import PipelinedRowSource, PipelineTiming
 
 log = logging.getLogger(__name__)
 
+PROFILE_FIRST_BATCH = 1 << 40  # synthetic profile samples: far past any run's batches
 RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedRowSource
 
 
@@ -139,11 +140,13 @@ def job_name(world: int) -> str:
 def profile_batches(
     config: TrainConfig, data: SyntheticCriteo, part: int, parts: int
 ) -> Iterator[Batch]:
-    """The first ``profile_batches`` training batches of ``part`` of ``parts`` (a rank's
-    share), from the data the run trains on."""
+    """``profile_batches`` training batches of ``part`` of ``parts`` (a rank's share): for
+    synthetic data, batches drawn like the run's but never trained on (a sample of the
+    law, so the hot set is not fitted to the steps it is measured on); for a file, its first
+    training batches."""
     if config.criteo_path is None:
         return (
-            data.batch(config.batch_size, index, "train", part=part)
+            data.batch(config.batch_size, PROFILE_FIRST_BATCH + index, "train", part=part)
             for index in range(config.profile_batches)
         )
     reader = CriteoTSVReader(buckets=config.max_cardinality, batch_size=config.batch_size)

@@ -32,6 +32,7 @@ from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCr
 from ember.trainer.embedding import PSEmbeddingBagCollection
 from ember.trainer.metrics import log_loss, roc_auc
 from ember.trainer.models.dlrm import DLRM
+from ember.trainer.plan.apply import applied
 from ember.trainer.report import run_report
 from ember.trainer.sources import (
     TimedSource,
@@ -54,6 +55,7 @@ def train(config: TrainConfig) -> dict:
     rank, world = _init_distributed(device)
     data = synthetic_data(config)
     specs = table_specs(config, data.num_features)
+    config = applied(config, data, [s.name for s in specs], world)
     torch.manual_seed(config.seed)  # identical dense initialisation on every rank
     model = DLRM(NUM_DENSE, data.num_features, config.dim).to(device)
     dense_model = (

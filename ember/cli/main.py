@@ -13,6 +13,7 @@ from ember.cli import (
     demo_cmd,
     doctor_cmd,
     health_cmd,
+    plan_cmd,
     ps_cmd,
     report_cmd,
     train_cmd,
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     certs_cmd.register(commands)
     health_cmd.register(commands)
     report_cmd.register(commands)
+    plan_cmd.register(commands)
     return parser
 
 

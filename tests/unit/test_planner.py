@@ -1,0 +1,194 @@
+"""The planner's traffic model against simulated batches, its profiles, and its choice."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from ember.trainer.config import TrainConfig
+from ember.trainer.data.batch import Batch, JaggedIds
+from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig, zipf_ranks
+from ember.trainer.plan.apply import applied, plan_for, workload_of
+from ember.trainer.plan.planner import make_plan
+from ember.trainer.plan.profile import (
+    counted_profile,
+    fit_zipf_exponent,
+    zipf_probabilities,
+    zipf_profile,
+)
+from ember.trainer.plan.step_model import CostLine, MachineFigures, step_time
+from ember.trainer.plan.traffic_model import TrafficModel, Workload
+
+FIGURES = MachineFigures(CostLine(0.05, 2e-6), CostLine(0.04, 1e-6), control_bytes_per_step=900)
+
+
+def _batches(rng, cardinalities, exponent, batch, count):
+    for _ in range(count):
+        sparse = [
+            JaggedIds(
+                torch.from_numpy(zipf_ranks(rng, n, exponent, batch)),
+                torch.arange(batch + 1, dtype=torch.int64),
+            )
+            for n in cardinalities
+        ]
+        yield Batch(torch.zeros(batch, 13), sparse, torch.zeros(batch))
+
+
+def test_zipf_law_matches_the_generator():
+    rng = np.random.default_rng(1)
+    draws = zipf_ranks(rng, 1000, 1.2, 400_000)
+    measured = np.bincount(draws, minlength=1000) / len(draws)
+    law = zipf_probabilities(1000, 1.2)
+    assert law.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(measured[:20], law[:20], rtol=0.05)
+    assert fit_zipf_exponent(np.sort(np.bincount(draws))[::-1], 1000) == pytest.approx(
+        1.2, abs=0.05
+    )
+
+
+@pytest.mark.parametrize("hot_rows", [0, 40, 400])
+def test_predicted_rows_match_a_simulation(hot_rows):
+    """Distinct, cold and collision rows per step against batches drawn from the law."""
+    cardinalities, batch = (3000, 200), 512
+    profiles = [zipf_profile(f"t{i}", n, 1.1) for i, n in enumerate(cardinalities)]
+    model = TrafficModel(profiles, Workload(dim=8, batch_size=batch))
+    predicted = model.traffic(hot_rows, staleness=0)
+    order = np.argsort(-np.concatenate([p.probabilities for p in profiles]), kind="stable")
+    owner = np.concatenate([np.full(n, i) for i, n in enumerate(cardinalities)])[order]
+    local = np.concatenate([np.arange(n) for n in cardinalities])[order]
+    hot = [set(local[:hot_rows][owner[:hot_rows] == i]) for i in range(len(cardinalities))]
+    rng = np.random.default_rng(7)
+    distinct, cold, collisions, previous = [], [], [], None
+    for step in _batches(rng, cardinalities, 1.1, batch, 300):
+        cold_sets = [set(f.values.tolist()) - hot[i] for i, f in enumerate(step.sparse)]
+        distinct.append(sum(len(set(f.values.tolist())) for f in step.sparse))
+        cold.append(sum(map(len, cold_sets)))
+        if previous is not None:
+            collisions.append(sum(len(a & b) for a, b in zip(cold_sets, previous)))
+        previous = cold_sets
+    assert predicted.distinct_rows == pytest.approx(np.mean(distinct), rel=0.02)
+    assert predicted.cold_rows == pytest.approx(np.mean(cold), rel=0.02)
+    assert predicted.collision_rows == pytest.approx(np.mean(collisions), rel=0.05)
+    assert model.traffic(hot_rows, staleness=1).collision_rows == 0
+
+
+def test_counted_profile_predicts_fresh_batches():
+    """Good-Turing: the hit rate of a hot set picked from a sample, on batches not in it
+    (raw counts would overrate the ids the sample happened to see once)."""
+    cardinalities, batch = (20_000, 5000), 256
+    rng = np.random.default_rng(3)
+    profiles = counted_profile(
+        _batches(rng, cardinalities, 1.2, batch, 16), ["a", "b"], cardinalities
+    )
+    model = TrafficModel(profiles, Workload(dim=8, batch_size=batch))
+    counts = np.concatenate([p.rank_key for p in profiles])
+    hot_rows = int((counts >= 1).sum())  # every id the sample saw, the once-seen ones too
+    predicted = model.traffic(hot_rows, staleness=1)
+    sample = list(_batches(np.random.default_rng(3), cardinalities, 1.2, batch, 16))
+    seen = [set(torch.cat([b.sparse[i].values for b in sample]).tolist()) for i in range(2)]
+    fresh = list(_batches(np.random.default_rng(99), cardinalities, 1.2, batch, 100))
+    hits = sum(len(set(b.sparse[i].values.tolist()) & seen[i]) for b in fresh for i in range(2))
+    total = sum(len(set(b.sparse[i].values.tolist())) for b in fresh for i in range(2))
+    assert predicted.hit_rate == pytest.approx(hits / total, rel=0.05)
+
+
+def test_profile_that_does_not_match_the_tables_is_refused():
+    batches = list(_batches(np.random.default_rng(0), (10, 10), 1.2, 8, 2))
+    with pytest.raises(ValueError, match="3 features but 2 cardinalities"):
+        counted_profile(batches, ["a", "b", "c"], [10, 10])
+    with pytest.raises(ValueError, match="names 3 features, a batch has 2"):
+        counted_profile(batches, ["a", "b", "c"], [10, 10, 10])
+    with pytest.raises(ValueError, match="no batch"):
+        counted_profile([], ["a"], [10])
+
+
+def test_step_time_bounds():
+    model = TrafficModel([zipf_profile("t", 5000, 1.1)], Workload(dim=16, batch_size=1024))
+    traffic = model.traffic(0, staleness=1)
+    assert step_time(traffic, 1, FIGURES).seconds == pytest.approx(0.04 + 1e-6 * traffic.cold_rows)
+    slow = FIGURES.on_link(2.0, rtt_ms=2)
+    link = max(traffic.bytes_up, traffic.bytes_down) * 8 / 2e6 + 0.002
+    assert step_time(traffic, 1, slow).seconds == pytest.approx(link)
+    assert step_time(traffic, 1, slow).bound == "link"
+    exact = model.traffic(0, staleness=0)
+    assert step_time(exact, 0, slow).seconds > step_time(exact, 0, FIGURES).seconds + 0.002
+
+
+def test_cost_line_fit():
+    line = CostLine.fit([100, 2000, 5000], [0.1 + 3e-6 * x for x in (100, 2000, 5000)])
+    assert (line.base_s, line.per_cold_row_s) == (pytest.approx(0.1), pytest.approx(3e-6))
+    assert CostLine.fit([100, 200], [0.2, 0.1]).per_cold_row_s == 0.0  # noise, not a speed-up
+
+
+def test_plan_chooses_the_fastest_within_budget_and_cap():
+    model = TrafficModel([zipf_profile("t", 50_000, 1.1)], Workload(dim=16, batch_size=1024))
+    budget = 2 * 2**20
+    plan = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=2)
+    assert plan.choice.samples_per_s == max(c.samples_per_s for c in plan.candidates)
+    assert plan.choice.staleness == 1  # s=2 predicts the same: the smaller wins
+    assert plan.choice.hot_rows * model.workload.hot_row_bytes <= budget
+    assert all(c.staleness <= 2 for c in plan.candidates)
+    exact = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=0)
+    assert exact.choice.staleness == 0
+    document = json.loads(json.dumps(plan.to_json()))
+    assert document["choice"]["hot_rows"] == plan.choice.hot_rows
+    assert document["predicted_gain"] == pytest.approx(
+        plan.choice.samples_per_s / plan.baseline.samples_per_s
+    )
+    assert document["predicted_gain"] > 1
+
+
+def test_plan_refuses_a_budget_below_one_row():
+    model = TrafficModel([zipf_profile("t", 100, 1.1)], Workload(dim=16, batch_size=8))
+    with pytest.raises(ValueError, match="holds no hot row"):
+        make_plan(model, FIGURES, model.workload.hot_row_bytes - 1, 1)
+
+
+def _small_config(**change):
+    settings = {
+        "endpoints": ("unused:0",), "batch_size": 64, "max_cardinality": 2000,
+        "profile_batches": 4, "cache": "replicated", "cache_mb": 0.5, "staleness": 1,
+    }  # fmt: skip
+    return TrainConfig(**{**settings, **change})
+
+
+def _data(config):
+    return SyntheticCriteo(SyntheticCriteoConfig(cardinalities=(2000, 300), seed=config.seed))
+
+
+def test_plan_file_applies_to_its_workload_only(tmp_path):
+    from ember.trainer.cache.profiler import profile_hot_ids
+    from ember.trainer.plan.apply import workload_profiles
+    from ember.trainer.sources import profile_batches
+
+    config = _small_config()
+    data, names = _data(config), ["a", "b"]
+    plan = plan_for(config, workload_profiles(config, data, names, 1), FIGURES, 1)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**plan.to_json(), "workload": workload_of(config, 1)}))
+    planned = applied(_small_config(plan=str(path)), data, names, 1)
+    assert (planned.cache, planned.staleness) == ("replicated", plan.choice.staleness)
+    # The trainer's profiler keeps exactly the planned number of hot rows.
+    hot = profile_hot_ids(
+        profile_batches(planned, data, 0, 1), names, int(planned.cache_mb * 2**20), planned.dim
+    )
+    assert sum(len(ids) for ids in hot.values()) == plan.choice.hot_rows
+    with pytest.raises(ValueError, match="batch_size differ"):
+        applied(_small_config(plan=str(path), batch_size=128), data, names, 1)
+    with pytest.raises(ValueError, match="cannot read the plan file"):
+        applied(_small_config(plan=str(tmp_path / "missing.json")), data, names, 1)
+
+
+def test_plan_auto_needs_figures(tmp_path):
+    config = _small_config(plan="auto")
+    with pytest.raises(ValueError, match="--plan-figures"):
+        applied(config, _data(config), ["a", "b"], 1)
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps({"figures": FIGURES.to_json()}))
+    planned = applied(
+        _small_config(plan="auto", plan_figures=str(figures)), _data(config), ["a", "b"], 1
+    )
+    assert planned.plan == "" and planned.cache in ("none", "replicated")
+    figures.write_text(json.dumps({"figures": {"cpu_exact": {"base_s": 1}}}))
+    with pytest.raises(ValueError, match="malformed"):
+        applied(_small_config(plan="auto", plan_figures=str(figures)), _data(config), ["a", "b"], 1)

@@ -1,0 +1,91 @@
+"""Measure a machine's step-cost figures with short training runs on throwaway tables.
+
+Two hot-set sizes at staleness 0 and at staleness 1 give the two CPU cost
+lines of :class:`MachineFigures` (step seconds against the cold rows each run
+actually moved). The runs train tables of their own (``<prefix>.calibration*``)
+so the model a plan is for is left untouched. Run it where the shards are
+reached over a fast network (or loopback) and give the production link's
+bandwidth and round trip to the planner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from ember.trainer.config import TrainConfig
+from ember.trainer.plan.step_model import CostLine, MachineFigures
+from ember.trainer.plan.traffic_model import ID_BYTES
+from ember.trainer.train import train
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_SHARES = (1 / 64, 1.0)  # hot-set sizes, as shares of the budget
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationRun:
+    """One short run's measured step time and cold rows per step."""
+
+    cache_mb: float
+    staleness: int
+    step_s: float
+    cold_rows: float
+    control_bytes_per_step: float
+
+
+def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, list[CalibrationRun]]:
+    """The figures of ``config``'s machine and shards, from short runs of its workload.
+
+    ``config.cache_mb`` is the budget whose shares are measured. One process: run it
+    outside torchrun.
+
+    Raises:
+        ValueError: under torchrun (several ranks would each calibrate), or steps < 5.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) != 1:
+        raise ValueError("calibrate in one process (not under torchrun)")
+    if steps < 5:
+        raise ValueError(f"a calibration run needs >= 5 steps, got {steps}")
+    base = dataclasses.replace(
+        config, steps=steps, eval_batches=1, progress=False, run_dir="", metrics_port=None,
+        cache="replicated", data_path="pipeline", update_mode="exact", plan="",
+    )  # fmt: skip
+    _run(base, config.cache_mb, 1, "warm-up")  # loads kernels and warms the shards
+    runs = [
+        _run(base, config.cache_mb * share, staleness, f"{staleness}-{number}")
+        for staleness in (0, 1)
+        for number, share in enumerate(CALIBRATION_SHARES)
+    ]
+    lines = {
+        staleness: CostLine.fit(
+            [r.cold_rows for r in runs if r.staleness == staleness],
+            [r.step_s for r in runs if r.staleness == staleness],
+        )
+        for staleness in (0, 1)
+    }
+    stale = [r.control_bytes_per_step for r in runs if r.staleness == 1]
+    figures = MachineFigures(lines[0], lines[1], control_bytes_per_step=sum(stale) / len(stale))
+    return figures, runs
+
+
+def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> CalibrationRun:
+    config = dataclasses.replace(
+        base,
+        cache_mb=cache_mb,
+        staleness=staleness,
+        table_prefix=f"{base.table_prefix}.calibration-{name}-{os.getpid()}",
+    )
+    report = train(config)
+    batch = config.batch_size
+    row_bytes = ID_BYTES + 4 * config.dim  # calibration runs move float32 rows
+    run = CalibrationRun(
+        cache_mb,
+        staleness,
+        step_s=report["wall_s"] / report["steps"],
+        cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
+        control_bytes_per_step=report["bytes_control_per_sample"] * batch,
+    )
+    log.info("calibration run %s: %s", name, run)
+    return run

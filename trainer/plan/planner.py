@@ -1,0 +1,133 @@
+"""Choose the hot set and the staleness that maximise predicted throughput under a budget.
+
+Candidates are hot sets of a geometric ladder of sizes up to the memory
+budget (and none), each at every staleness up to the cap. Each is scored by
+the traffic model and the step model; the plan is the fastest, ties going to
+the smaller staleness, then the smaller hot set. Its gain is the predicted
+speed-up over the exact pipeline without a hot set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ember.trainer.plan.step_model import MachineFigures, step_time
+from ember.trainer.plan.traffic_model import TrafficModel
+
+LADDER_STEPS = 12  # sizes budget / 2^j, j < LADDER_STEPS
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One hot-set size and staleness with its predictions."""
+
+    hot_rows: int
+    staleness: int
+    hit_rate: float
+    cold_rows: float
+    bytes_per_sample: dict[str, float]
+    step_s: float
+    bound: str
+    samples_per_s: float
+
+    def cache_mb(self, hot_row_bytes: int) -> float:
+        """The ``cache_mb`` that makes the trainer's profiler keep exactly ``hot_rows``."""
+        return (self.hot_rows + 0.5) * hot_row_bytes / 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The chosen candidate, the baseline it is compared with, and every candidate."""
+
+    choice: Candidate
+    baseline: Candidate
+    candidates: list[Candidate]
+    budget_bytes: int
+    hot_row_bytes: int
+
+    @property
+    def predicted_gain(self) -> float:
+        """Predicted samples/s of the choice over the baseline's."""
+        return self.choice.samples_per_s / self.baseline.samples_per_s
+
+    def to_json(self) -> dict:
+        """The plan as written by ``ember plan`` (and read by ``ember train --plan``)."""
+        return {
+            "choice": {
+                **dataclasses.asdict(self.choice),
+                "cache_mb": self.choice.cache_mb(self.hot_row_bytes),
+            },
+            "predicted_gain": self.predicted_gain,
+            "baseline": {"name": "no hot set, staleness 0", **dataclasses.asdict(self.baseline)},
+            "budget_bytes": self.budget_bytes,
+            "hot_row_bytes": self.hot_row_bytes,
+            "candidates": [dataclasses.asdict(c) for c in self.candidates],
+        }
+
+
+def evaluate(
+    model: TrafficModel, figures: MachineFigures, hot_rows: int, staleness: int
+) -> Candidate:
+    """The predictions of one hot-set size and staleness."""
+    traffic = model.traffic(hot_rows, staleness)
+    step = step_time(traffic, staleness, figures)
+    batch = model.workload.batch_size
+    return Candidate(
+        hot_rows=hot_rows,
+        staleness=staleness,
+        hit_rate=traffic.hit_rate,
+        cold_rows=traffic.cold_rows,
+        bytes_per_sample=traffic.per_sample(batch),
+        step_s=step.seconds,
+        bound=step.bound,
+        samples_per_s=batch * model.workload.ranks / step.seconds,
+    )
+
+
+def make_plan(
+    model: TrafficModel, figures: MachineFigures, budget_bytes: int, max_staleness: int
+) -> Plan:
+    """The fastest predicted hot set within ``budget_bytes`` and staleness within
+    ``max_staleness``.
+
+    Raises:
+        ValueError: a budget smaller than one hot row, or a negative staleness cap.
+    """
+    row_bytes = model.workload.hot_row_bytes
+    if budget_bytes < row_bytes:
+        raise ValueError(
+            f"a budget of {budget_bytes} bytes holds no hot row of dim {model.workload.dim} "
+            f"({row_bytes} bytes each)"
+        )
+    if max_staleness < 0:
+        raise ValueError(f"the staleness cap must be >= 0, got {max_staleness}")
+    largest = model.rows_for_budget(budget_bytes)
+    sizes = sorted({0, *(largest >> j for j in range(LADDER_STEPS))})
+    candidates = [
+        evaluate(model, figures, rows, s) for rows in sizes for s in range(max_staleness + 1)
+    ]
+    choice = max(candidates, key=lambda c: (c.samples_per_s, -c.staleness, -c.hot_rows))
+    baseline = evaluate(model, figures, 0, 0)
+    return Plan(choice, baseline, candidates, budget_bytes, row_bytes)
+
+
+def plan_table(plan: Plan) -> str:
+    """The candidates as a text table, the choice marked."""
+    header = (
+        f"{'hot rows':>9} {'MiB':>7} {'s':>2} {'hit rate':>8} {'cold/step':>9} "
+        f"{'B/sample':>9} {'step ms':>8} {'bound':>5} {'samples/s':>10}"
+    )
+    lines = [header]
+    for c in plan.candidates:
+        mark = "  <- plan" if c == plan.choice else ""
+        lines.append(
+            f"{c.hot_rows:>9} {c.cache_mb(plan.hot_row_bytes):>7.2f} {c.staleness:>2} "
+            f"{c.hit_rate:>8.3f} {c.cold_rows:>9.0f} {sum(c.bytes_per_sample.values()):>9.0f} "
+            f"{c.step_s * 1000:>8.1f} {c.bound:>5} {c.samples_per_s:>10.0f}{mark}"
+        )
+    lines.append(
+        f"plan: {plan.choice.hot_rows} hot rows, staleness {plan.choice.staleness}: predicted "
+        f"{plan.choice.samples_per_s:.0f} samples/s, {plan.predicted_gain:.2f}x the exact "
+        f"pipeline without a hot set"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""How long a pipelined step takes, from its traffic and a machine's calibrated figures.
+
+The step pipeline overlaps a step's compute with the next step's lookup and
+its own update. Two things bound a step:
+
+* the CPU work of the step, with the shards' share of it (on one machine they
+  compete for the same cores): a line in the step's cold rows, fitted from
+  short calibration runs on a fast network, one line per staleness regime
+  (``s = 0`` exposes each update's round trip; ``s >= 1`` hides it);
+* the link: lookups stream rows down while updates stream gradients up, so
+  with ``s >= 1`` a step needs ``max(bytes up, bytes down) / bandwidth``;
+  with ``s = 0`` the next lookup still overlaps compute, but the update's
+  upload and its collision rows' download are exposed, with a round trip.
+
+The step takes the larger bound (``s >= 1``), or the CPU-bound step plus the
+exposed update (``s = 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from ember.trainer.plan.traffic_model import ID_BYTES, Traffic
+
+
+@dataclasses.dataclass(frozen=True)
+class CostLine:
+    """Seconds per step as ``base_s + per_cold_row_s * cold rows``."""
+
+    base_s: float
+    per_cold_row_s: float
+
+    def at(self, cold_rows: float) -> float:
+        """The line's seconds at ``cold_rows``."""
+        return self.base_s + self.per_cold_row_s * cold_rows
+
+    @classmethod
+    def fit(cls, cold_rows: Sequence[float], seconds: Sequence[float]) -> CostLine:
+        """The least-squares line through measured ``(cold rows, seconds per step)`` pairs
+        (one pair: a line through the origin's slope; base and slope kept >= 0)."""
+        if len(cold_rows) != len(seconds) or not len(seconds):
+            raise ValueError("a cost line needs matching, non-empty cold rows and seconds")
+        x, y = np.asarray(cold_rows, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+        if len(x) == 1 or np.ptp(x) == 0:
+            return cls(float(y.mean()), 0.0)
+        slope, base = np.polyfit(x, y, 1)
+        if base < 0:
+            return cls(0.0, float((x @ y) / (x @ x)))
+        if slope < 0:
+            return cls(float(y.mean()), 0.0)
+        return cls(float(base), float(slope))
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineFigures:
+    """What a step costs on one machine and link.
+
+    Attributes:
+        cpu_exact: CPU-bound step time with staleness 0, by cold rows.
+        cpu_stale: CPU-bound step time with staleness >= 1, by cold rows.
+        bandwidth_mbit: the link's rate each way (None: as fast as the calibration's).
+        rtt_ms: the link's round trip beyond the calibration's.
+        control_bytes_per_step: step messages' framing, measured by the calibration.
+    """
+
+    cpu_exact: CostLine
+    cpu_stale: CostLine
+    bandwidth_mbit: float | None = None
+    rtt_ms: float = 0.0
+    control_bytes_per_step: float = 0.0
+
+    def __post_init__(self) -> None:
+        for line in (self.cpu_exact, self.cpu_stale):
+            if not all(math.isfinite(v) and v >= 0 for v in (line.base_s, line.per_cold_row_s)):
+                raise ValueError(f"cost lines must be finite and >= 0, got {line}")
+        if self.bandwidth_mbit is not None and not (
+            math.isfinite(self.bandwidth_mbit) and self.bandwidth_mbit > 0
+        ):
+            raise ValueError(f"bandwidth_mbit must be > 0, got {self.bandwidth_mbit}")
+        if not (math.isfinite(self.rtt_ms) and self.rtt_ms >= 0):
+            raise ValueError(f"rtt_ms must be >= 0, got {self.rtt_ms}")
+
+    def to_json(self) -> dict:
+        """The figures as a plan file stores them."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, table: dict) -> MachineFigures:
+        """Figures from :meth:`to_json`'s form; ValueError naming what is missing or wrong."""
+        try:
+            lines = {
+                name: CostLine(float(table[name]["base_s"]), float(table[name]["per_cold_row_s"]))
+                for name in ("cpu_exact", "cpu_stale")
+            }
+            bandwidth = table.get("bandwidth_mbit")
+            return cls(
+                **lines,
+                bandwidth_mbit=None if bandwidth is None else float(bandwidth),
+                rtt_ms=float(table.get("rtt_ms", 0.0)),
+                control_bytes_per_step=float(table.get("control_bytes_per_step", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"machine figures: missing or malformed field ({error})") from None
+
+    def on_link(self, bandwidth_mbit: float | None, rtt_ms: float = 0.0) -> MachineFigures:
+        """These CPU figures behind another link."""
+        return dataclasses.replace(self, bandwidth_mbit=bandwidth_mbit, rtt_ms=rtt_ms)
+
+    def wire_seconds(self, nbytes: float) -> float:
+        """Seconds ``nbytes`` take on the link (0 without a bandwidth)."""
+        if self.bandwidth_mbit is None:
+            return 0.0
+        return nbytes * 8 / (self.bandwidth_mbit * 1e6)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """A step's predicted seconds and what bounds it."""
+
+    seconds: float
+    cpu_s: float
+    link_s: float
+
+    @property
+    def bound(self) -> str:
+        """``cpu`` or ``link``: the larger of the two bounds."""
+        return "link" if self.link_s > self.cpu_s else "cpu"
+
+
+def step_time(traffic: Traffic, staleness: int, figures: MachineFigures) -> StepTime:
+    """The predicted step time of ``traffic`` under ``staleness``."""
+    rtt = figures.rtt_ms / 1000
+    if staleness >= 1:
+        cpu = figures.cpu_stale.at(traffic.cold_rows)
+        link = figures.wire_seconds(max(traffic.bytes_up, traffic.bytes_down)) + rtt
+        return StepTime(max(cpu, link), cpu, link)
+    cpu = figures.cpu_exact.at(traffic.cold_rows)
+    collisions_down = traffic.collision_rows * (ID_BYTES + traffic.row_bytes)
+    lookup_down = traffic.bytes_down - collisions_down
+    update_up = traffic.bytes_pushed + traffic.bytes_control / 2
+    exposed = figures.wire_seconds(update_up + collisions_down) + rtt
+    link = figures.wire_seconds(lookup_down)
+    return StepTime(max(cpu, link) + exposed, cpu, link + exposed)
