@@ -28,8 +28,9 @@ def test_train_argv_round_trips_every_config_field():
         cached, cache="replicated", data_path="pipeline", staleness=2, update_mode="async",
         wire_dtype="bfloat16",
     )  # fmt: skip
+    planned = dataclasses.replace(pipelined, plan="auto", plan_figures="/plans/figures.json")
     changed = set()
-    for config in (cached, pipelined):
+    for config in (cached, pipelined, planned):
         args = build_parser().parse_args(["train", *train_argv(config)])
         assert config_from_args(args, list(config.endpoints)) == config
         defaults = TrainConfig(endpoints=config.endpoints)
