@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import ClassVar
 
@@ -11,6 +12,7 @@ from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.step_client import MODES
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
+from ember.trainer.balance import BALANCERS
 from ember.trainer.cache.hot_cache import POLICIES
 from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
 
@@ -117,6 +119,33 @@ class TrainConfig:
         "bytes (the shards keep float32 rows and optimizer state). bfloat16 keeps float32's "
         "range; float16 refuses values beyond 65504",
         choices=[dtype.name.lower() for dtype in RowDtype],
+    )
+    model: str = setting(
+        "dlrm",
+        "dlrm (CTR on Criteo-style data) or sasrec (next-item prediction over user histories: "
+        "synthetic heavy-tailed sequences, or --interactions)",
+        choices=("dlrm", "sasrec"),
+    )
+    interactions_path: str | None = setting(
+        None,
+        "sasrec: train on this file of `user,item,timestamp` lines (tab or comma); every "
+        "--heldout-every-th user is held out",
+        flag="--interactions",
+    )
+    max_len: int = setting(
+        50, "sasrec: longest history; longer ones keep their most recent items (counted)"
+    )
+    negatives: int = setting(32, "sasrec: sampled negative items per sample")
+    balancer: str = setting(
+        "cost",
+        "sasrec: how a global batch's samples go to ranks: none (equal contiguous chunks), "
+        "count (zig-zag by length, equal counts) or cost (equal sums of length^alpha)",
+        choices=BALANCERS,
+    )
+    balance_alpha: float | None = setting(
+        None,
+        "balancer cost: a sample costs length^alpha; default: calibrated at the start from "
+        "timed steps of the model",
     )
     plan: str = setting(
         "",
@@ -225,6 +254,23 @@ class TrainConfig:
                 "--plan chooses a replicated hot set on the step pipeline: use it with cache "
                 f"none or replicated and data_path auto or pipeline, not cache {self.cache!r} "
                 f"on data_path {self.data_path!r}"
+            )
+        if self.model not in ("dlrm", "sasrec"):
+            raise ValueError(f"model must be dlrm or sasrec, got {self.model!r}")
+        if self.max_len < 1 or self.negatives < 1:
+            raise ValueError(
+                f"max_len and negatives must be >= 1, got {self.max_len}, {self.negatives}"
+            )
+        if self.balancer not in BALANCERS:
+            raise ValueError(f"balancer must be one of {', '.join(BALANCERS)}")
+        if self.balance_alpha is not None and not (
+            math.isfinite(self.balance_alpha) and self.balance_alpha > 0
+        ):
+            raise ValueError(f"balance_alpha must be > 0, got {self.balance_alpha}")
+        if self.model == "sasrec" and (self.plan or self.criteo_path or self.cache != "none"):
+            raise ValueError(
+                "model sasrec trains with cache none (its rows go through the step pipeline); "
+                "--plan and --criteo are for model dlrm"
             )
         if self.plan_figures and self.plan != "auto":
             raise ValueError("plan_figures is read by --plan auto only")

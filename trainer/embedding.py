@@ -118,6 +118,12 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
         """Pooled embeddings [batch, num_features, dim]."""
+        _check_batch_sizes(features)
+        return torch.stack(self.lookup(features), dim=1)
+
+    def lookup(self, features: Sequence[JaggedIds]) -> list[torch.Tensor]:
+        """Each feature's pooled embeddings [its bags, dim]; features may have different
+        bag counts (a feature of one-id bags gives one row per id, unpooled)."""
         plan = self._next if self._next is not None and self._next.features is features else None
         self._next = None
         plan = plan or self._plan(features)
@@ -141,7 +147,7 @@ class PSEmbeddingBagCollection(nn.Module):
                     include_last_offset=True,
                 )
                 start += count
-        return torch.stack(pooled, dim=1)
+        return pooled
 
     def _plan(self, features: Sequence[JaggedIds]) -> _Plan:
         _check_features(features, len(self.feature_tables))
@@ -166,7 +172,6 @@ class PSEmbeddingBagCollection(nn.Module):
 def _check_features(features: Sequence[JaggedIds], expected: int) -> None:
     if len(features) != expected:
         raise ValueError(f"expected {expected} sparse features, got {len(features)}")
-    batch = None
     for f, feature in enumerate(features):
         values, offsets = feature.values, feature.offsets
         if values.dtype != torch.int64 or offsets.dtype != torch.int64:
@@ -183,10 +188,15 @@ def _check_features(features: Sequence[JaggedIds], expected: int) -> None:
             or bool((offsets[1:] < offsets[:-1]).any())
         ):
             raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(values)}")
-        if batch is None:
-            batch = len(offsets) - 1
-        elif len(offsets) - 1 != batch:
-            raise ValueError(f"feature {f} has {len(offsets) - 1} samples, feature 0 has {batch}")
+
+
+def _check_batch_sizes(features: Sequence[JaggedIds]) -> None:
+    for f, feature in enumerate(features):
+        if feature.batch_size != features[0].batch_size:
+            raise ValueError(
+                f"feature {f} has {feature.batch_size} samples, feature 0 has "
+                f"{features[0].batch_size}"
+            )
 
 
 class PSRowSource:

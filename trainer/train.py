@@ -43,6 +43,7 @@ from ember.trainer.sources import (
     release,
 )
 from ember.trainer.telemetry import Telemetry
+from ember.trainer.train_sequences import train_sequences
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -53,6 +54,10 @@ def train(config: TrainConfig) -> dict:
         torch.set_num_threads(config.torch_threads)
     device = resolve_device(config.device)
     rank, world = _init_distributed(device)
+    if config.model == "sasrec":
+        report = train_sequences(config, device, rank, world)
+        _leave_process_group(world)
+        return report
     data = synthetic_data(config)
     specs = table_specs(config, data.num_features)
     config = applied(config, data, [s.name for s in specs], world)
@@ -123,10 +128,14 @@ def train(config: TrainConfig) -> dict:
             report.update(_evaluate(model, ebc, heldout_batches(config, data), device))
         telemetry.finish(report)
         close(inner)
+    _leave_process_group(world)
+    return report
+
+
+def _leave_process_group(world: int) -> None:
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
-    return report
 
 
 def heldout_batches(config: TrainConfig, data: SyntheticCriteo) -> Iterator[Batch]:

@@ -70,6 +70,20 @@ def print_summary(report: dict) -> None:
     """Print the headline figures of a training report."""
     config = report["config"]
     print("-" * 60)
+    if report.get("model") == "sasrec":
+        print(
+            f"ranks {report['world_size']}  steps {report['steps']}  samples/s "
+            f"{report['samples_per_s']:,.0f}  balancer {report['balancer']} (alpha "
+            f"{report['balance_alpha']:.2f})  straggler ratio {report['straggler_ratio']:.2f}"
+        )
+        print(
+            f"held-out HR@10 {report.get('heldout_hr10', float('nan')):.4f}  NDCG@10 "
+            f"{report.get('heldout_ndcg10', float('nan')):.4f}; popularity HR@10 "
+            f"{report.get('popularity_hr10', float('nan')):.4f}; histories truncated "
+            f"{report['truncated_histories']}, dropped (under 2 items) "
+            f"{report['dropped_empty_histories']}"
+        )
+        return
     print(
         f"ranks {report['world_size']}  steps {report['steps']}  samples/s "
         f"{report['samples_per_s']:,.0f}  data path {report['data_path']}"
