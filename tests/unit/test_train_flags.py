@@ -29,8 +29,13 @@ def test_train_argv_round_trips_every_config_field():
         wire_dtype="bfloat16",
     )  # fmt: skip
     planned = dataclasses.replace(pipelined, plan="auto", plan_figures="/plans/figures.json")
+    sequences = dataclasses.replace(
+        cached, model="sasrec", cache="none", data_path="pipeline", criteo_path=None,
+        interactions_path="/data/views.csv", max_len=20, negatives=5, balancer="count",
+        balance_alpha=1.3,
+    )  # fmt: skip
     changed = set()
-    for config in (cached, pipelined, planned):
+    for config in (cached, pipelined, planned, sequences):
         args = build_parser().parse_args(["train", *train_argv(config)])
         assert config_from_args(args, list(config.endpoints)) == config
         defaults = TrainConfig(endpoints=config.endpoints)
