@@ -7,20 +7,22 @@ hold up every other rank at the step's collectives. Policies:
 * ``none``: contiguous, equal-count chunks in arrival order (a plain loader).
 * ``count``: samples sorted by length (descending, stable) and dealt in zig-zag
   order 0, 1, .., W-1, W-1, .., 0, 0, 1, ..: equal counts (within one), similar mix.
-* ``cost``: longest-processing-time greedy on ``length**alpha``: samples sorted
-  by cost (descending, stable), each to the rank with the least cost so far
-  (ties to the lowest rank): near-equal cost, unequal counts.
+* ``cost``: longest-processing-time greedy on :class:`SampleCost` (``fixed +
+  length**alpha``): samples sorted by cost (descending, stable), each to the
+  rank with the least cost so far (ties to the lowest rank): near-equal cost,
+  unequal counts.
 
 Every policy is a pure function of the lengths, so every rank computes the
 same assignment locally with no communication. Each rank's indices are in
-arrival order. A rank may get no sample (fewer samples than ranks, or a few
-huge ones under ``cost``); it must still take part in the step, with a zero
-loss, so the collectives match. Since counts differ, average the loss over the
-global batch (sum of per-sample losses / G), not as a mean of per-rank means.
+arrival order. With at least as many samples as ranks every rank gets one
+(the first W samples of every policy go to distinct ranks); with fewer, some
+get none. Since counts differ, average the loss over the global batch (sum of
+per-sample losses / G), not as a mean of per-rank means.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -32,8 +34,27 @@ BALANCERS = ("none", "count", "cost")
 _ALPHA_GRID = np.linspace(0.25, 3.0, 276)  # steps of 0.01
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleCost:
+    """A sample of length L costs ``fixed + L**alpha`` (units of one length-1 sample's
+    length-dependent part; ``fixed`` is the per-sample work that does not grow with L)."""
+
+    alpha: float = 1.0
+    fixed: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"alpha must be finite and > 0, got {self.alpha}")
+        if not (math.isfinite(self.fixed) and self.fixed >= 0):
+            raise ValueError(f"the fixed cost must be finite and >= 0, got {self.fixed}")
+
+    def of(self, lengths: torch.Tensor) -> np.ndarray:
+        """float64 cost of each length."""
+        return self.fixed + lengths.cpu().numpy().astype(np.float64) ** self.alpha
+
+
 def assign(
-    lengths: torch.Tensor, world: int, policy: str, alpha: float = 1.0
+    lengths: torch.Tensor, world: int, policy: str, cost: SampleCost = SampleCost()
 ) -> list[torch.Tensor]:
     """Split the samples of a global batch among ``world`` ranks.
 
@@ -41,15 +62,15 @@ def assign(
         lengths: int64 [G] history length of each sample (>= 1).
         world: number of ranks.
         policy: one of :data:`BALANCERS` (see the module docstring).
-        alpha: cost exponent, a sample costing ``length**alpha`` (used by ``cost``).
+        cost: what a sample costs (used by ``cost``).
 
     Returns:
         One int64 tensor per rank of indices into the global batch, in arrival order;
         together a partition of ``range(G)``.
 
     Raises:
-        ValueError: an unknown policy, ``world`` < 1, ``alpha`` not finite and > 0, or
-            ``lengths`` not a 1-D integer tensor of values >= 1.
+        ValueError: an unknown policy, ``world`` < 1, or ``lengths`` not a 1-D integer
+            tensor of values >= 1.
 
     Example:
         >>> [r.tolist() for r in assign(torch.tensor([1, 5, 2, 4, 3, 6]), 2, "count")]
@@ -59,7 +80,6 @@ def assign(
         raise ValueError(f"policy must be one of {', '.join(BALANCERS)}, got {policy!r}")
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
-    _check_alpha(alpha)
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise ValueError(
             f"lengths must be a 1-D integer tensor, got {lengths.dtype} of shape "
@@ -77,21 +97,16 @@ def assign(
         lap, seat = position // world, position % world
         ranks_in_order = torch.where(lap % 2 == 0, seat, world - 1 - seat)
     else:
-        ranks_in_order = torch.from_numpy(_greedy(_costs(lengths[order], alpha), world))
+        ranks_in_order = torch.from_numpy(_greedy(cost.of(lengths[order]), world))
     ranks = torch.empty_like(order).index_put_((order,), ranks_in_order)
     return [torch.nonzero(ranks == rank).squeeze(1) for rank in range(world)]
 
 
 def predicted_costs(
-    lengths: torch.Tensor, assignment: Sequence[torch.Tensor], alpha: float
+    lengths: torch.Tensor, assignment: Sequence[torch.Tensor], cost: SampleCost
 ) -> list[float]:
-    """Predicted cost of each rank's share: the sum of ``length**alpha`` over its samples.
-
-    Raises:
-        ValueError: ``alpha`` not finite and > 0.
-    """
-    _check_alpha(alpha)
-    costs = _costs(lengths.cpu(), alpha)
+    """Predicted cost of each rank's share: the sum of its samples' costs."""
+    costs = cost.of(lengths)
     return [float(costs[share.cpu().numpy()].sum()) for share in assignment]
 
 
@@ -112,8 +127,9 @@ def straggler_ratio(seconds_per_rank: Sequence[float]) -> float:
     return float(seconds.max()) / mean
 
 
-def calibrate_alpha(lengths: Sequence[float], seconds: Sequence[float]) -> float:
-    """The ``alpha`` of the best fit ``seconds ~ a + b * length**alpha`` with ``a, b >= 0``.
+def calibrate_cost(lengths: Sequence[float], seconds: Sequence[float]) -> SampleCost:
+    """The cost of the best fit ``seconds ~ a + b * length**alpha`` with ``a, b >= 0``:
+    ``SampleCost(alpha, a / b)``.
 
     A grid search over alpha in [0.25, 3] in steps of 0.01, with non-negative least
     squares for ``a`` and ``b`` at each alpha.
@@ -123,15 +139,17 @@ def calibrate_alpha(lengths: Sequence[float], seconds: Sequence[float]) -> float
         seconds: its measured time (> 0), one per length.
 
     Returns:
-        The best alpha on the grid.
+        The best alpha on the grid, with ``a / b`` as the fixed cost (0 when ``b`` is 0:
+        then no length costs more than another, and only the fixed part is left).
 
     Raises:
         ValueError: unequal or non-1-D inputs, fewer than 3 distinct lengths, or a length
             or time not finite and > 0.
 
     Example:
-        >>> round(calibrate_alpha([1, 2, 4, 8], [0.1 + 0.02 * n**1.5 for n in [1, 2, 4, 8]]), 2)
-        1.5
+        >>> cost = calibrate_cost([1, 2, 4, 8], [0.1 + 0.02 * n**1.5 for n in [1, 2, 4, 8]])
+        >>> round(cost.alpha, 2), round(cost.fixed, 2)
+        (1.5, 5.0)
     """
     x = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
@@ -146,12 +164,16 @@ def calibrate_alpha(lengths: Sequence[float], seconds: Sequence[float]) -> float
         raise ValueError(f"need >= 3 distinct lengths to fit alpha, got {sorted(set(x.tolist()))}")
     # Lengths scaled to at most 1 keep length**3 well conditioned; b absorbs the scale.
     features = (x / x.max())[None, :] ** _ALPHA_GRID[:, None]
-    errors = np.array([_nonnegative_fit_error(f, y) for f in features])
-    return float(_ALPHA_GRID[int(np.argmin(errors))])
+    fits = [_nonnegative_fit(f, y) for f in features]
+    best = int(np.argmin([error for error, _, _ in fits]))
+    _, a, b = fits[best]
+    alpha = float(_ALPHA_GRID[best])
+    b /= x.max() ** alpha  # back to unscaled lengths
+    return SampleCost(alpha, float(a / b) if b > 0 else 0.0)
 
 
-def _nonnegative_fit_error(x: np.ndarray, y: np.ndarray) -> float:
-    """Squared error of the least-squares fit y ~ a + b x with a, b >= 0 (x, y > 0)."""
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """``(squared error, a, b)`` of the least-squares fit y ~ a + b x with a, b >= 0."""
     x_mean, y_mean = x.mean(), y.mean()
     spread = float(((x - x_mean) ** 2).sum())
     b = float(((x - x_mean) * (y - y_mean)).sum()) / spread if spread > 0 else -1.0
@@ -159,16 +181,7 @@ def _nonnegative_fit_error(x: np.ndarray, y: np.ndarray) -> float:
     if b < 0 or fits[0][0] < 0:
         # The convex optimum then lies on an edge: a = 0 or b = 0.
         fits = [(float(y_mean), 0.0), (0.0, float((x * y).sum() / (x * x).sum()))]
-    return min(float(((a + b * x - y) ** 2).sum()) for a, b in fits)
-
-
-def _check_alpha(alpha: float) -> None:
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be finite and > 0, got {alpha}")
-
-
-def _costs(lengths: torch.Tensor, alpha: float) -> np.ndarray:
-    return lengths.numpy().astype(np.float64) ** alpha
+    return min((float(((a + b * x - y) ** 2).sum()), a, b) for a, b in fits)
 
 
 def _greedy(costs: np.ndarray, world: int) -> np.ndarray:

@@ -19,6 +19,9 @@ from ember.trainer.pipeline import ASYNC_NEEDS_STALENESS, MAX_STALENESS
 from ember.settings import setting
 
 DATA_PATHS = ("auto", "pipeline", "serial")
+MAX_HISTORY = 4096  # sasrec: positions learned, and the attention's length squared
+MAX_NEGATIVES = 100_000
+SASREC_HEADS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +153,10 @@ class TrainConfig:
     plan: str = setting(
         "",
         "auto: replicate the hot set and run at the staleness that `ember plan` predicts "
-        "fastest, within --cache-mb and up to --staleness, with --plan-figures' machine "
-        "figures; FILE: apply a plan `ember plan --out FILE` wrote for this workload. Sets "
-        "cache (replicated, or none), cache_mb and staleness",
+        "fastest, within --cache-mb and up to --staleness (so give --staleness 1 or more to "
+        "let it choose), with --plan-figures' machine figures; FILE: apply a plan `ember plan "
+        "--out FILE` wrote for this workload. Sets cache (replicated, or none), cache_mb and "
+        "staleness",
     )
     plan_figures: str = setting(
         "", "--plan auto: the machine figures file (`ember plan --calibrate --out FILE`)"
@@ -257,24 +261,38 @@ class TrainConfig:
             )
         if self.model not in ("dlrm", "sasrec"):
             raise ValueError(f"model must be dlrm or sasrec, got {self.model!r}")
-        if self.max_len < 1 or self.negatives < 1:
-            raise ValueError(
-                f"max_len and negatives must be >= 1, got {self.max_len}, {self.negatives}"
-            )
         if self.balancer not in BALANCERS:
             raise ValueError(f"balancer must be one of {', '.join(BALANCERS)}")
         if self.balance_alpha is not None and not (
             math.isfinite(self.balance_alpha) and self.balance_alpha > 0
         ):
             raise ValueError(f"balance_alpha must be > 0, got {self.balance_alpha}")
-        if self.model == "sasrec" and (self.plan or self.criteo_path or self.cache != "none"):
+        if not (1 <= self.max_len <= MAX_HISTORY and 1 <= self.negatives <= MAX_NEGATIVES):
+            raise ValueError(
+                f"max_len must be in 1..{MAX_HISTORY} and negatives in 1..{MAX_NEGATIVES}, got "
+                f"{self.max_len}, {self.negatives}"
+            )
+        if self.model == "sasrec":
+            self._validate_sequence_model()
+        elif self.interactions_path or self.balance_alpha is not None:
+            raise ValueError("--interactions and --balance-alpha are for model sasrec")
+        if self.plan_figures and self.plan != "auto":
+            raise ValueError("plan_figures is read by --plan auto only")
+        resolve_device(self.device)
+
+    def _validate_sequence_model(self) -> None:
+        if self.plan or self.criteo_path or self.cache != "none":
             raise ValueError(
                 "model sasrec trains with cache none (its rows go through the step pipeline); "
                 "--plan and --criteo are for model dlrm"
             )
-        if self.plan_figures and self.plan != "auto":
-            raise ValueError("plan_figures is read by --plan auto only")
-        resolve_device(self.device)
+        if self.dim % SASREC_HEADS:
+            raise ValueError(f"model sasrec needs dim divisible by {SASREC_HEADS}, got {self.dim}")
+        if self.run_dir or self.metrics_port is not None:
+            raise ValueError(
+                "model sasrec writes its report with --report; --run-dir and --metrics-port "
+                "are not wired to it yet"
+            )
 
 
 def resolve_device(requested: str) -> torch.device:

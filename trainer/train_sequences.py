@@ -4,14 +4,18 @@ Every rank draws the same global batch (``batch_size * world`` samples) and
 the balancer splits it: each rank trains on its share, so the ranks' samples
 are always a split of the global batch. Item rows (history, target and
 sampled negatives) and user rows go through the PS-backed embedding module
-and the step pipeline (``--cache none``); the dense part is DDP. The loss is
-summed over a rank's samples and divided by the global batch, so ranks with
-different shares still average every sample alike.
+and the step pipeline (``--cache none``). A rank's loss is its samples' summed
+loss over the global batch, so the ranks' gradients add up to the global
+mean's: the dense ones are summed by one all-reduce, the sparse ones by the
+shards (exact mode).
 
-Each step's forward and backward are timed on every rank; the report gives
-the per-rank compute time and the straggler ratio (max over mean per step).
-Rank 0 evaluates HR@10 and NDCG@10 on held-out users (the target among
-``EVAL_NEGATIVES`` sampled items), next to the popularity baseline.
+Each step's forward and backward are timed on every rank before the dense
+gradients' all-reduce (DDP's would fold the wait for the slowest rank into
+every rank's backward); the report gives the per-rank compute time and the
+straggler ratio (max over mean per step), measured and as the balancer's
+cost model predicts it. Rank 0 evaluates HR@10 and NDCG@10 on held-out users
+(the target among ``EVAL_NEGATIVES`` sampled items), next to the popularity
+baseline.
 """
 
 from __future__ import annotations
@@ -25,16 +29,27 @@ import torch
 import torch.distributed as dist
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
-from ember.trainer.balance import assign, calibrate_alpha
-from ember.trainer.config import TrainConfig
+from ember.trainer.balance import (
+    SampleCost,
+    assign,
+    calibrate_cost,
+    predicted_costs,
+    straggler_ratio,
+)
+from ember.trainer.config import SASREC_HEADS, TrainConfig
 from ember.trainer.data.batch import JaggedIds
 from ember.trainer.data.interactions import InteractionsFile
 from ember.trainer.data.sequences import SequenceBatch
 from ember.trainer.data.synthetic_sequences import SyntheticSequences, SyntheticSequencesConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection
-from ember.trainer.models.sasrec import SASRec, hit_rate_ndcg_at_k, sample_negatives
+from ember.trainer.models.sasrec import (
+    SASRec,
+    bucket_widths,
+    hit_rate_ndcg_at_k,
+    sample_negatives,
+    sampled_softmax_loss,
+)
 from ember.trainer.sources import TimedSource, build_row_source, close, flush
-from torch.nn.parallel import DistributedDataParallel
 
 EVAL_NEGATIVES = 100
 CALIBRATION_LENGTHS = (2, 4, 8, 16, 32, 64)
@@ -50,45 +65,41 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
         )
         for name in ("items", "users")
     ]  # fmt: skip
-    torch.manual_seed(config.seed)
-    model = SASRec(config.dim, config.max_len).to(device)
-    dense_model = (
-        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if world > 1
-        else model
-    )
+    torch.manual_seed(config.seed)  # the same dense initialisation on every rank
+    model = SASRec(config.dim, config.max_len, heads=SASREC_HEADS).to(device)
     dense_opt = torch.optim.Adam(model.parameters(), lr=config.dense_lr)
-    alpha = _cost_alpha(config, model, device, world)
+    cost = _sample_cost(config, model, device, world)
     with PSClient(list(config.endpoints), config.client) as client:
         for spec in specs:
             client.create_table(spec)
         inner = build_row_source(client, config, specs, None, (rank, world), device)
         source = TimedSource(inner)
-        ebc = PSEmbeddingBagCollection(
-            source, [s.name for s in specs], grad_scale=1.0 / world, device=device
-        )
-        shares = _my_shares(config, data, num_items, rank, world, alpha)
-        compute: list[list[float]] = []
-        start, samples = time.perf_counter(), 0
+        ebc = PSEmbeddingBagCollection(source, [s.name for s in specs], device=device)
+        shares = _my_shares(config, data, num_items, rank, world, cost)
+        steps: list[_Step] = []
+        start = time.perf_counter()
         upcoming = next(shares, None)
-        while upcoming is not None and len(compute) < config.steps:
-            (batch, negatives, features), upcoming = upcoming, next(shares, None)
+        while upcoming is not None and len(steps) < config.steps:
+            share, upcoming = upcoming, next(shares, None)
             dense_opt.zero_grad()
-            items, users = ebc.lookup(features)
-            if upcoming is not None and len(compute) + 1 < config.steps:
-                ebc.prefetch(upcoming[2])
+            items, users = ebc.lookup(share.features)
+            if upcoming is not None and len(steps) + 1 < config.steps:
+                ebc.prefetch(upcoming.features)
+            _synchronize(device)
             began = time.perf_counter()
-            loss = _loss(dense_model, batch, negatives, items, users, config, world)
+            scores = _scores(model, share.batch, items, users)
+            loss = sampled_softmax_loss(scores) * share.batch.batch_size / share.global_size
             loss.backward()
+            _synchronize(device)
             seconds = time.perf_counter() - began
+            _sum_over_ranks(model, world)
             dense_opt.step()
             ebc.step()
-            compute.append(_gathered(seconds, world, device))
-            samples += config.batch_size * world
+            steps.append(_Step(share, *_gathered(seconds, loss.item(), world, device)))
         with source.wait:
             flush(inner)
         wall = time.perf_counter() - start
-        report = _report(config, compute, samples, wall, source.wait.seconds, alpha, data)
+        report = _report(config, steps, wall, source.wait.seconds, cost, data)
         report.update(rank=rank, world_size=world, config=dataclasses.asdict(config))
         if rank == 0:
             report.update(_evaluate(model, ebc, data, num_items, config, device))
@@ -98,8 +109,9 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
 
 def _data(config: TrainConfig) -> tuple[SyntheticSequences | InteractionsFile, int]:
     if config.interactions_path is None:
+        items = min(config.max_cardinality, SyntheticSequencesConfig.num_items)
         synthetic = SyntheticSequences(
-            SyntheticSequencesConfig(max_len=config.max_len, seed=config.seed)
+            SyntheticSequencesConfig(num_items=items, max_len=config.max_len, seed=config.seed)
         )
         return synthetic, synthetic.config.num_items
     interactions = InteractionsFile.read(
@@ -118,24 +130,48 @@ def _global_batches(
     return (b for b in data.batches(size, "train", seed=config.seed) if b.batch_size >= world)
 
 
+@dataclasses.dataclass
+class _Share:
+    """This rank's part of one global batch, with its lookups."""
+
+    batch: SequenceBatch
+    features: list[JaggedIds]
+    global_size: int
+    predicted_costs: list[float]  # every rank's, by the balancer's cost model
+
+
+@dataclasses.dataclass
+class _Step:
+    share: _Share
+    seconds: list[float]  # every rank's compute
+    loss: float  # the global batch's mean
+
+
 def _my_shares(
-    config: TrainConfig, data, num_items: int, rank: int, world: int, alpha: float
-) -> Iterator[tuple[SequenceBatch, torch.Tensor, list[JaggedIds]]]:
-    """This rank's share of each global batch, its negatives and its lookup features."""
+    config: TrainConfig, data, num_items: int, rank: int, world: int, cost: SampleCost
+) -> Iterator[_Share]:
+    """This rank's share of each global batch (every rank computes the same split: the
+    balancer is a pure function of the lengths), its negatives and lookup features."""
     for step, batch in enumerate(_global_batches(config, data, world)):
-        mine = batch.select(assign(batch.lengths, world, config.balancer, alpha)[rank])
+        # The model pads each sample to its power-of-two bucket: that is what it costs.
+        padded = bucket_widths(batch.lengths)
+        lengths = padded if config.balancer == "cost" else batch.lengths
+        split = assign(lengths, world, config.balancer, cost)
+        mine = batch.select(split[rank])
         seed = np.random.SeedSequence([config.seed, step, rank]).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(seed))
         negatives = sample_negatives(
             generator, mine.batch_size, config.negatives, num_items, mine.targets
         )
-        yield mine, negatives, lookup_features(mine, negatives)
+        features = lookup_features(mine, negatives)
+        yield _Share(mine, features, batch.batch_size, predicted_costs(padded, split, cost))
 
 
-def lookup_features(batch: SequenceBatch, candidates: torch.Tensor) -> list[JaggedIds]:
-    """The item ids (history, then targets, then ``candidates`` row by row) and the user
-    ids, each id a bag of its own: the collection returns one row per id."""
-    items = torch.cat([batch.history.values, batch.targets, candidates.reshape(-1)])
+def lookup_features(batch: SequenceBatch, negatives: torch.Tensor) -> list[JaggedIds]:
+    """The item ids (history, then each sample's target and ``negatives`` [batch, N], sample
+    by sample) and the user ids, each id a bag of its own: one row per id comes back."""
+    candidates = torch.cat([batch.targets[:, None], negatives], dim=1)
+    items = torch.cat([batch.history.values, candidates.reshape(-1)])
     return [_singles(items), _singles(batch.users)]
 
 
@@ -144,46 +180,69 @@ def _singles(ids: torch.Tensor) -> JaggedIds:
 
 
 def _scores(model, batch: SequenceBatch, items: torch.Tensor, users: torch.Tensor) -> torch.Tensor:
-    """Scores [batch, 1 + candidates]: column 0 the target."""
+    """Scores [batch, 1 + negatives]: column 0 the target (the layout of
+    :func:`lookup_features`)."""
     nnz = len(batch.history.values)
     representation = model(items[:nnz], batch.history.offsets, users)
     candidates = items[nnz:].view(batch.batch_size, -1, items.shape[1])
     return SASRec.score(representation, candidates)
 
 
-def _loss(model, batch, negatives, items, users, config: TrainConfig, world: int) -> torch.Tensor:
-    scores = _scores(model, batch, items, users)
-    target = torch.zeros(len(scores), dtype=torch.int64, device=scores.device)
-    summed = torch.nn.functional.cross_entropy(scores, target, reduction="sum")
-    return summed * world / (config.batch_size * world)  # DDP averages over ranks
+def _synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so the host clock times it (CUDA is async)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def _gathered(seconds: float, world: int, device: torch.device) -> list[float]:
-    """Every rank's compute seconds of this step."""
+def _sum_over_ranks(model: torch.nn.Module, world: int) -> None:
+    """Sum every rank's dense gradients (one all-reduce of one flat buffer)."""
     if world == 1:
-        return [seconds]
-    mine = torch.tensor([seconds], dtype=torch.float64, device=device)
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    start = 0
+    for parameter, grad in zip(model.parameters(), grads):
+        parameter.grad = flat[start : start + grad.numel()].view_as(grad)
+        start += grad.numel()
+
+
+def _gathered(
+    seconds: float, loss: float, world: int, device: torch.device
+) -> tuple[list[float], float]:
+    """Every rank's compute seconds of this step, and the global batch's mean loss."""
+    if world == 1:
+        return [seconds], loss
+    mine = torch.tensor([seconds, loss], dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(world)]
     dist.all_gather(every, mine)
-    return [float(t) for t in every]
+    return [float(t[0]) for t in every], float(sum(t[1] for t in every))
 
 
-def _cost_alpha(config: TrainConfig, model: SASRec, device: torch.device, world: int) -> float:
-    """The balancer's exponent: given, or timed on rank 0 and broadcast (every rank must
-    split batches alike)."""
-    if config.balance_alpha is not None or config.balancer != "cost":
-        return config.balance_alpha or 1.0
-    alpha = [0.0]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        alpha[0] = calibrated_alpha(model, config.dim, config.max_len, device)
-    if world > 1:
-        dist.broadcast_object_list(alpha, src=0)
-    return alpha[0]
+def _sample_cost(
+    config: TrainConfig, model: SASRec, device: torch.device, world: int
+) -> SampleCost:
+    """The balancer's cost model: ``--balance-alpha``, or timed on rank 0 and broadcast
+    (every rank must split batches alike; a failure on rank 0 is raised on every rank)."""
+    if config.balancer != "cost" or world == 1:
+        return SampleCost(config.balance_alpha or 1.0)
+    if config.balance_alpha is not None:
+        return SampleCost(config.balance_alpha)
+    outcome: list = [SampleCost(), ""]  # the cost, or why there is none
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = calibrated_cost(model, config.dim, config.max_len, device)
+        except Exception as error:  # noqa: BLE001 - raised on every rank below
+            outcome[1] = f"calibrating the balancer's cost on rank 0 failed: {error}"
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[1]:
+        raise RuntimeError(outcome[1])
+    return outcome[0]
 
 
-def calibrated_alpha(model: SASRec, dim: int, max_len: int, device: torch.device) -> float:
-    """The exponent of ``seconds = a + b * length^alpha``, from timed forward and backward
-    passes of 64 samples at each length (the fastest of 3)."""
+def calibrated_cost(model: SASRec, dim: int, max_len: int, device: torch.device) -> SampleCost:
+    """``seconds = a + b * length^alpha`` fitted to timed forward and backward passes of 64
+    samples at each power-of-two length (the fastest of 3)."""
     lengths = sorted({min(length, max_len) for length in CALIBRATION_LENGTHS})
     seconds = []
     for length in lengths:
@@ -192,28 +251,36 @@ def calibrated_alpha(model: SASRec, dim: int, max_len: int, device: torch.device
         offsets = torch.arange(0, 64 * length + 1, length, dtype=torch.int64)
         best = float("inf")
         for _ in range(3):
+            _synchronize(device)
             began = time.perf_counter()
             model(rows, offsets, users).sum().backward()
+            _synchronize(device)
             best = min(best, time.perf_counter() - began)
         model.zero_grad()
         seconds.append(best / 64)
-    return calibrate_alpha(lengths, seconds) if len(lengths) >= 3 else 1.0
+    return calibrate_cost(lengths, seconds) if len(lengths) >= 3 else SampleCost()
 
 
-def _report(config, compute, samples, wall, wait, alpha, data) -> dict:
-    per_step = np.array(compute) if compute else np.zeros((0, 1))
-    ratios = per_step.max(axis=1) / per_step.mean(axis=1) if len(per_step) else np.array([])
+def _report(config: TrainConfig, steps: list[_Step], wall: float, wait: float, cost, data) -> dict:
+    seconds = np.array([step.seconds for step in steps]) if steps else np.zeros((0, 1))
+    measured = [straggler_ratio(step.seconds) for step in steps]
+    predicted = [straggler_ratio(step.share.predicted_costs) for step in steps]
+    losses = [step.loss for step in steps]
     return {
         "model": "sasrec",
-        "steps": len(compute),
-        "samples_per_s": samples / wall if wall else 0.0,
+        "steps": len(steps),
+        "samples_per_s": sum(s.share.global_size for s in steps) / wall if wall else 0.0,
         "wall_s": wall,
         "ps_wait_s": wait,
+        "train_losses": losses,
+        "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "balancer": config.balancer,
-        "balance_alpha": alpha,
-        "compute_s_per_rank": per_step.sum(axis=0).tolist(),
-        "step_compute_max_s": float(per_step.max(axis=1).mean()) if len(per_step) else 0.0,
-        "straggler_ratio": float(ratios.mean()) if len(ratios) else 1.0,
+        "balance_cost": dataclasses.asdict(cost) if config.balancer == "cost" else None,
+        "compute_s_per_rank": seconds.sum(axis=0).tolist(),
+        "step_compute_max_s": float(seconds.max(axis=1).mean()) if steps else 0.0,
+        "step_compute_mean_s": float(seconds.mean()) if steps else 0.0,
+        "straggler_ratio": float(np.mean(measured)) if steps else 1.0,
+        "predicted_straggler_ratio": float(np.mean(predicted)) if steps else 1.0,
         "truncated_histories": data.stats.truncated,
         "dropped_empty_histories": data.stats.dropped_empty,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,8 +28,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--profile",
         choices=("counted", "zipf"),
         default="counted",
-        help="the id law: counted over the profile sample (Good-Turing corrected), or a Zipf "
-        "law fitted to it per table",
+        help="the id law: counted over the profile sample (Good-Turing corrected; the hot set "
+        "the trainer picks from it), or a Zipf law fitted to it per table (predicts the law's "
+        "most popular ids as the hot set: an upper bound where the sample is small)",
     )
     figures = parser.add_mutually_exclusive_group(required=True)
     figures.add_argument(
@@ -47,10 +49,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--bandwidth-mbit",
         type=float,
         default=None,
-        help="plan for a link of this rate each way (default: as fast as the calibration's)",
+        help="plan for a link of this rate each way (default: the figures file's, else as "
+        "fast as the calibration's)",
     )
     parser.add_argument(
-        "--rtt-ms", type=float, default=0.0, help="the link's round trip beyond calibration's"
+        "--rtt-ms",
+        type=float,
+        default=None,
+        help="the link's round trip beyond the calibration's (default: the figures file's, else 0)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the plan JSON here")
     parser.set_defaults(run=run)
@@ -80,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
             figures, runs = calibrate(config, args.calibration_steps)
         else:
             figures, runs = read_figures(str(args.figures)), []
-        figures = figures.on_link(args.bandwidth_mbit, args.rtt_ms)
+        figures = figures.on_link(
+            figures.bandwidth_mbit if args.bandwidth_mbit is None else args.bandwidth_mbit,
+            figures.rtt_ms if args.rtt_ms is None else args.rtt_ms,
+        )
         plan = plan_for(config, profiles, figures, args.ranks)
     except ValueError as error:
         raise SystemExit(f"ember plan: {error}") from None
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             "workload": workload_of(config, args.ranks),
             "profile": args.profile,
             "figures": figures.to_json(),
-            "calibration_runs": [run.__dict__ for run in runs],
+            "calibration_runs": [dataclasses.asdict(run) for run in runs],
         }
         args.out.write_text(json.dumps(document, indent=2) + "\n")
         print(f"plan written to {args.out}", file=sys.stderr)

@@ -71,10 +71,14 @@ def print_summary(report: dict) -> None:
     config = report["config"]
     print("-" * 60)
     if report.get("model") == "sasrec":
+        cost = report["balance_cost"]
         print(
             f"ranks {report['world_size']}  steps {report['steps']}  samples/s "
-            f"{report['samples_per_s']:,.0f}  balancer {report['balancer']} (alpha "
-            f"{report['balance_alpha']:.2f})  straggler ratio {report['straggler_ratio']:.2f}"
+            f"{report['samples_per_s']:,.0f}  balancer {report['balancer']}"
+            + (f" (cost {cost['fixed']:.1f} + L^{cost['alpha']:.2f})" if cost else "")
+            + f"  straggler ratio {report['straggler_ratio']:.2f} (predicted "
+            f"{report['predicted_straggler_ratio']:.2f})  final train loss "
+            f"{report['final_train_loss']:.4f}"
         )
         print(
             f"held-out HR@10 {report.get('heldout_hr10', float('nan')):.4f}  NDCG@10 "

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 EMBER = [sys.executable, "-m", "ember.cli.main"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -27,9 +29,11 @@ def test_two_ranks_balance_their_share_and_report_stragglers(cluster, tmp_path, 
     subprocess.run(command, check=True, timeout=300, env=ENV, capture_output=True)
     report = json.loads(report_path.read_text())
     assert report["steps"] == 6 and report["balancer"] == "cost"
-    assert report["balance_alpha"] > 0  # calibrated on rank 0, the same on both ranks
+    assert report["balance_cost"]["alpha"] > 0  # timed on rank 0, broadcast
     assert len(report["compute_s_per_rank"]) == 2 and min(report["compute_s_per_rank"]) > 0
-    assert report["straggler_ratio"] >= 1.0
+    # The cost model's split of each global batch: near-equal predicted cost per rank.
+    assert 1.0 <= report["predicted_straggler_ratio"] < 1.2
+    assert len(report["train_losses"]) == 6 and np.isfinite(report["train_losses"]).all()
     assert 0.0 <= report["heldout_hr10"] <= 1.0 and report["heldout_samples"] == 32
 
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 from ember.trainer.balance import (
     BALANCERS,
+    SampleCost,
     assign,
-    calibrate_alpha,
+    calibrate_cost,
     predicted_costs,
     straggler_ratio,
 )
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 
 def _shares(lengths: list[int], world: int, policy: str, alpha: float = 1.0) -> list[list[int]]:
-    shares = assign(torch.tensor(lengths, dtype=torch.int64), world, policy, alpha)
+    shares = assign(torch.tensor(lengths, dtype=torch.int64), world, policy, SampleCost(alpha))
     return [share.tolist() for share in shares]
 
 
@@ -25,7 +26,8 @@ def _heavy_tailed(count: int, seed: int = 0) -> torch.Tensor:
 
 
 def _imbalance(lengths: torch.Tensor, world: int, policy: str, alpha: float) -> float:
-    return straggler_ratio(predicted_costs(lengths, assign(lengths, world, policy, alpha), alpha))
+    cost = SampleCost(alpha)
+    return straggler_ratio(predicted_costs(lengths, assign(lengths, world, policy, cost), cost))
 
 
 @settings(max_examples=40, deadline=None)
@@ -86,7 +88,18 @@ def test_cost_balances_heavy_tailed_lengths_where_arrival_order_does_not(world, 
 def test_predicted_costs_sum_length_to_the_alpha():
     lengths = torch.tensor([1, 2, 3, 4])
     shares = [torch.tensor([0, 3]), torch.tensor([1, 2])]
-    assert predicted_costs(lengths, shares, 2.0) == [17.0, 13.0]
+    assert predicted_costs(lengths, shares, SampleCost(2.0)) == [17.0, 13.0]
+    assert predicted_costs(lengths, shares, SampleCost(2.0, fixed=1.0)) == [19.0, 15.0]
+
+
+def test_the_fixed_cost_moves_short_samples_off_the_rank_holding_many():
+    """One long sample against many short ones: without the per-sample part the short
+    ones pile onto one rank."""
+    lengths = torch.tensor([64] + [1] * 40)
+    cost = SampleCost(1.0, fixed=2.0)
+    balanced = predicted_costs(lengths, assign(lengths, 2, "cost", cost), cost)
+    naive = predicted_costs(lengths, assign(lengths, 2, "cost", SampleCost(1.0)), cost)
+    assert straggler_ratio(balanced) < 1.05 < straggler_ratio(naive)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
@@ -94,7 +107,9 @@ def test_calibration_recovers_alpha_from_noisy_timings(alpha):
     rng = np.random.default_rng(int(alpha * 10))
     lengths = rng.integers(1, 65, 200).astype(np.float64)
     seconds = (2e-3 + 1e-5 * lengths**alpha) * rng.normal(1.0, 0.02, 200)
-    assert abs(calibrate_alpha(lengths.tolist(), seconds.tolist()) - alpha) <= 0.1
+    cost = calibrate_cost(lengths.tolist(), seconds.tolist())
+    assert abs(cost.alpha - alpha) <= 0.1
+    assert cost.fixed == pytest.approx(2e-3 / 1e-5, rel=0.5)
 
 
 def test_straggler_ratio_is_the_slowest_over_the_mean():
@@ -110,7 +125,9 @@ def test_bad_arguments_are_refused():
         assign(lengths, 0, "none")
     for alpha in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="alpha must be finite and > 0"):
-            assign(lengths, 2, "cost", alpha)
+            SampleCost(alpha)
+    with pytest.raises(ValueError, match="fixed cost must be finite and >= 0"):
+        SampleCost(1.0, fixed=-1.0)
     with pytest.raises(ValueError, match="every length must be >= 1, sample 1 has 0"):
         assign(torch.tensor([2, 0, 1]), 2, "count")
     with pytest.raises(ValueError, match="lengths must be a 1-D integer tensor"):
@@ -120,11 +137,11 @@ def test_bad_arguments_are_refused():
     with pytest.raises(
         ValueError, match=r"need >= 3 distinct lengths to fit alpha, got \[1.0, 2.0\]"
     ):
-        calibrate_alpha([1, 2, 2, 1], [0.1, 0.2, 0.2, 0.1])
+        calibrate_cost([1, 2, 2, 1], [0.1, 0.2, 0.2, 0.1])
     with pytest.raises(ValueError, match="seconds must be finite and > 0"):
-        calibrate_alpha([1, 2, 3], [0.1, 0.0, 0.3])
+        calibrate_cost([1, 2, 3], [0.1, 0.0, 0.3])
     with pytest.raises(ValueError, match="lengths and seconds must be 1-D of one size"):
-        calibrate_alpha([1, 2, 3], [0.1, 0.2])
+        calibrate_cost([1, 2, 3], [0.1, 0.2])
     with pytest.raises(ValueError, match="seconds_per_rank must hold one time per rank, got none"):
         straggler_ratio([])
     with pytest.raises(ValueError, match=r"the mean time must be > 0, got 0\.0"):

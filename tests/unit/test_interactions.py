@@ -14,12 +14,14 @@ def _write(tmp_path, text: str):
 
 
 def _samples(data: InteractionsFile, split: str = "train", batch_size: int = 3) -> list[tuple]:
+    """(user, history, target) with the file's raw item ids."""
     samples = []
+    raw = data.raw_items
     for batch in data.batches(batch_size, split):
-        values, offsets = batch.history.values.tolist(), batch.history.offsets.tolist()
+        values, offsets = raw[batch.history.values].tolist(), batch.history.offsets.tolist()
         for b in range(batch.batch_size):
             history = values[offsets[b] : offsets[b + 1]]
-            samples.append((int(batch.users[b]), history, int(batch.targets[b])))
+            samples.append((int(batch.users[b]), history, int(raw[batch.targets[b]])))
     return samples
 
 
@@ -29,10 +31,11 @@ def test_the_documented_example(tmp_path):
     data = InteractionsFile.read(path, max_len=8)
     batch = next(data.batches(batch_size=4))
     assert (batch.history.values.tolist(), batch.targets.tolist(), data.stats.dropped_empty) == (
-        [5, 6],
-        [7],
+        [0, 1],
+        [2],
         1,
     )
+    assert data.raw_items[[0, 1, 2]].tolist() == [5, 6, 7]
 
 
 def test_tabs_and_commas_mix_and_histories_follow_time_with_ties_in_file_order(tmp_path):
@@ -40,7 +43,7 @@ def test_tabs_and_commas_mix_and_histories_follow_time_with_ties_in_file_order(t
     data = InteractionsFile.read(path, max_len=10)
     assert _samples(data) == [(7, [31, 30, 32], 33), (8, [41], 40)]
     assert (data.stats.interactions, data.stats.users, data.stats.malformed) == (6, 2, 0)
-    assert data.num_items == 42
+    assert data.num_items == 6  # items renumbered densely: 30..33, 40, 41
 
 
 def test_long_histories_keep_their_most_recent_items_and_are_counted(tmp_path):

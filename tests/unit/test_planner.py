@@ -192,3 +192,71 @@ def test_plan_auto_needs_figures(tmp_path):
     figures.write_text(json.dumps({"figures": {"cpu_exact": {"base_s": 1}}}))
     with pytest.raises(ValueError, match="malformed"):
         applied(_small_config(plan="auto", plan_figures=str(figures)), _data(config), ["a", "b"], 1)
+
+
+def test_several_ranks_collisions_and_hot_allreduce_match_a_simulation():
+    """Two ranks: a row of my next step collides when either rank's step updated it, and the
+    hot rows' gradients all-reduced are the union both ranks touched."""
+    cardinality, batch, hot_rows, world = 2000, 256, 50, 2
+    model = TrafficModel(
+        [zipf_profile("t", cardinality, 1.1)], Workload(dim=8, batch_size=batch, ranks=world)
+    )
+    predicted = model.traffic(hot_rows, staleness=0)
+    rng = np.random.default_rng(11)
+    collisions, union = [], []
+    previous_all = None
+    for _ in range(300):
+        ranks = [set(zipf_ranks(rng, cardinality, 1.1, batch).tolist()) for _ in range(world)]
+        hot = set(range(hot_rows))
+        union.append(len(set().union(*ranks) & hot))
+        if previous_all is not None:
+            collisions.append(len((ranks[0] - hot) & previous_all))
+        previous_all = set().union(*ranks) - hot
+    assert predicted.collision_rows == pytest.approx(np.mean(collisions), rel=0.05)
+    expected_allreduce = hot_rows + 1 + 4 * 8 * np.mean(union)
+    assert predicted.bytes_hot_allreduce == pytest.approx(expected_allreduce, rel=0.03)
+    one_rank = TrafficModel(
+        [zipf_profile("t", cardinality, 1.1)], Workload(dim=8, batch_size=batch)
+    )
+    assert one_rank.traffic(hot_rows, 0).bytes_hot_allreduce == 0
+    slow = FIGURES.on_link(1.0)
+    with_ranks = step_time(predicted, 0, slow, ranks=world).seconds
+    assert with_ranks - step_time(predicted, 0, slow).seconds == pytest.approx(
+        predicted.bytes_hot_allreduce * 8 / 1e6
+    )  # a ring moves 2 (W-1)/W of the bytes: all of them for 2 ranks
+
+
+def test_async_updates_plan_with_staleness_one_or_more():
+    model = TrafficModel([zipf_profile("t", 5000, 1.1)], Workload(dim=16, batch_size=256))
+    plan = make_plan(model, FIGURES, 2**20, max_staleness=2, min_staleness=1)
+    assert min(c.staleness for c in plan.candidates) == 1
+    assert plan.baseline.staleness == 1
+    with pytest.raises(ValueError, match="staleness range 1..0"):
+        make_plan(model, FIGURES, 2**20, max_staleness=0, min_staleness=1)
+
+
+def test_figures_that_predict_no_time_are_refused():
+    with pytest.raises(ValueError, match="finite base > 0"):
+        MachineFigures(CostLine(0.0, 0.0), CostLine(0.01, 0.0))
+    with pytest.raises(ValueError, match="control_bytes_per_step"):
+        MachineFigures(CostLine(0.01, 0.0), CostLine(0.01, 0.0), control_bytes_per_step=-1)
+    with pytest.raises(ValueError, match="bandwidth_mbit must be > 0"):
+        FIGURES.on_link(0.0)
+
+
+@pytest.mark.parametrize(
+    ("choice", "message"),
+    [
+        ({"hot_rows": -1, "cache_mb": 0.1, "staleness": 1}, "out of range"),
+        ({"hot_rows": 10, "cache_mb": 0.1, "staleness": 1}, "does not hold exactly"),
+        ({"hot_rows": 10, "cache_mb": "inf", "staleness": 1}, "does not hold exactly"),
+        ({"hot_rows": 10, "staleness": 1}, "no valid choice"),
+        ({"hot_rows": 0, "cache_mb": 0, "staleness": 99}, "out of range"),
+    ],
+)
+def test_a_plan_file_with_a_bad_choice_is_refused(tmp_path, choice, message):
+    config = _small_config()
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"choice": choice, "workload": workload_of(config, 1)}))
+    with pytest.raises(ValueError, match=message):
+        applied(_small_config(plan=str(path)), _data(config), ["a", "b"], 1)

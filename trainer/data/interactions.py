@@ -58,7 +58,8 @@ class InteractionsFile:
 
     Attributes:
         stats: what :meth:`read` saw.
-        num_items: the largest item id plus one.
+        num_items: items seen (their ids are renumbered densely: ``0 .. num_items-1``).
+        raw_items: int64 [num_items], the file's id of each item (ascending).
 
     Example:
         With ``log.csv`` holding the lines ``user,item,ts``, ``1,6,11``, ``1,5,10``,
@@ -67,14 +68,17 @@ class InteractionsFile:
         >>> data = InteractionsFile.read("log.csv", max_len=8)
         >>> batch = next(data.batches(batch_size=4))
         >>> batch.history.values.tolist(), batch.targets.tolist(), data.stats.dropped_empty
-        ([5, 6], [7], 1)
+        ([0, 1], [2], 1)
+        >>> data.raw_items.tolist()
+        [5, 6, 7]
     """
 
     def __init__(
-        self, splits: dict[str, SequenceBatch], num_items: int, stats: InteractionStats
+        self, splits: dict[str, SequenceBatch], raw_items: np.ndarray, stats: InteractionStats
     ) -> None:
         self._splits = splits
-        self.num_items = num_items
+        self.raw_items = torch.from_numpy(raw_items)
+        self.num_items = len(raw_items)
         self.stats = stats
 
     @classmethod
@@ -111,16 +115,18 @@ class InteractionsFile:
             logger.warning(
                 "%s: skipped %d malformed lines%s", path, stats.malformed, _first_lines(stats)
             )
-        item_ids = np.frombuffer(items, np.int64)
+        # Items are renumbered densely (ascending raw id): sparse raw ids would otherwise size
+        # the item space (negatives, popularity) by the largest id, not by the items seen.
+        raw_items, item_ids = np.unique(np.frombuffer(items, np.int64), return_inverse=True)
         splits = _samples(
             np.frombuffer(users, np.int64),
-            item_ids,
+            item_ids.astype(np.int64),
             np.frombuffer(times, np.float64),
             max_len,
             heldout_every,
             stats,
         )
-        return cls(splits, int(item_ids.max()) + 1, stats)
+        return cls(splits, raw_items, stats)
 
     def num_samples(self, split: str = "train") -> int:
         """Samples (kept users) of ``split``."""

@@ -104,7 +104,7 @@ class SASRec(nn.Module):
         offsets = self._check(history_rows, offsets, user_rows)
         lengths = offsets.diff()
         sequence = history_rows.new_empty(len(lengths), self.dim)
-        widths = _bucket_widths(lengths)
+        widths = bucket_widths(lengths)
         for width in torch.unique(widths).tolist():
             members = torch.nonzero(widths == width).squeeze(1)
             encoded = self._encode(history_rows, offsets[members], lengths[members])
@@ -159,7 +159,7 @@ class SASRec(nn.Module):
         return offsets
 
 
-def _bucket_widths(lengths: torch.Tensor) -> torch.Tensor:
+def bucket_widths(lengths: torch.Tensor) -> torch.Tensor:
     """The power of two at or above each length: the bucket a sample is padded in."""
     return torch.pow(2, torch.ceil(torch.log2(lengths.double()))).to(torch.int64)
 

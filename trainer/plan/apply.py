@@ -1,12 +1,13 @@
 """``ember train --plan``: turn a plan (made now, or read from a file) into the run's config.
 
 A plan sets three things of a run: the replicated hot set (``cache
-replicated``, its size as ``cache_mb``) and the staleness. ``--plan auto``
-makes the plan at the start of the run from the run's own profile sample,
-with ``cache_mb`` as the budget, ``staleness`` as the cap and the machine
-figures of ``--plan-figures``; ``--plan FILE`` applies a plan ``ember plan``
-wrote for the same workload. Every rank computes the same plan (the profile
-is the replicated hot set's: data part 0).
+replicated``, its size as ``cache_mb``; or ``none`` for no hot set) and the
+staleness. ``--plan auto`` makes the plan at the start of the run from the
+run's own profile sample, with ``cache_mb`` as the budget, ``staleness`` as
+the cap and the machine figures of ``--plan-figures``; ``--plan FILE``
+applies a plan ``ember plan`` wrote for the same workload. Rank 0 makes or
+reads the plan and sends it to the others (or its error, which every rank
+raises), so every rank runs the same plan.
 """
 
 from __future__ import annotations
@@ -14,10 +15,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from pathlib import Path
 
+import torch.distributed as dist
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.trainer.cache.profiler import cache_bytes_per_row
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import SyntheticCriteo
+from ember.trainer.pipeline import MAX_STALENESS
 from ember.trainer.plan.planner import Plan, make_plan
 from ember.trainer.plan.profile import TableProfile, counted_profile
 from ember.trainer.plan.step_model import MachineFigures
@@ -45,12 +51,21 @@ def plan_for(
     figures: MachineFigures,
     world: int,
 ) -> Plan:
-    """The plan of ``config``'s workload: budget ``cache_mb``, staleness cap ``staleness``."""
+    """The plan of ``config``'s workload: budget ``cache_mb``, staleness cap ``staleness``
+    (from 1 with async updates)."""
     workload = Workload(
-        config.dim, config.batch_size, world, control_bytes_per_step=figures.control_bytes_per_step
+        config.dim,
+        config.batch_size,
+        world,
+        row_bytes=RowDtype.parse(config.wire_dtype).itemsize * config.dim,
+        control_bytes_per_step=figures.control_bytes_per_step,
     )
     return make_plan(
-        TrafficModel(profiles, workload), figures, int(config.cache_mb * 2**20), config.staleness
+        TrafficModel(profiles, workload),
+        figures,
+        int(config.cache_mb * 2**20),
+        config.staleness,
+        min_staleness=1 if config.update_mode == "async" else 0,
     )
 
 
@@ -66,23 +81,37 @@ def applied(
     """``config`` with its plan applied (unchanged without one).
 
     Raises:
-        ValueError: no figures for ``auto``, or a plan file that is unreadable or was made
-            for another workload.
+        ValueError: on every rank: no figures for ``auto``, or a plan file that is
+            unreadable, malformed or made for another workload.
     """
     if not config.plan:
         return config
-    if config.plan == "auto":
-        if not config.plan_figures:
-            raise ValueError(
-                "--plan auto needs machine figures: --plan-figures FILE, written by "
-                "`ember plan --calibrate --out FILE`"
-            )
-        profiles = workload_profiles(config, data, feature_tables, world)
-        plan = plan_for(config, profiles, read_figures(config.plan_figures), world).to_json()
-        plan["workload"] = workload_of(config, world)
-    else:
-        plan = _read_json(config.plan, "plan")
-    return _with_plan(config, plan, world)
+    outcome: list = [None, ""]  # the plan, or why there is none
+    if world == 1 or dist.get_rank() == 0:
+        try:
+            outcome[0] = _plan_document(config, data, feature_tables, world)
+        except ValueError as error:
+            outcome[1] = str(error)
+    if world > 1:
+        dist.broadcast_object_list(outcome, src=0)
+    if outcome[1]:
+        raise ValueError(outcome[1])
+    return _with_plan(config, outcome[0], world)
+
+
+def _plan_document(
+    config: TrainConfig, data: SyntheticCriteo, feature_tables: list[str], world: int
+) -> dict:
+    if config.plan != "auto":
+        return _read_json(config.plan, "plan")
+    if not config.plan_figures:
+        raise ValueError(
+            "--plan auto needs machine figures: --plan-figures FILE, written by "
+            "`ember plan --calibrate --out FILE`"
+        )
+    profiles = workload_profiles(config, data, feature_tables, world)
+    plan = plan_for(config, profiles, read_figures(config.plan_figures), world)
+    return {**plan.to_json(), "workload": workload_of(config, world)}
 
 
 def workload_of(config: TrainConfig, world: int) -> dict:
@@ -97,6 +126,8 @@ def workload_of(config: TrainConfig, world: int) -> dict:
         "zipf_exponent": config.zipf_exponent,
         "seed": config.seed,
         "profile_batches": config.profile_batches,
+        "wire_dtype": config.wire_dtype,
+        "update_mode": config.update_mode,
     }
 
 
@@ -109,24 +140,46 @@ def _with_plan(config: TrainConfig, plan: dict, world: int) -> TrainConfig:
             f"the plan was made for another workload: {', '.join(different)} differ "
             "(make it again with `ember plan` and this run's flags)"
         )
-    try:
-        choice = plan["choice"]
-        cache_mb, staleness = float(choice["cache_mb"]), int(choice["staleness"])
-        hot_rows = int(choice["hot_rows"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"the plan has no valid choice ({error})") from None
+    hot_rows, cache_mb, staleness = _choice(plan, cache_bytes_per_row(config.dim))
+    choice = plan["choice"]
     log.info(
         "plan: %d hot rows (%.2f MiB), staleness %d; predicted %.0f samples/s, %.2fx the "
-        "exact pipeline without a hot set",
+        "pipeline without a hot set",
         hot_rows, cache_mb, staleness, choice.get("samples_per_s", 0.0),
         plan.get("predicted_gain", 0.0),
     )  # fmt: skip
-    cache = "replicated" if hot_rows else "none"
     planned = dataclasses.replace(
-        config, plan="", plan_figures="", cache=cache, cache_mb=cache_mb, staleness=staleness
+        config,
+        plan="",
+        plan_figures="",
+        cache="replicated" if hot_rows else "none",
+        cache_mb=cache_mb if hot_rows else config.cache_mb,
+        staleness=staleness,
     )
     planned.validate()
     return planned
+
+
+def _choice(plan: dict, hot_row_bytes: int) -> tuple[int, float, int]:
+    """``(hot_rows, cache_mb, staleness)`` of a plan, each checked."""
+    try:
+        choice = plan["choice"]
+        hot_rows, staleness = int(choice["hot_rows"]), int(choice["staleness"])
+        cache_mb = float(choice["cache_mb"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"the plan has no valid choice ({error})") from None
+    if hot_rows < 0 or not 0 <= staleness <= MAX_STALENESS:
+        raise ValueError(
+            f"the plan's choice is out of range: {hot_rows} hot rows, staleness {staleness}"
+        )
+    if hot_rows and not (
+        math.isfinite(cache_mb) and int(cache_mb * 2**20) // hot_row_bytes == hot_rows
+    ):
+        raise ValueError(
+            f"the plan's cache_mb {cache_mb} does not hold exactly its {hot_rows} hot rows "
+            f"of {hot_row_bytes} bytes"
+        )
+    return hot_rows, cache_mb, staleness
 
 
 def _read_json(path: str, what: str) -> dict:

@@ -1,6 +1,6 @@
 """Measure a machine's step-cost figures with short training runs on throwaway tables.
 
-Two hot-set sizes at staleness 0 and at staleness 1 give the two CPU cost
+Two hot-set sizes at staleness 0 and at staleness 1 (exact updates) give the two CPU cost
 lines of :class:`MachineFigures` (step seconds against the cold rows each run
 actually moved). The runs train tables of their own (``<prefix>.calibration*``)
 so the model a plan is for is left untouched. Run it where the shards are
@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 
+from ember.ps_server.wire.row_dtype import RowDtype
 from ember.trainer.config import TrainConfig
 from ember.trainer.plan.step_model import CostLine, MachineFigures
 from ember.trainer.plan.traffic_model import ID_BYTES
@@ -65,6 +66,13 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
         )
         for staleness in (0, 1)
     }
+    colds = sorted(r.cold_rows for r in runs)
+    if colds[-1] < 1.2 * colds[0]:
+        log.warning(
+            "the calibration runs moved nearly the same cold rows (%.0f to %.0f per step): the "
+            "cost per cold row is not measured; calibrate with a larger budget (--cache-mb)",
+            colds[0], colds[-1],
+        )  # fmt: skip
     stale = [r.control_bytes_per_step for r in runs if r.staleness == 1]
     figures = MachineFigures(lines[0], lines[1], control_bytes_per_step=sum(stale) / len(stale))
     return figures, runs
@@ -79,7 +87,7 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
     )
     report = train(config)
     batch = config.batch_size
-    row_bytes = ID_BYTES + 4 * config.dim  # calibration runs move float32 rows
+    row_bytes = ID_BYTES + RowDtype.parse(config.wire_dtype).itemsize * config.dim
     run = CalibrationRun(
         cache_mb,
         staleness,

@@ -4,7 +4,8 @@ Candidates are hot sets of a geometric ladder of sizes up to the memory
 budget (and none), each at every staleness up to the cap. Each is scored by
 the traffic model and the step model; the plan is the fastest, ties going to
 the smaller staleness, then the smaller hot set. Its gain is the predicted
-speed-up over the exact pipeline without a hot set.
+speed-up over the pipeline without a hot set at the lowest staleness allowed
+(0, the exact pipeline, unless updates are async).
 """
 
 from __future__ import annotations
@@ -58,7 +59,10 @@ class Plan:
                 "cache_mb": self.choice.cache_mb(self.hot_row_bytes),
             },
             "predicted_gain": self.predicted_gain,
-            "baseline": {"name": "no hot set, staleness 0", **dataclasses.asdict(self.baseline)},
+            "baseline": {
+                "name": "no hot set, lowest staleness",
+                **dataclasses.asdict(self.baseline),
+            },
             "budget_bytes": self.budget_bytes,
             "hot_row_bytes": self.hot_row_bytes,
             "candidates": [dataclasses.asdict(c) for c in self.candidates],
@@ -70,7 +74,7 @@ def evaluate(
 ) -> Candidate:
     """The predictions of one hot-set size and staleness."""
     traffic = model.traffic(hot_rows, staleness)
-    step = step_time(traffic, staleness, figures)
+    step = step_time(traffic, staleness, figures, model.workload.ranks)
     batch = model.workload.batch_size
     return Candidate(
         hot_rows=hot_rows,
@@ -85,13 +89,18 @@ def evaluate(
 
 
 def make_plan(
-    model: TrafficModel, figures: MachineFigures, budget_bytes: int, max_staleness: int
+    model: TrafficModel,
+    figures: MachineFigures,
+    budget_bytes: int,
+    max_staleness: int,
+    min_staleness: int = 0,
 ) -> Plan:
     """The fastest predicted hot set within ``budget_bytes`` and staleness within
-    ``max_staleness``.
+    ``min_staleness .. max_staleness`` (async updates need at least 1).
 
     Raises:
-        ValueError: a budget smaller than one hot row, or a negative staleness cap.
+        ValueError: a budget smaller than one hot row, or a staleness range that is empty
+            or negative.
     """
     row_bytes = model.workload.hot_row_bytes
     if budget_bytes < row_bytes:
@@ -99,15 +108,19 @@ def make_plan(
             f"a budget of {budget_bytes} bytes holds no hot row of dim {model.workload.dim} "
             f"({row_bytes} bytes each)"
         )
-    if max_staleness < 0:
-        raise ValueError(f"the staleness cap must be >= 0, got {max_staleness}")
+    if not 0 <= min_staleness <= max_staleness:
+        raise ValueError(
+            f"the staleness range {min_staleness}..{max_staleness} is empty or negative"
+        )
     largest = model.rows_for_budget(budget_bytes)
     sizes = sorted({0, *(largest >> j for j in range(LADDER_STEPS))})
     candidates = [
-        evaluate(model, figures, rows, s) for rows in sizes for s in range(max_staleness + 1)
+        evaluate(model, figures, rows, s)
+        for rows in sizes
+        for s in range(min_staleness, max_staleness + 1)
     ]
     choice = max(candidates, key=lambda c: (c.samples_per_s, -c.staleness, -c.hot_rows))
-    baseline = evaluate(model, figures, 0, 0)
+    baseline = evaluate(model, figures, 0, min_staleness)
     return Plan(choice, baseline, candidates, budget_bytes, row_bytes)
 
 

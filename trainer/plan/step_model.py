@@ -13,7 +13,10 @@ its own update. Two things bound a step:
   upload and its collision rows' download are exposed, with a round trip.
 
 The step takes the larger bound (``s >= 1``), or the CPU-bound step plus the
-exposed update (``s = 0``).
+exposed update (``s = 0``). With several ranks the hot rows' gradients are
+all-reduced inside every step (a ring moves ``2 (W-1)/W`` of their bytes per
+rank); their wire time is added, on the same link. Its CPU cost is not
+calibrated (calibration runs one process).
 """
 
 from __future__ import annotations
@@ -74,8 +77,19 @@ class MachineFigures:
 
     def __post_init__(self) -> None:
         for line in (self.cpu_exact, self.cpu_stale):
-            if not all(math.isfinite(v) and v >= 0 for v in (line.base_s, line.per_cold_row_s)):
-                raise ValueError(f"cost lines must be finite and >= 0, got {line}")
+            if not (
+                math.isfinite(line.base_s)
+                and line.base_s > 0
+                and math.isfinite(line.per_cold_row_s)
+                and line.per_cold_row_s >= 0
+            ):
+                raise ValueError(
+                    f"cost lines need a finite base > 0 and a finite slope >= 0, got {line}"
+                )
+        if not (math.isfinite(self.control_bytes_per_step) and self.control_bytes_per_step >= 0):
+            raise ValueError(
+                f"control_bytes_per_step must be finite and >= 0, got {self.control_bytes_per_step}"
+            )
         if self.bandwidth_mbit is not None and not (
             math.isfinite(self.bandwidth_mbit) and self.bandwidth_mbit > 0
         ):
@@ -130,17 +144,20 @@ class StepTime:
         return "link" if self.link_s > self.cpu_s else "cpu"
 
 
-def step_time(traffic: Traffic, staleness: int, figures: MachineFigures) -> StepTime:
-    """The predicted step time of ``traffic`` under ``staleness``."""
+def step_time(
+    traffic: Traffic, staleness: int, figures: MachineFigures, ranks: int = 1
+) -> StepTime:
+    """The predicted step time of ``traffic`` under ``staleness`` with ``ranks`` ranks."""
     rtt = figures.rtt_ms / 1000
+    allreduce = figures.wire_seconds(2 * (ranks - 1) / ranks * traffic.bytes_hot_allreduce)
     if staleness >= 1:
         cpu = figures.cpu_stale.at(traffic.cold_rows)
         link = figures.wire_seconds(max(traffic.bytes_up, traffic.bytes_down)) + rtt
-        return StepTime(max(cpu, link), cpu, link)
+        return StepTime(max(cpu, link) + allreduce, cpu, link + allreduce)
     cpu = figures.cpu_exact.at(traffic.cold_rows)
     collisions_down = traffic.collision_rows * (ID_BYTES + traffic.row_bytes)
     lookup_down = traffic.bytes_down - collisions_down
     update_up = traffic.bytes_pushed + traffic.bytes_control / 2
-    exposed = figures.wire_seconds(update_up + collisions_down) + rtt
-    link = figures.wire_seconds(lookup_down)
+    exposed = figures.wire_seconds(update_up + collisions_down) + rtt + allreduce
+    link = figures.wire_seconds(lookup_down) + rtt
     return StepTime(max(cpu, link) + exposed, cpu, link + exposed)

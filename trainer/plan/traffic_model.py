@@ -96,8 +96,9 @@ class Traffic:
 class TrafficModel:
     """Expected traffic of any hot set taken in profile order from ``profiles``.
 
-    The hot set of ``k`` rows is the first ``k`` profiled ids over all tables by rank key
-    (what the trainer's profiler picks from the same sample: the most counted).
+    The hot set of ``k`` rows is the first ``k`` profiled ids over all tables by rank key:
+    for a counted profile, what the trainer's profiler picks from the same sample (the
+    most counted); for a law, its most probable ids (an oracle hot set).
     """
 
     def __init__(self, profiles: Sequence[TableProfile], workload: Workload) -> None:
