@@ -42,6 +42,8 @@ SUITE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench_trainer": ([], ["--steps", "60", "--loopback-only"]),
     "bench_wire_dtype": ([], ["--steps", "40", "--eval-batches", "4"]),
+    "bench_plan": ([], ["--steps", "30", "--calibration-steps", "20", "--rates-mbit", ""]),
+    "bench_balance": ([], ["--steps", "30"]),
 }  # fmt: skip
 
 

@@ -112,8 +112,10 @@ def train(config: TrainConfig) -> dict:
                     with source.wait:
                         flush(inner)  # bounds what a crashed trainer loses of its replicas
                 telemetry.step(len(losses), losses[-1], source, time.perf_counter() - start)
+            flush_started = time.perf_counter()
             with source.wait:
                 flush(inner, last=True)
+            final_flush = time.perf_counter() - flush_started
         except BaseException:
             release(inner)  # checkpoints stop waiting for this job's replicas
             raise
@@ -122,6 +124,9 @@ def train(config: TrainConfig) -> dict:
             config, rank, world, device, losses, wall, inner, source.wait.seconds, reader
         )
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
+        # The last write-back of the replicas (and wait for the updates in flight): a cost
+        # per run, in wall_s; steady-state steps take (wall_s - final_flush_s) / steps.
+        report["final_flush_s"] = final_flush
         # What carried the rows: the step calls' transport, or gRPC's pulls and pushes.
         report["transport"] = client.shard_rpc.data_plane.name if config.clocked() else "grpc"
         if rank == 0:

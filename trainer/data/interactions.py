@@ -15,6 +15,10 @@ Held-out split: users are numbered 0, 1, ... in order of first appearance in
 the file (valid lines only, dropped users included); user n is held out
 ("test") when ``n % heldout_every == heldout_every - 1``, so every tenth user
 with the default. The split depends on the file's order alone.
+
+Items are renumbered densely, ``0 .. num_items-1`` in ascending order of their
+ids in the file (``raw_items`` maps back): sparse ids would otherwise size the
+item space by the largest id.
 """
 
 from __future__ import annotations

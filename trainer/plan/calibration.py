@@ -91,7 +91,7 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
     run = CalibrationRun(
         cache_mb,
         staleness,
-        step_s=report["wall_s"] / report["steps"],
+        step_s=(report["wall_s"] - report["final_flush_s"]) / report["steps"],
         cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
         control_bytes_per_step=report["bytes_control_per_sample"] * batch,
     )
