@@ -36,21 +36,28 @@ _ALPHA_GRID = np.linspace(0.25, 3.0, 276)  # steps of 0.01
 
 @dataclasses.dataclass(frozen=True)
 class SampleCost:
-    """A sample of length L costs ``fixed + L**alpha`` (units of one length-1 sample's
-    length-dependent part; ``fixed`` is the per-sample work that does not grow with L)."""
+    """A sample of length L costs ``fixed + scale * L**alpha``: ``fixed`` is the per-sample
+    work that does not grow with L (scale 0: every sample costs the same, as ``count``
+    assumes). Units are arbitrary (seconds when calibrated)."""
 
     alpha: float = 1.0
     fixed: float = 0.0
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.alpha) and self.alpha > 0):
             raise ValueError(f"alpha must be finite and > 0, got {self.alpha}")
-        if not (math.isfinite(self.fixed) and self.fixed >= 0):
-            raise ValueError(f"the fixed cost must be finite and >= 0, got {self.fixed}")
+        for name in ("fixed", "scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"the {name} cost must be finite and >= 0, got {value}")
+        if self.fixed == 0 and self.scale == 0:
+            raise ValueError("a sample cost needs a fixed or a length part above 0")
 
     def of(self, lengths: torch.Tensor) -> np.ndarray:
         """float64 cost of each length."""
-        return self.fixed + lengths.cpu().numpy().astype(np.float64) ** self.alpha
+        lengths = lengths.cpu().numpy().astype(np.float64)
+        return self.fixed + self.scale * lengths**self.alpha
 
 
 def assign(
@@ -129,7 +136,7 @@ def straggler_ratio(seconds_per_rank: Sequence[float]) -> float:
 
 def calibrate_cost(lengths: Sequence[float], seconds: Sequence[float]) -> SampleCost:
     """The cost of the best fit ``seconds ~ a + b * length**alpha`` with ``a, b >= 0``:
-    ``SampleCost(alpha, a / b)``.
+    ``SampleCost(alpha, a, b)``, in seconds.
 
     A grid search over alpha in [0.25, 3] in steps of 0.01, with non-negative least
     squares for ``a`` and ``b`` at each alpha.
@@ -139,8 +146,9 @@ def calibrate_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Sample
         seconds: its measured time (> 0), one per length.
 
     Returns:
-        The best alpha on the grid, with ``a / b`` as the fixed cost (0 when ``b`` is 0:
-        then no length costs more than another, and only the fixed part is left).
+        The best alpha on the grid with its ``a`` and ``b``. Times that do not grow with
+        length (``b`` = 0 at every alpha) give a cost that is the same for every sample
+        (alpha 1, scale 0): the balancer then splits by count.
 
     Raises:
         ValueError: unequal or non-1-D inputs, fewer than 3 distinct lengths, or a length
@@ -148,8 +156,8 @@ def calibrate_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Sample
 
     Example:
         >>> cost = calibrate_cost([1, 2, 4, 8], [0.1 + 0.02 * n**1.5 for n in [1, 2, 4, 8]])
-        >>> round(cost.alpha, 2), round(cost.fixed, 2)
-        (1.5, 5.0)
+        >>> round(cost.alpha, 2), round(cost.fixed, 3), round(cost.scale, 3)
+        (1.5, 0.1, 0.02)
     """
     x = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
@@ -167,9 +175,10 @@ def calibrate_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Sample
     fits = [_nonnegative_fit(f, y) for f in features]
     best = int(np.argmin([error for error, _, _ in fits]))
     _, a, b = fits[best]
+    if b <= 0:
+        return SampleCost(1.0, fixed=float(y.mean()), scale=0.0)
     alpha = float(_ALPHA_GRID[best])
-    b /= x.max() ** alpha  # back to unscaled lengths
-    return SampleCost(alpha, float(a / b) if b > 0 else 0.0)
+    return SampleCost(alpha, fixed=float(a), scale=float(b / x.max() ** alpha))
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:

@@ -147,8 +147,14 @@ class TrainConfig:
     )
     balance_alpha: float | None = setting(
         None,
-        "balancer cost: a sample costs length^alpha; default: calibrated at the start from "
-        "timed steps of the model",
+        "balancer cost: a sample of length L costs --balance-fixed + L^alpha; default: "
+        "fixed part and alpha calibrated on rank 0 at the start from timed passes of the "
+        "model at every padded width",
+    )
+    balance_fixed: float = setting(
+        0.0,
+        "with --balance-alpha: the part of a sample's cost that does not grow with its "
+        "length, in units of a length-1 sample's length part (calibrated otherwise)",
     )
     plan: str = setting(
         "",
@@ -274,8 +280,16 @@ class TrainConfig:
             )
         if self.model == "sasrec":
             self._validate_sequence_model()
-        elif self.interactions_path or self.balance_alpha is not None:
-            raise ValueError("--interactions and --balance-alpha are for model sasrec")
+        elif self.interactions_path or self.balance_alpha is not None or self.balance_fixed:
+            raise ValueError(
+                "--interactions, --balance-alpha and --balance-fixed are for model sasrec"
+            )
+        if not (math.isfinite(self.balance_fixed) and self.balance_fixed >= 0):
+            raise ValueError(f"balance_fixed must be >= 0, got {self.balance_fixed}")
+        if self.balance_fixed and self.balance_alpha is None:
+            raise ValueError(
+                "--balance-fixed goes with --balance-alpha (both given, or both calibrated)"
+            )
         if self.plan_figures and self.plan != "auto":
             raise ValueError("plan_figures is read by --plan auto only")
         resolve_device(self.device)

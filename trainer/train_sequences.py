@@ -21,6 +21,7 @@ baseline.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 
@@ -51,8 +52,10 @@ from ember.trainer.models.sasrec import (
 )
 from ember.trainer.sources import TimedSource, build_row_source, close, flush
 
+log = logging.getLogger(__name__)
+
 EVAL_NEGATIVES = 100
-CALIBRATION_LENGTHS = (2, 4, 8, 16, 32, 64)
+CALIBRATION_ITEMS = 4096
 
 
 def train_sequences(config: TrainConfig, device: torch.device, rank: int, world: int) -> dict:
@@ -99,8 +102,14 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
         with source.wait:
             flush(inner)
         wall = time.perf_counter() - start
+        if len(steps) < config.steps:
+            log.warning(
+                "the data ran out after %d of %d steps (%s)",
+                len(steps), config.steps, config.interactions_path,
+            )  # fmt: skip
         report = _report(config, steps, wall, source.wait.seconds, cost, data)
         report.update(rank=rank, world_size=world, config=dataclasses.asdict(config))
+        report["dense_checksums"] = _checksums(model, world, device)
         if rank == 0:
             report.update(_evaluate(model, ebc, data, num_items, config, device))
         close(inner)
@@ -154,7 +163,7 @@ def _my_shares(
     balancer is a pure function of the lengths), its negatives and lookup features."""
     for step, batch in enumerate(_global_batches(config, data, world)):
         # The model pads each sample to its power-of-two bucket: that is what it costs.
-        padded = bucket_widths(batch.lengths)
+        padded = bucket_widths(batch.lengths, config.max_len)
         lengths = padded if config.balancer == "cost" else batch.lengths
         split = assign(lengths, world, config.balancer, cost)
         mine = batch.select(split[rank])
@@ -189,9 +198,10 @@ def _scores(model, batch: SequenceBatch, items: torch.Tensor, users: torch.Tenso
 
 
 def _synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so the host clock times it (CUDA is async)."""
+    """Wait for the compute stream's queued work, so the host clock times it (CUDA is
+    async); copies on other streams are not waited for."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _sum_over_ranks(model: torch.nn.Module, world: int) -> None:
@@ -205,6 +215,16 @@ def _sum_over_ranks(model: torch.nn.Module, world: int) -> None:
     for parameter, grad in zip(model.parameters(), grads):
         parameter.grad = flat[start : start + grad.numel()].view_as(grad)
         start += grad.numel()
+
+
+def _checksums(model: torch.nn.Module, world: int, device: torch.device) -> list[float]:
+    """Every rank's sum of its dense parameters (equal when the ranks stayed in step)."""
+    mine = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+    if world == 1:
+        return [float(mine)]
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine.to(device))
+    return [float(t) for t in every]
 
 
 def _gathered(
@@ -222,12 +242,14 @@ def _gathered(
 def _sample_cost(
     config: TrainConfig, model: SASRec, device: torch.device, world: int
 ) -> SampleCost:
-    """The balancer's cost model: ``--balance-alpha``, or timed on rank 0 and broadcast
-    (every rank must split batches alike; a failure on rank 0 is raised on every rank)."""
-    if config.balancer != "cost" or world == 1:
-        return SampleCost(config.balance_alpha or 1.0)
+    """The balancer's cost model (``cost`` splits by it; every balancer's predicted
+    straggler ratio is priced by it): ``--balance-alpha`` and ``--balance-fixed``, or timed
+    on rank 0 and broadcast (every rank must split batches alike; a failure on rank 0 is
+    raised on every rank)."""
     if config.balance_alpha is not None:
-        return SampleCost(config.balance_alpha)
+        return SampleCost(config.balance_alpha, fixed=config.balance_fixed)
+    if world == 1:
+        return SampleCost()  # one rank: nothing to balance
     outcome: list = [SampleCost(), ""]  # the cost, or why there is none
     if dist.get_rank() == 0:
         try:
@@ -241,14 +263,16 @@ def _sample_cost(
 
 
 def calibrated_cost(model: SASRec, dim: int, max_len: int, device: torch.device) -> SampleCost:
-    """``seconds = a + b * length^alpha`` fitted to timed forward and backward passes of 64
-    samples at each power-of-two length (the fastest of 3)."""
-    lengths = sorted({min(length, max_len) for length in CALIBRATION_LENGTHS})
+    """``seconds = a + b * length^alpha`` fitted to timed forward and backward passes at
+    every width the model pads to (powers of two up to ``max_len``, and ``max_len``), about
+    ``CALIBRATION_ITEMS`` history items per pass (the fastest of 3)."""
+    lengths = sorted({min(2**k, max_len) for k in range(max_len.bit_length() + 1)})
     seconds = []
     for length in lengths:
-        rows = torch.randn(64 * length, dim, device=device, requires_grad=True)
-        users = torch.randn(64, dim, device=device)
-        offsets = torch.arange(0, 64 * length + 1, length, dtype=torch.int64)
+        count = max(4, CALIBRATION_ITEMS // length)
+        rows = torch.randn(count * length, dim, device=device, requires_grad=True)
+        users = torch.randn(count, dim, device=device)
+        offsets = torch.arange(0, count * length + 1, length, dtype=torch.int64)
         best = float("inf")
         for _ in range(3):
             _synchronize(device)
@@ -257,7 +281,7 @@ def calibrated_cost(model: SASRec, dim: int, max_len: int, device: torch.device)
             _synchronize(device)
             best = min(best, time.perf_counter() - began)
         model.zero_grad()
-        seconds.append(best / 64)
+        seconds.append(best / count)
     return calibrate_cost(lengths, seconds) if len(lengths) >= 3 else SampleCost()
 
 
@@ -275,7 +299,7 @@ def _report(config: TrainConfig, steps: list[_Step], wall: float, wait: float, c
         "train_losses": losses,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "balancer": config.balancer,
-        "balance_cost": dataclasses.asdict(cost) if config.balancer == "cost" else None,
+        "balance_cost": dataclasses.asdict(cost),  # priced every balancer's prediction
         "compute_s_per_rank": seconds.sum(axis=0).tolist(),
         "step_compute_max_s": float(seconds.max(axis=1).mean()) if steps else 0.0,
         "step_compute_mean_s": float(seconds.mean()) if steps else 0.0,

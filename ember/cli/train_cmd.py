@@ -74,9 +74,9 @@ def print_summary(report: dict) -> None:
         cost = report["balance_cost"]
         print(
             f"ranks {report['world_size']}  steps {report['steps']}  samples/s "
-            f"{report['samples_per_s']:,.0f}  balancer {report['balancer']}"
-            + (f" (cost {cost['fixed']:.1f} + L^{cost['alpha']:.2f})" if cost else "")
-            + f"  straggler ratio {report['straggler_ratio']:.2f} (predicted "
+            f"{report['samples_per_s']:,.0f}  balancer {report['balancer']} (sample cost "
+            f"{cost['fixed']:.3g} + {cost['scale']:.3g} L^{cost['alpha']:.2f})"
+            f"  straggler ratio {report['straggler_ratio']:.2f} (predicted "
             f"{report['predicted_straggler_ratio']:.2f})  final train loss "
             f"{report['final_train_loss']:.4f}"
         )

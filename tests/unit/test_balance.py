@@ -90,6 +90,7 @@ def test_predicted_costs_sum_length_to_the_alpha():
     shares = [torch.tensor([0, 3]), torch.tensor([1, 2])]
     assert predicted_costs(lengths, shares, SampleCost(2.0)) == [17.0, 13.0]
     assert predicted_costs(lengths, shares, SampleCost(2.0, fixed=1.0)) == [19.0, 15.0]
+    assert predicted_costs(lengths, shares, SampleCost(2.0, fixed=1.0, scale=0.0)) == [2.0, 2.0]
 
 
 def test_the_fixed_cost_moves_short_samples_off_the_rank_holding_many():
@@ -109,7 +110,15 @@ def test_calibration_recovers_alpha_from_noisy_timings(alpha):
     seconds = (2e-3 + 1e-5 * lengths**alpha) * rng.normal(1.0, 0.02, 200)
     cost = calibrate_cost(lengths.tolist(), seconds.tolist())
     assert abs(cost.alpha - alpha) <= 0.1
-    assert cost.fixed == pytest.approx(2e-3 / 1e-5, rel=0.5)
+    assert cost.fixed == pytest.approx(2e-3, rel=0.2)
+    assert cost.scale * 64**cost.alpha == pytest.approx(1e-5 * 64**alpha, rel=0.2)
+
+
+def test_times_that_do_not_grow_with_length_split_by_count():
+    cost = calibrate_cost([2, 4, 8, 16], [0.012, 0.011, 0.010, 0.009])  # falling: b = 0
+    assert cost.scale == 0.0 and cost.fixed > 0
+    lengths = torch.tensor([1, 2, 50, 3, 200, 4, 5, 6])
+    assert [len(share) for share in assign(lengths, 2, "cost", cost)] == [4, 4]
 
 
 def test_straggler_ratio_is_the_slowest_over_the_mean():
@@ -128,6 +137,8 @@ def test_bad_arguments_are_refused():
             SampleCost(alpha)
     with pytest.raises(ValueError, match="fixed cost must be finite and >= 0"):
         SampleCost(1.0, fixed=-1.0)
+    with pytest.raises(ValueError, match="a fixed or a length part above 0"):
+        SampleCost(1.0, fixed=0.0, scale=0.0)
     with pytest.raises(ValueError, match="every length must be >= 1, sample 1 has 0"):
         assign(torch.tensor([2, 0, 1]), 2, "count")
     with pytest.raises(ValueError, match="lengths must be a 1-D integer tensor"):

@@ -252,6 +252,8 @@ def test_figures_that_predict_no_time_are_refused():
         ({"hot_rows": 10, "cache_mb": "inf", "staleness": 1}, "does not hold exactly"),
         ({"hot_rows": 10, "staleness": 1}, "no valid choice"),
         ({"hot_rows": 0, "cache_mb": 0, "staleness": 99}, "out of range"),
+        ({"hot_rows": 10.7, "cache_mb": 0.1, "staleness": 1}, "must be integers"),
+        ({"hot_rows": 10, "cache_mb": 0.1, "staleness": True}, "must be integers"),
     ],
 )
 def test_a_plan_file_with_a_bad_choice_is_refused(tmp_path, choice, message):
@@ -260,3 +262,16 @@ def test_a_plan_file_with_a_bad_choice_is_refused(tmp_path, choice, message):
     path.write_text(json.dumps({"choice": choice, "workload": workload_of(config, 1)}))
     with pytest.raises(ValueError, match=message):
         applied(_small_config(plan=str(path)), _data(config), ["a", "b"], 1)
+
+
+def test_writeback_is_the_hot_rows_drawn_between_write_backs_amortised():
+    profile = zipf_profile("t", 3000, 1.1)
+    every_step = TrafficModel([profile], Workload(dim=8, batch_size=256, writeback_interval=1))
+    traffic = every_step.traffic(100, staleness=1)
+    hot = traffic.distinct_rows - traffic.cold_rows
+    assert traffic.bytes_writeback == pytest.approx(hot * (8 + 4 * 8 + 8))
+    rarely = TrafficModel(
+        [profile], Workload(dim=8, batch_size=256, state_floats=8, writeback_interval=50)
+    ).traffic(100, staleness=1)
+    assert rarely.bytes_writeback < traffic.bytes_writeback / 10  # hot rows repeat: amortised
+    assert rarely.bytes_writeback * 50 <= 100 * (8 + 4 * 16 + 8)  # at most every hot row once

@@ -32,7 +32,7 @@ def test_train_argv_round_trips_every_config_field():
     sequences = dataclasses.replace(
         cached, model="sasrec", cache="none", data_path="pipeline", criteo_path=None,
         interactions_path="/data/views.csv", max_len=20, negatives=5, balancer="count",
-        balance_alpha=1.3, run_dir="", metrics_port=None,
+        balance_alpha=1.3, balance_fixed=2.0, run_dir="", metrics_port=None,
     )  # fmt: skip
     changed = set()
     for config in (cached, pipelined, planned, sequences):

@@ -104,10 +104,10 @@ class SASRec(nn.Module):
         offsets = self._check(history_rows, offsets, user_rows)
         lengths = offsets.diff()
         sequence = history_rows.new_empty(len(lengths), self.dim)
-        widths = bucket_widths(lengths)
+        widths = bucket_widths(lengths, self.max_len)
         for width in torch.unique(widths).tolist():
             members = torch.nonzero(widths == width).squeeze(1)
-            encoded = self._encode(history_rows, offsets[members], lengths[members])
+            encoded = self._encode(history_rows, offsets[members], lengths[members], width)
             sequence = sequence.index_copy(0, members.to(sequence.device), encoded)
         return self.combine(torch.cat([sequence, user_rows], dim=1))
 
@@ -118,9 +118,9 @@ class SASRec(nn.Module):
         return torch.bmm(candidate_rows, representation.unsqueeze(2)).squeeze(2)
 
     def _encode(
-        self, rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor
+        self, rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int
     ) -> torch.Tensor:
-        columns = torch.arange(int(lengths.max()))
+        columns = torch.arange(width)
         real = columns[None, :] < lengths[:, None]
         # Padding repeats row 0: causal attention keeps it away from every real position.
         x = rows[torch.where(real, starts[:, None] + columns[None, :], 0).to(rows.device)]
@@ -159,9 +159,11 @@ class SASRec(nn.Module):
         return offsets
 
 
-def bucket_widths(lengths: torch.Tensor) -> torch.Tensor:
-    """The power of two at or above each length: the bucket a sample is padded in."""
-    return torch.pow(2, torch.ceil(torch.log2(lengths.double()))).to(torch.int64)
+def bucket_widths(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """The width each sample is padded to: the power of two at or above its length, at
+    most ``max_len`` (what a sample costs the model, whatever else is in its batch)."""
+    widths = torch.pow(2, torch.ceil(torch.log2(lengths.double()))).to(torch.int64)
+    return widths.clamp(max=max_len)
 
 
 def sampled_softmax_loss(scores: torch.Tensor) -> torch.Tensor:

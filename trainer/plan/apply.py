@@ -19,7 +19,9 @@ import math
 from pathlib import Path
 
 import torch.distributed as dist
+from ember.kernels.optim import state_width
 from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.cache.profiler import cache_bytes_per_row
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import SyntheticCriteo
@@ -53,19 +55,26 @@ def plan_for(
 ) -> Plan:
     """The plan of ``config``'s workload: budget ``cache_mb``, staleness cap ``staleness``
     (from 1 with async updates)."""
-    workload = Workload(
+    return make_plan(
+        TrafficModel(profiles, workload_for(config, figures, world)),
+        figures,
+        int(config.cache_mb * 2**20),
+        config.staleness,
+        min_staleness=1 if config.update_mode == "async" else 0,
+    )
+
+
+def workload_for(config: TrainConfig, figures: MachineFigures, world: int) -> Workload:
+    """What the traffic model needs to know of ``config``'s run."""
+    interval = min(config.flush_every, config.steps) if config.flush_every else config.steps
+    return Workload(
         config.dim,
         config.batch_size,
         world,
         row_bytes=RowDtype.parse(config.wire_dtype).itemsize * config.dim,
         control_bytes_per_step=figures.control_bytes_per_step,
-    )
-    return make_plan(
-        TrafficModel(profiles, workload),
-        figures,
-        int(config.cache_mb * 2**20),
-        config.staleness,
-        min_staleness=1 if config.update_mode == "async" else 0,
+        state_floats=state_width(OptimizerKind[config.optimizer.upper()], config.dim),
+        writeback_interval=interval,
     )
 
 
@@ -86,16 +95,16 @@ def applied(
     """
     if not config.plan:
         return config
-    outcome: list = [None, ""]  # the plan, or why there is none
+    outcome: list = [None, None]  # the plan, or why there is none
     if world == 1 or dist.get_rank() == 0:
         try:
             outcome[0] = _plan_document(config, data, feature_tables, world)
-        except ValueError as error:
-            outcome[1] = str(error)
+        except Exception as error:  # noqa: BLE001 - every rank raises it below
+            outcome[1] = str(error) if isinstance(error, ValueError) else repr(error)
     if world > 1:
         dist.broadcast_object_list(outcome, src=0)
-    if outcome[1]:
-        raise ValueError(outcome[1])
+    if outcome[1] is not None:
+        raise ValueError(f"planning on rank 0 failed: {outcome[1]}")
     return _with_plan(config, outcome[0], world)
 
 
@@ -128,6 +137,9 @@ def workload_of(config: TrainConfig, world: int) -> dict:
         "profile_batches": config.profile_batches,
         "wire_dtype": config.wire_dtype,
         "update_mode": config.update_mode,
+        "optimizer": config.optimizer,
+        "steps": config.steps,
+        "flush_every": config.flush_every,
     }
 
 
@@ -164,10 +176,14 @@ def _choice(plan: dict, hot_row_bytes: int) -> tuple[int, float, int]:
     """``(hot_rows, cache_mb, staleness)`` of a plan, each checked."""
     try:
         choice = plan["choice"]
-        hot_rows, staleness = int(choice["hot_rows"]), int(choice["staleness"])
+        hot_rows, staleness = choice["hot_rows"], choice["staleness"]
         cache_mb = float(choice["cache_mb"])
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"the plan has no valid choice ({error})") from None
+    if not all(type(n) is int for n in (hot_rows, staleness)):
+        raise ValueError(
+            f"the plan's hot_rows and staleness must be integers, got {hot_rows!r}, {staleness!r}"
+        )
     if hot_rows < 0 or not 0 <= staleness <= MAX_STALENESS:
         raise ValueError(
             f"the plan's choice is out of range: {hot_rows} hot rows, staleness {staleness}"

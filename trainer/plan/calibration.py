@@ -68,11 +68,11 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
     }
     colds = sorted(r.cold_rows for r in runs)
     if colds[-1] < 1.2 * colds[0]:
-        log.warning(
-            "the calibration runs moved nearly the same cold rows (%.0f to %.0f per step): the "
-            "cost per cold row is not measured; calibrate with a larger budget (--cache-mb)",
-            colds[0], colds[-1],
-        )  # fmt: skip
+        raise ValueError(
+            f"the calibration runs moved nearly the same cold rows ({colds[0]:.0f} to "
+            f"{colds[-1]:.0f} per step), so the cost of a cold row cannot be measured: "
+            "calibrate with a budget (--cache-mb) whose hot set covers more of the lookups"
+        )
     stale = [r.control_bytes_per_step for r in runs if r.staleness == 1]
     figures = MachineFigures(lines[0], lines[1], control_bytes_per_step=sum(stale) / len(stale))
     return figures, runs
@@ -91,7 +91,7 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
     run = CalibrationRun(
         cache_mb,
         staleness,
-        step_s=(report["wall_s"] - report["final_flush_s"]) / report["steps"],
+        step_s=report["wall_s"] / report["steps"],
         cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
         control_bytes_per_step=report["bytes_control_per_sample"] * batch,
     )

@@ -16,7 +16,8 @@ The step takes the larger bound (``s >= 1``), or the CPU-bound step plus the
 exposed update (``s = 0``). With several ranks the hot rows' gradients are
 all-reduced inside every step (a ring moves ``2 (W-1)/W`` of their bytes per
 rank); their wire time is added, on the same link. Its CPU cost is not
-calibrated (calibration runs one process).
+calibrated (calibration runs one process). So is the wire time of the hot
+rows' write-back, amortised per step (training waits for it).
 """
 
 from __future__ import annotations
@@ -149,15 +150,17 @@ def step_time(
 ) -> StepTime:
     """The predicted step time of ``traffic`` under ``staleness`` with ``ranks`` ranks."""
     rtt = figures.rtt_ms / 1000
-    allreduce = figures.wire_seconds(2 * (ranks - 1) / ranks * traffic.bytes_hot_allreduce)
+    blocking = figures.wire_seconds(  # inside the step: training waits for these
+        2 * (ranks - 1) / ranks * traffic.bytes_hot_allreduce + traffic.bytes_writeback
+    )
     if staleness >= 1:
         cpu = figures.cpu_stale.at(traffic.cold_rows)
         link = figures.wire_seconds(max(traffic.bytes_up, traffic.bytes_down)) + rtt
-        return StepTime(max(cpu, link) + allreduce, cpu, link + allreduce)
+        return StepTime(max(cpu, link) + blocking, cpu, link + blocking)
     cpu = figures.cpu_exact.at(traffic.cold_rows)
     collisions_down = traffic.collision_rows * (ID_BYTES + traffic.row_bytes)
     lookup_down = traffic.bytes_down - collisions_down
     update_up = traffic.bytes_pushed + traffic.bytes_control / 2
-    exposed = figures.wire_seconds(update_up + collisions_down) + rtt + allreduce
+    exposed = figures.wire_seconds(update_up + collisions_down) + rtt + blocking
     link = figures.wire_seconds(lookup_down) + rtt
     return StepTime(max(cpu, link) + exposed, cpu, link + exposed)

@@ -8,7 +8,11 @@ staleness 0, the next step's cold rows that this step updated (the collision
 rows, ``sum d_i^2`` for independent steps) come back with the update. With
 several ranks, the hot rows any rank touched (``d_i`` with ``W L`` lookups)
 have their gradients all-reduced. The hit rate is counted as the trainer
-counts it: the share of a step's distinct rows that are hot.
+counts it: the share of a step's distinct rows that are hot. Every
+``writeback_interval`` steps (and at the end) the writer rank writes the hot
+rows stepped since the last write-back to the shards, with their optimizer
+state: the hot ids drawn in that many steps of every rank; its bytes are
+given per step, amortised.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class Workload:
         row_bytes: bytes of a row (or gradient row) on the wire (4 * dim for float32).
         control_bytes_per_step: step messages' bytes beyond ids and rows (clocks, names,
             framing), measured by a calibration run (or 0).
+        state_floats: optimizer-state floats per row (written back with a hot row).
+        writeback_interval: steps between write-backs of the hot rows (the run's steps
+            when it writes back only at the end).
     """
 
     dim: int
@@ -41,15 +48,24 @@ class Workload:
     ranks: int = 1
     row_bytes: int = 0
     control_bytes_per_step: float = 0.0
+    state_floats: int = 0
+    writeback_interval: int = 1000
 
     def __post_init__(self) -> None:
-        if self.dim < 1 or self.batch_size < 1 or self.ranks < 1:
+        if min(self.dim, self.batch_size, self.ranks, self.writeback_interval) < 1:
             raise ValueError(
-                f"dim, batch_size and ranks must be >= 1, got {self.dim}, {self.batch_size}, "
-                f"{self.ranks}"
+                f"dim, batch_size, ranks and writeback_interval must be >= 1, got {self.dim}, "
+                f"{self.batch_size}, {self.ranks}, {self.writeback_interval}"
             )
+        if self.state_floats < 0:
+            raise ValueError(f"state_floats must be >= 0, got {self.state_floats}")
         if not self.row_bytes:
             object.__setattr__(self, "row_bytes", 4 * self.dim)
+
+    @property
+    def writeback_row_bytes(self) -> int:
+        """Bytes a written-back hot row takes: id, weights and state, version."""
+        return ID_BYTES + 4 * (self.dim + self.state_floats) + ID_BYTES
 
     @property
     def hot_row_bytes(self) -> int:
@@ -72,6 +88,7 @@ class Traffic:
     bytes_pushed: float
     bytes_control: float
     bytes_hot_allreduce: float
+    bytes_writeback: float  # per step, amortised over the write-back interval
 
     @property
     def bytes_up(self) -> float:
@@ -108,6 +125,7 @@ class TrafficModel:
             profile.validate()
         self.profiles, self.workload = list(profiles), workload
         lookups = [p.lookups_per_sample * workload.batch_size for p in profiles]
+        self._lookups = lookups
         self._presence = [_presence(p.probabilities, n) for p, n in zip(profiles, lookups)]
         self._all_ranks = [
             _presence(p.probabilities, n * workload.ranks) for p, n in zip(profiles, lookups)
@@ -148,7 +166,7 @@ class TrafficModel:
         if not 0 <= hot_rows <= self.profiled_rows:
             raise ValueError(f"hot_rows must be in 0..{self.profiled_rows}, got {hot_rows}")
         per_table = np.bincount(self._owners_by_rank[:hot_rows], minlength=len(self.profiles))
-        distinct = hot = cold = collisions = union_hot = 0.0
+        distinct = hot = cold = collisions = union_hot = dirty = 0.0
         for t, k in enumerate(per_table):
             table_distinct = self._cumulative[t][-1] + self._unseen[t]
             table_hot = self._cumulative[t][k]
@@ -161,6 +179,12 @@ class TrafficModel:
                 + self._unseen_collisions[t]
             )
             union_hot += float(self._all_ranks[t][:k].sum())
+            dirty += float(
+                _presence(
+                    self.profiles[t].probabilities[:k],
+                    self._lookups[t] * self.workload.ranks * self.workload.writeback_interval,
+                ).sum()
+            )
         w = self.workload
         collisions = collisions if staleness == 0 else 0.0
         row = w.row_bytes
@@ -179,6 +203,7 @@ class TrafficModel:
             bytes_pushed=cold * (ID_BYTES + row),
             bytes_control=w.control_bytes_per_step + refresh_control,
             bytes_hot_allreduce=allreduce,
+            bytes_writeback=dirty * w.writeback_row_bytes / w.writeback_interval,
         )
 
 
