@@ -8,9 +8,8 @@ One run, 1 trainer and 2 shards, DLRM on the synthetic Criteo-style data:
      bandwidth as measured on the link);
   3. on each network, train with each fixed size (--sizes-mb, staleness 1) and with the
      plan's choice, and compare predictions with the reports. Step times and samples/s are
-     the whole run's, the last write-back of the replicas included (printed as "sync s":
-     seconds over a slow link); the planner amortises it over the steps between
-     write-backs (here the run's).
+     the whole run's, the last write-back of the replicas included (printed as "WB s":
+     seconds over a slow link); the planner amortises write-backs over the run.
 Prints the table per network and the issue's targets: hit rate and bytes within 10%, step
 time within 20% of the prediction, and the plan's samples/s >= 0.95x the best fixed size.
 
@@ -51,7 +50,7 @@ class Comparison:
     bytes_per_sample: float
     step_s: float  # the whole run's wall over its steps, the last write-back included
     samples_per_s: float
-    sync_s: float  # the last write-back of the replicas (and the updates' drain)
+    writeback_s: float  # the last write-back of the replicas (and the updates' drain)
 
     def errors(self) -> tuple[float, float, float]:
         """Relative errors of the hit rate, bytes per sample and step time."""
@@ -81,7 +80,7 @@ def measure(
         bytes_per_sample=sum(report[f"bytes_{c}_per_sample"] for c in CATEGORIES),
         step_s=report["wall_s"] / report["steps"],
         samples_per_s=report["samples_per_s"],
-        sync_s=report["final_flush_s"],
+        writeback_s=report["final_flush_s"],
     )
 
 
@@ -114,7 +113,7 @@ def print_runs(title: str, runs: list[Comparison]) -> None:
     print(f"\n{title}")
     print(
         f"{'run':<24} {'hit pred':>8} {'meas':>6} {'B/smp pred':>10} {'meas':>6} "
-        f"{'step ms pred':>12} {'meas':>6} {'bound':>5} {'samples/s':>9} {'sync s':>6}"
+        f"{'step ms pred':>12} {'meas':>6} {'bound':>5} {'samples/s':>9} {'WB s':>6}"
     )
     for r in runs:
         p = r.predicted
@@ -122,7 +121,7 @@ def print_runs(title: str, runs: list[Comparison]) -> None:
             f"{r.name:<24} {p.hit_rate:>8.3f} {r.hit_rate:>6.3f} "
             f"{sum(p.bytes_per_sample.values()):>10.0f} {r.bytes_per_sample:>6.0f} "
             f"{p.step_s * 1000:>12.1f} {r.step_s * 1000:>6.1f} {p.bound:>5} "
-            f"{r.samples_per_s:>9.0f} {r.sync_s:>6.2f}"
+            f"{r.samples_per_s:>9.0f} {r.writeback_s:>6.2f}"
         )
 
 

@@ -8,7 +8,7 @@ hold up every other rank at the step's collectives. Policies:
 * ``count``: samples sorted by length (descending, stable) and dealt in zig-zag
   order 0, 1, .., W-1, W-1, .., 0, 0, 1, ..: equal counts (within one), similar mix.
 * ``cost``: longest-processing-time greedy on :class:`SampleCost` (``fixed +
-  length**alpha``): samples sorted by cost (descending, stable), each to the
+  scale * length**alpha``): samples sorted by cost (descending, stable), each to the
   rank with the least cost so far (ties to the lowest rank): near-equal cost,
   unequal counts.
 

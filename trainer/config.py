@@ -142,7 +142,8 @@ class TrainConfig:
     balancer: str = setting(
         "cost",
         "sasrec: how a global batch's samples go to ranks: none (equal contiguous chunks), "
-        "count (zig-zag by length, equal counts) or cost (equal sums of length^alpha)",
+        "count (zig-zag by length, equal counts) or cost (near-equal sums of each sample's "
+        "cost, fixed + scale * padded width^alpha)",
         choices=BALANCERS,
     )
     balance_alpha: float | None = setting(

@@ -44,6 +44,7 @@ def run_report(
             for name, value in bytes_per_sample(source, samples).items()
         },
         "bytes_replica_sync": source.traffic.bytes_replica_sync,
+        "replica_rows_written_back": getattr(source, "rows_written_back", 0),
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "train_losses": losses,
         "wall_s": wall,

@@ -18,12 +18,17 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from ember.kernels.optim import state_width
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.step_client import StepClient, StepJob
-from ember.ps_server.wire.table_spec import TableSpec
+from ember.ps_server.wire.table_spec import OptimizerKind, TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
-from ember.trainer.cache.profiler import profile_hot_ids
+from ember.trainer.cache.profiler import (
+    cache_bytes_per_row,
+    profile_hot_ids,
+    replica_bytes_per_row,
+)
 from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.batch import Batch
@@ -105,7 +110,7 @@ def build_row_source(
     part = 0 if config.cache == "replicated" else rank
     names = [s.name for s in specs]
     sample = profile_batches(config, data, part, world)
-    hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), config.dim)
+    hot = profile_hot_ids(sample, names, int(config.cache_mb * 2**20), hot_row_bytes(config))
     if config.cache == "replicated":
         source = ReplicatedRowSource(
             client, {s.name: s for s in specs}, hot, writer=rank == 0, cold=cold, device=device
@@ -127,6 +132,15 @@ def build_row_source(
         source = CachedRowSource(client, caches, overlap=config.pipelined())
     source.warm()
     return source
+
+
+def hot_row_bytes(config: TrainConfig) -> int:
+    """Trainer memory of one hot row of ``config``'s cache (what ``cache_mb`` is divided
+    by): a replica holds its optimizer state, a cache row its pending gradient."""
+    if config.cache == "replicated":
+        kind = OptimizerKind[config.optimizer.upper()]
+        return replica_bytes_per_row(config.dim, state_width(kind, config.dim))
+    return cache_bytes_per_row(config.dim)
 
 
 def job_name(world: int) -> str:

@@ -60,7 +60,7 @@ CALIBRATION_ITEMS = 4096
 
 def train_sequences(config: TrainConfig, device: torch.device, rank: int, world: int) -> dict:
     """Train SASRec on this rank; returns the run report (evaluation on rank 0)."""
-    data, num_items = _data(config)
+    data, num_items = _data(config, world)
     specs = [
         TableSpec(
             f"{config.table_prefix}.{name}", config.dim, InitializerSpec(scale=0.05, seed=config.seed),
@@ -116,16 +116,43 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
     return report
 
 
-def _data(config: TrainConfig) -> tuple[SyntheticSequences | InteractionsFile, int]:
+def _data(config: TrainConfig, world: int) -> tuple[SyntheticSequences | InteractionsFile, int]:
+    """The data every rank trains on, and its item count. A file is read on every rank;
+    the ranks check they read the same samples (or raise together), and a file too small
+    to train on is refused before any table exists."""
     if config.interactions_path is None:
         items = min(config.max_cardinality, SyntheticSequencesConfig.num_items)
         synthetic = SyntheticSequences(
             SyntheticSequencesConfig(num_items=items, max_len=config.max_len, seed=config.seed)
         )
         return synthetic, synthetic.config.num_items
-    interactions = InteractionsFile.read(
-        config.interactions_path, config.max_len, config.heldout_every
-    )
+    outcome: tuple = (None, "")
+    interactions = None
+    try:
+        interactions = InteractionsFile.read(
+            config.interactions_path, config.max_len, config.heldout_every
+        )
+        outcome = (interactions.summary(), "")
+    except (OSError, ValueError) as error:
+        outcome = (None, f"{type(error).__name__}: {error}")
+    every = [outcome] * world
+    if world > 1:
+        dist.all_gather_object(every, outcome)
+    failed = [f"rank {rank}: {why}" for rank, (_, why) in enumerate(every) if why]
+    if failed:
+        raise ValueError(f"reading {config.interactions_path} failed: {'; '.join(failed)}")
+    if len({summary for summary, _ in every}) > 1:
+        raise ValueError(
+            f"the ranks read different data from {config.interactions_path}: "
+            f"{[summary for summary, _ in every]}"
+        )
+    train_samples = interactions.num_samples("train")
+    if train_samples < world or interactions.num_items < 2:
+        raise ValueError(
+            f"{config.interactions_path} has {train_samples} training samples and "
+            f"{interactions.num_items} items: training needs a sample per rank ({world}) "
+            "and 2 items (a target and a negative)"
+        )
     return interactions, interactions.num_items
 
 
@@ -253,7 +280,7 @@ def _sample_cost(
     outcome: list = [SampleCost(), ""]  # the cost, or why there is none
     if dist.get_rank() == 0:
         try:
-            outcome[0] = calibrated_cost(model, config.dim, config.max_len, device)
+            outcome[0] = calibrated_cost(model, config, device)
         except Exception as error:  # noqa: BLE001 - raised on every rank below
             outcome[1] = f"calibrating the balancer's cost on rank 0 failed: {error}"
     dist.broadcast_object_list(outcome, src=0)
@@ -262,14 +289,16 @@ def _sample_cost(
     return outcome[0]
 
 
-def calibrated_cost(model: SASRec, dim: int, max_len: int, device: torch.device) -> SampleCost:
+def calibrated_cost(model: SASRec, config: TrainConfig, device: torch.device) -> SampleCost:
     """``seconds = a + b * length^alpha`` fitted to timed forward and backward passes at
-    every width the model pads to (powers of two up to ``max_len``, and ``max_len``), about
-    ``CALIBRATION_ITEMS`` history items per pass (the fastest of 3)."""
+    every width the model pads to (powers of two up to ``max_len``, and ``max_len``), each
+    of up to a rank's batch of samples and about ``CALIBRATION_ITEMS`` history items (a
+    pass's own overhead is shared as in training; the fastest of 3)."""
+    dim, max_len = config.dim, config.max_len
     lengths = sorted({min(2**k, max_len) for k in range(max_len.bit_length() + 1)})
     seconds = []
     for length in lengths:
-        count = max(4, CALIBRATION_ITEMS // length)
+        count = max(2, min(config.batch_size, CALIBRATION_ITEMS // length))
         rows = torch.randn(count * length, dim, device=device, requires_grad=True)
         users = torch.randn(count, dim, device=device)
         offsets = torch.arange(0, count * length + 1, length, dtype=torch.int64)
@@ -355,14 +384,7 @@ def _heldout(config: TrainConfig, data) -> Iterator[SequenceBatch]:
 
 def _popularity(data, num_items: int) -> torch.Tensor:
     """Each item's popularity rank (0 the most popular) from training data."""
-    if isinstance(data, SyntheticSequences):
-        order = data.popularity_ranking(num_items)
-    else:
-        counts = torch.zeros(num_items, dtype=torch.int64)
-        for batch in data.batches(4096, "train"):
-            items = torch.cat([batch.history.values, batch.targets])
-            counts += torch.bincount(items, minlength=num_items)
-        order = torch.argsort(counts, descending=True, stable=True)
+    order = data.popularity_ranking(num_items)
     ranks = torch.full((num_items,), num_items, dtype=torch.int64)
     ranks[order] = torch.arange(len(order))
     return ranks

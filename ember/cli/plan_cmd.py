@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ranks < 1:
         raise SystemExit(f"ember plan: --ranks must be >= 1, got {args.ranks}")
+    if args.model != "dlrm":
+        raise SystemExit("ember plan: plans the DLRM tables' hot set (--model dlrm)")
     endpoints = endpoints_from_args(args, "plan") if args.calibrate else ["unused:0"]
     config = config_from_args(args, endpoints)
     data = synthetic_data(config)

@@ -20,9 +20,16 @@ def test_predicted_hit_rate_and_row_bytes_match_the_run(cluster, table_name, sta
     data = synthetic_data(config)
     names = [spec.name for spec in table_specs(config, data.num_features)]
     model = TrafficModel(
-        workload_profiles(config, data, names, 1), Workload(config.dim, config.batch_size)
+        workload_profiles(config, data, names, 1),
+        Workload(
+            config.dim,
+            config.batch_size,
+            state_floats=config.dim,
+            steps=config.steps,
+            flush_every=config.flush_every,
+        ),
     )
-    hot_rows = model.rows_for_budget(config.cache_mb * 2**20)
+    hot_rows = model.rows_for_budget(config.cache_mb * 2**20)  # adagrad: dim state floats
     predicted = model.traffic(hot_rows, staleness)
     report = train(config)
     assert 0.2 < report["cache_hit_rate"] < 0.95  # a hot set that matters, not all or nothing
@@ -32,3 +39,5 @@ def test_predicted_hit_rate_and_row_bytes_match_the_run(cluster, table_name, sta
         assert per_sample[category] == pytest.approx(
             report[f"bytes_{category}_per_sample"], rel=0.08
         ), category
+    written = predicted.writeback_rows * config.steps  # one write-back, at the end
+    assert written == pytest.approx(report["replica_rows_written_back"], rel=0.1)

@@ -29,7 +29,6 @@ def test_two_ranks_balance_their_share_and_report_stragglers(cluster, tmp_path, 
     subprocess.run(command, check=True, timeout=300, env=ENV, capture_output=True)
     report = json.loads(report_path.read_text())
     assert report["steps"] == 6 and report["balancer"] == "cost"
-    assert report["balance_cost"]["scale"] > 0  # timed on rank 0: longer costs more
     # The dense gradients are summed by hand: both ranks' parameters stay identical.
     assert len(set(report["dense_checksums"])) == 1
     assert len(report["compute_s_per_rank"]) == 2 and min(report["compute_s_per_rank"]) > 0

@@ -27,9 +27,8 @@ STEPS = 50
 
 def _cached(policy: str, overlap: bool = False):
     def build(client, specs, batches):
-        hot = profile_hot_ids(
-            batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM
-        )
+        per_row = cache_bytes_per_row(DIM)
+        hot = profile_hot_ids(batches[:5], [s.name for s in specs], 64 * per_row, per_row)
         caches = {
             s.name: HotEmbeddingCache(
                 DIM, max(1, len(hot[s.name])), policy, 0, 0, local_lr=0.3,
@@ -45,7 +44,8 @@ def _cached(policy: str, overlap: bool = False):
 
 
 def _replicated(client, specs, batches):
-    hot = profile_hot_ids(batches[:5], [s.name for s in specs], 64 * cache_bytes_per_row(DIM), DIM)
+    per_row = cache_bytes_per_row(DIM)
+    hot = profile_hot_ids(batches[:5], [s.name for s in specs], 64 * per_row, per_row)
     steps = StepClient(client, StepJob(f"sync-{uuid.uuid4().hex}", replica=True))
     cold = PipelinedRowSource(steps, staleness=0)
     source = ReplicatedRowSource(client, {s.name: s for s in specs}, hot, writer=True, cold=cold)

@@ -170,14 +170,15 @@ def _batch(values_per_feature: list[list[int]]) -> Batch:
 
 def test_profiler_keeps_the_globally_most_frequent_rows_within_budget():
     batches = [_batch([[1, 1, 1, 2], [7, 7, 8, 9]]), _batch([[1, 3, 3, 3], [7, 7, 7, 9]])]
-    hot = profile_hot_ids(batches, ["a", "b"], budget_bytes=3 * cache_bytes_per_row(DIM), dim=DIM)
+    per_row = cache_bytes_per_row(DIM)
+    hot = profile_hot_ids(batches, ["a", "b"], budget_bytes=3 * per_row, per_row=per_row)
     assert hot["a"].tolist() == [1, 3] and hot["b"].tolist() == [7]
     everything = profile_hot_ids(
-        batches, ["a", "b"], budget_bytes=10**9, dim=DIM
+        batches, ["a", "b"], budget_bytes=10**9, per_row=per_row
     )  # clamped to ids seen
     assert everything["a"].tolist() == [1, 2, 3] and everything["b"].tolist() == [7, 8, 9]
-    with pytest.raises(ValueError, match="holds no row of dim 4"):
-        profile_hot_ids(batches, ["a", "b"], budget_bytes=10, dim=DIM)
+    with pytest.raises(ValueError, match=f"holds no row \\({per_row} bytes each\\)"):
+        profile_hot_ids(batches, ["a", "b"], budget_bytes=10, per_row=per_row)
 
 
 class _OrderedFake(FakePSClient):

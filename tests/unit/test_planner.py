@@ -159,22 +159,29 @@ def _data(config):
 def test_plan_file_applies_to_its_workload_only(tmp_path):
     from ember.trainer.cache.profiler import profile_hot_ids
     from ember.trainer.plan.apply import workload_profiles
-    from ember.trainer.sources import profile_batches
+    from ember.trainer.sources import hot_row_bytes, profile_batches
 
-    config = _small_config()
+    config = _small_config(cache_mb=0.01)
     data, names = _data(config), ["a", "b"]
     plan = plan_for(config, workload_profiles(config, data, names, 1), FIGURES, 1)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps({**plan.to_json(), "workload": workload_of(config, 1)}))
-    planned = applied(_small_config(plan=str(path)), data, names, 1)
+    planned = applied(_small_config(cache_mb=0.01, plan=str(path)), data, names, 1)
     assert (planned.cache, planned.staleness) == ("replicated", plan.choice.staleness)
-    # The trainer's profiler keeps exactly the planned number of hot rows.
-    hot = profile_hot_ids(
-        profile_batches(planned, data, 0, 1), names, int(planned.cache_mb * 2**20), planned.dim
+    # The trainer's profiler keeps exactly the planned number of hot rows, fewer than seen.
+    assert (
+        0
+        < plan.choice.hot_rows
+        < TrafficModel(
+            workload_profiles(config, data, names, 1), Workload(dim=16, batch_size=64)
+        ).profiled_rows
     )
+    sample = profile_batches(planned, data, 0, 1)
+    budget = int(planned.cache_mb * 2**20)
+    hot = profile_hot_ids(sample, names, budget, hot_row_bytes(planned))
     assert sum(len(ids) for ids in hot.values()) == plan.choice.hot_rows
     with pytest.raises(ValueError, match="batch_size differ"):
-        applied(_small_config(plan=str(path), batch_size=128), data, names, 1)
+        applied(_small_config(cache_mb=0.01, plan=str(path), batch_size=128), data, names, 1)
     with pytest.raises(ValueError, match="cannot read the plan file"):
         applied(_small_config(plan=str(tmp_path / "missing.json")), data, names, 1)
 
@@ -188,7 +195,13 @@ def test_plan_auto_needs_figures(tmp_path):
     planned = applied(
         _small_config(plan="auto", plan_figures=str(figures)), _data(config), ["a", "b"], 1
     )
-    assert planned.plan == "" and planned.cache in ("none", "replicated")
+    from ember.trainer.plan.apply import workload_profiles
+
+    auto = _small_config(plan="auto", plan_figures=str(figures))
+    expected = plan_for(auto, workload_profiles(auto, _data(config), ["a", "b"], 1), FIGURES, 1)
+    assert planned.plan == "" and planned.staleness == expected.choice.staleness
+    assert planned.cache == ("replicated" if expected.choice.hot_rows else "none")
+    assert planned.cache_mb == pytest.approx(expected.choice.cache_mb(expected.hot_row_bytes))
     figures.write_text(json.dumps({"figures": {"cpu_exact": {"base_s": 1}}}))
     with pytest.raises(ValueError, match="malformed"):
         applied(_small_config(plan="auto", plan_figures=str(figures)), _data(config), ["a", "b"], 1)
@@ -236,7 +249,7 @@ def test_async_updates_plan_with_staleness_one_or_more():
 
 
 def test_figures_that_predict_no_time_are_refused():
-    with pytest.raises(ValueError, match="finite base > 0"):
+    with pytest.raises(ValueError, match="not both 0"):
         MachineFigures(CostLine(0.0, 0.0), CostLine(0.01, 0.0))
     with pytest.raises(ValueError, match="control_bytes_per_step"):
         MachineFigures(CostLine(0.01, 0.0), CostLine(0.01, 0.0), control_bytes_per_step=-1)
@@ -266,12 +279,37 @@ def test_a_plan_file_with_a_bad_choice_is_refused(tmp_path, choice, message):
 
 def test_writeback_is_the_hot_rows_drawn_between_write_backs_amortised():
     profile = zipf_profile("t", 3000, 1.1)
-    every_step = TrafficModel([profile], Workload(dim=8, batch_size=256, writeback_interval=1))
-    traffic = every_step.traffic(100, staleness=1)
-    hot = traffic.distinct_rows - traffic.cold_rows
-    assert traffic.bytes_writeback == pytest.approx(hot * (8 + 4 * 8 + 8))
-    rarely = TrafficModel(
-        [profile], Workload(dim=8, batch_size=256, state_floats=8, writeback_interval=50)
+    every_step = TrafficModel(
+        [profile], Workload(dim=8, batch_size=256, steps=10, flush_every=1)
     ).traffic(100, staleness=1)
-    assert rarely.bytes_writeback < traffic.bytes_writeback / 10  # hot rows repeat: amortised
-    assert rarely.bytes_writeback * 50 <= 100 * (8 + 4 * 16 + 8)  # at most every hot row once
+    hot = every_step.distinct_rows - every_step.cold_rows
+    assert every_step.writeback_rows == pytest.approx(hot)
+    assert every_step.bytes_writeback == pytest.approx(hot * (8 + 4 * 8 + 8))
+    at_the_end = TrafficModel(
+        [profile], Workload(dim=8, batch_size=256, state_floats=8, steps=50)
+    ).traffic(100, staleness=1)
+    assert at_the_end.writeback_rows < every_step.writeback_rows / 10  # hot rows repeat
+    assert at_the_end.writeback_rows * 50 <= 100  # at most every hot row, once
+    assert at_the_end.bytes_writeback == pytest.approx(at_the_end.writeback_rows * (8 + 64 + 8))
+    # 25 steps with a write-back every 10: two of 10 steps and the last of 5.
+    assert Workload(dim=8, batch_size=1, steps=25, flush_every=10).writeback_intervals == [
+        10, 10, 5,
+    ]  # fmt: skip
+
+
+def test_good_turing_keeps_count_order_and_the_head_as_counted():
+    """Counts 10, 6, 6, 5, 1, 1, 1 of a table with 20 ids: the frequent ids keep r / N, no
+    rarer id outweighs a commoner one, the once-seen mass goes to the 13 unseen ids."""
+    batch_ids = [0] * 10 + [1] * 6 + [2] * 6 + [3] * 5 + [4, 5, 6]
+    batch = Batch(
+        torch.zeros(len(batch_ids), 13),
+        [JaggedIds(torch.tensor(batch_ids), torch.arange(len(batch_ids) + 1))],
+        torch.zeros(len(batch_ids)),
+    )
+    (profile,) = counted_profile([batch], ["t"], [20])
+    total = len(batch_ids)
+    assert profile.probabilities[:3].tolist() == pytest.approx([10 / total, 6 / total, 6 / total])
+    assert bool((np.diff(profile.probabilities) <= 1e-12).all())
+    assert profile.unseen_ids == 13
+    assert profile.unseen_ids * profile.unseen_probability == pytest.approx(3 / total)
+    profile.validate()  # sums to 1

@@ -40,3 +40,29 @@ def test_scores_pair_each_sample_with_its_own_candidates():
 
     scores = _scores(representation, batch, rows, torch.zeros(2, 4, dtype=torch.float64))
     assert scores.tolist() == [[10, 11, 12], [20, 21, 22]]
+
+
+def test_a_file_too_small_to_train_on_is_refused_before_any_table(tmp_path):
+    import pytest
+    from ember.trainer.config import TrainConfig
+    from ember.trainer.train_sequences import _data
+
+    path = tmp_path / "views.csv"
+    path.write_text("1,5,1\n2,6,1\n3,7,1\n")  # every user has one interaction: no sample
+    config = TrainConfig(endpoints=("unused:0",), model="sasrec", interactions_path=str(path))
+    with pytest.raises(ValueError, match="0 training samples .* a sample per rank"):
+        _data(config, world=1)
+    with pytest.raises(ValueError, match="reading .*missing.csv failed: rank 0: FileNotFound"):
+        _data(
+            TrainConfig(**{**config.__dict__, "interactions_path": str(tmp_path / "missing.csv")}),
+            1,
+        )
+
+
+def test_file_popularity_counts_training_histories_and_targets(tmp_path):
+    from ember.trainer.data.interactions import InteractionsFile
+
+    path = tmp_path / "views.csv"
+    path.write_text("1,30,1\n1,20,2\n1,20,3\n2,30,1\n2,10,2\n")
+    data = InteractionsFile.read(path, max_len=5)
+    assert data.raw_items[data.popularity_ranking(3)].tolist() == [20, 30, 10]

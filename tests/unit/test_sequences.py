@@ -8,7 +8,6 @@ from ember.trainer.data.sequences import (
     SequenceBatch,
     SequenceStats,
     recent_history,
-    truncate_history,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,27 +28,17 @@ def _histories(batch: SequenceBatch) -> list[list[int]]:
     return [values[offsets[b] : offsets[b + 1]] for b in range(batch.batch_size)]
 
 
-@pytest.mark.parametrize("wrap", [list, np.array, torch.tensor])
-def test_truncation_keeps_the_most_recent_items(wrap):
-    kept, truncated = truncate_history(wrap([1, 2, 3, 4, 5]), 3)
-    assert list(kept) == [3, 4, 5] and truncated
-    kept, truncated = truncate_history(wrap([1, 2, 3]), 3)
-    assert list(kept) == [1, 2, 3] and not truncated
-
-
-def test_truncation_refuses_a_max_len_below_one():
+def test_recent_history_refuses_a_max_len_below_one():
     with pytest.raises(ValueError, match="max_len must be >= 1, got 0"):
-        truncate_history([1, 2], 0)
+        recent_history(np.arange(5), np.array([0]), np.array([2]), 0, SequenceStats())
 
 
-def test_recent_history_applies_the_truncation_rule_to_every_segment():
+def test_recent_history_keeps_each_segments_most_recent_items():
     flat = np.arange(100, 130, dtype=np.int64)
     starts, ends = np.array([0, 10, 12, 20]), np.array([7, 12, 13, 30])
     stats = SequenceStats()
     history = recent_history(flat, starts, ends, 4, stats)
-    expected = [
-        truncate_history(flat[s:e].tolist(), 4)[0] for s, e in zip(starts, ends, strict=True)
-    ]
+    expected = [flat[s:e].tolist()[-4:] for s, e in zip(starts, ends, strict=True)]
     assert _histories(SequenceBatch(torch.arange(4), history, torch.arange(4))) == expected
     assert stats.truncated == 2 and stats.dropped_empty == 0
 

@@ -38,7 +38,7 @@ def test_test_users_are_held_out_ids():
     train = torch.cat([data.batch(256, i).users for i in range(4)])
     test = torch.cat([data.batch(256, i, "test").users for i in range(4)])
     assert int(train.min()) >= 0 and int(train.max()) < 1_000
-    assert int(test.min()) >= 1_000 and int(test.max()) < data.num_user_ids == 1_100
+    assert int(test.min()) >= 1_000 and int(test.max()) < 1_100
 
 
 def test_lengths_are_heavy_tailed_and_cut_to_max_len_by_the_rule():

@@ -113,6 +113,11 @@ class ReplicatedRowSource:
         """Lookups served by replicated rows over all lookups."""
         return self.hits / self.lookups if self.lookups else 0.0
 
+    @property
+    def rows_written_back(self) -> int:
+        """Hot rows this rank wrote back to the shards so far (the writer's count)."""
+        return self.client.traffic.rows_pushed
+
     def warm(self) -> None:
         """Take the hot rows over: their weights, optimizer state and versions."""
         for table, ids in self.hot_ids.items():

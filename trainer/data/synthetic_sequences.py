@@ -8,7 +8,7 @@ the last history item predicts the target far better than popularity does.
 
 History lengths are heavy-tailed: a discretised lognormal with median
 ``median_length``, capped at ``length_cap``; histories longer than ``max_len``
-are cut by :func:`ember.trainer.data.sequences.truncate_history`'s rule and
+are cut by :func:`ember.trainer.data.sequences.recent_history`'s rule and
 counted. Every user has >= 2 interactions by construction, so none is dropped.
 
 Every batch is a pure function of (seed, split, index). Train users are ids in
@@ -107,11 +107,6 @@ class SyntheticSequences:
         keys = items[:, None] * config.successors + np.arange(config.successors)[None, :]
         uniform = hashed_uniform(config.seed, _SUCCESSOR_FEATURE, keys.ravel())
         self._successors = (uniform * config.num_items).astype(np.int64).reshape(keys.shape)
-
-    @property
-    def num_user_ids(self) -> int:
-        """Size of the user id space, train and test users together."""
-        return self.config.num_users + self.config.num_test_users
 
     def batch(self, batch_size: int, index: int, split: str = "train") -> SequenceBatch:
         """Batch ``index`` of ``split`` ("train" or "test"), a pure function of its arguments.

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from ember.kernels.optim import state_width
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
-from ember.trainer.cache.profiler import cache_bytes_per_row
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.synthetic import SyntheticCriteo
 from ember.trainer.pipeline import MAX_STALENESS
@@ -30,6 +29,7 @@ from ember.trainer.plan.planner import Plan, make_plan
 from ember.trainer.plan.profile import TableProfile, counted_profile
 from ember.trainer.plan.step_model import MachineFigures
 from ember.trainer.plan.traffic_model import TrafficModel, Workload
+from ember.trainer.sources import hot_row_bytes, profile_batches
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,6 @@ def workload_profiles(
     config: TrainConfig, data: SyntheticCriteo, feature_tables: list[str], world: int
 ) -> list[TableProfile]:
     """The id profile of the hot set's sample (part 0 of ``profile_batches`` batches)."""
-    from ember.trainer.sources import profile_batches
-
     if config.criteo_path is None:
         cardinalities = list(data.config.cardinalities)
     else:
@@ -66,7 +64,6 @@ def plan_for(
 
 def workload_for(config: TrainConfig, figures: MachineFigures, world: int) -> Workload:
     """What the traffic model needs to know of ``config``'s run."""
-    interval = min(config.flush_every, config.steps) if config.flush_every else config.steps
     return Workload(
         config.dim,
         config.batch_size,
@@ -74,7 +71,8 @@ def workload_for(config: TrainConfig, figures: MachineFigures, world: int) -> Wo
         row_bytes=RowDtype.parse(config.wire_dtype).itemsize * config.dim,
         control_bytes_per_step=figures.control_bytes_per_step,
         state_floats=state_width(OptimizerKind[config.optimizer.upper()], config.dim),
-        writeback_interval=interval,
+        steps=config.steps,
+        flush_every=config.flush_every,
     )
 
 
@@ -152,7 +150,8 @@ def _with_plan(config: TrainConfig, plan: dict, world: int) -> TrainConfig:
             f"the plan was made for another workload: {', '.join(different)} differ "
             "(make it again with `ember plan` and this run's flags)"
         )
-    hot_rows, cache_mb, staleness = _choice(plan, cache_bytes_per_row(config.dim))
+    replicated = dataclasses.replace(config, cache="replicated")
+    hot_rows, cache_mb, staleness = _choice(plan, hot_row_bytes(replicated))
     choice = plan["choice"]
     log.info(
         "plan: %d hot rows (%.2f MiB), staleness %d; predicted %.0f samples/s, %.2fx the "

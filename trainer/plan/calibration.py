@@ -18,6 +18,7 @@ from ember.ps_server.wire.row_dtype import RowDtype
 from ember.trainer.config import TrainConfig
 from ember.trainer.plan.step_model import CostLine, MachineFigures
 from ember.trainer.plan.traffic_model import ID_BYTES
+from ember.trainer.sources import hot_row_bytes
 from ember.trainer.train import train
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,11 @@ class CalibrationRun:
 
     cache_mb: float
     staleness: int
-    step_s: float
+    step_s: float  # without the run's last write-back
     cold_rows: float
     control_bytes_per_step: float
+    writeback_s: float  # the last write-back (and the drain of the updates in flight)
+    rows_written_back: int
 
 
 def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, list[CalibrationRun]]:
@@ -49,6 +52,14 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
         raise ValueError("calibrate in one process (not under torchrun)")
     if steps < 5:
         raise ValueError(f"a calibration run needs >= 5 steps, got {steps}")
+    smallest = config.cache_mb * min(CALIBRATION_SHARES) * 2**20
+    per_row = hot_row_bytes(dataclasses.replace(config, cache="replicated"))
+    if smallest < per_row:
+        raise ValueError(
+            f"calibration runs {min(CALIBRATION_SHARES):.4g} of the budget, which must hold a "
+            f"hot row ({per_row} bytes): give --cache-mb >= "
+            f"{per_row / min(CALIBRATION_SHARES) / 2**20:.3f}"
+        )
     base = dataclasses.replace(
         config, steps=steps, eval_batches=1, progress=False, run_dir="", metrics_port=None,
         cache="replicated", data_path="pipeline", update_mode="exact", plan="",
@@ -74,7 +85,13 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
             "calibrate with a budget (--cache-mb) whose hot set covers more of the lookups"
         )
     stale = [r.control_bytes_per_step for r in runs if r.staleness == 1]
-    figures = MachineFigures(lines[0], lines[1], control_bytes_per_step=sum(stale) / len(stale))
+    written = sum(r.rows_written_back for r in runs)
+    figures = MachineFigures(
+        lines[0],
+        lines[1],
+        control_bytes_per_step=sum(stale) / len(stale),
+        writeback_s_per_row=sum(r.writeback_s for r in runs) / written if written else 0.0,
+    )
     return figures, runs
 
 
@@ -91,9 +108,11 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
     run = CalibrationRun(
         cache_mb,
         staleness,
-        step_s=report["wall_s"] / report["steps"],
+        step_s=(report["wall_s"] - report["final_flush_s"]) / report["steps"],
         cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
         control_bytes_per_step=report["bytes_control_per_sample"] * batch,
+        writeback_s=report["final_flush_s"],
+        rows_written_back=report["replica_rows_written_back"],
     )
     log.info("calibration run %s: %s", name, run)
     return run

@@ -27,6 +27,7 @@ class Candidate:
     hit_rate: float
     cold_rows: float
     bytes_per_sample: dict[str, float]
+    writeback_bytes_per_step: float  # the hot rows' write-backs, amortised
     step_s: float
     bound: str
     samples_per_s: float
@@ -82,6 +83,7 @@ def evaluate(
         hit_rate=traffic.hit_rate,
         cold_rows=traffic.cold_rows,
         bytes_per_sample=traffic.per_sample(batch),
+        writeback_bytes_per_step=traffic.bytes_writeback,
         step_s=step.seconds,
         bound=step.bound,
         samples_per_s=batch * model.workload.ranks / step.seconds,
@@ -101,6 +103,16 @@ def make_plan(
     Raises:
         ValueError: a budget smaller than one hot row, or a staleness range that is empty
             or negative.
+
+    Example:
+        >>> from ember.trainer.plan.profile import zipf_profile
+        >>> from ember.trainer.plan.step_model import CostLine
+        >>> from ember.trainer.plan.traffic_model import Workload
+        >>> model = TrafficModel([zipf_profile("t", 10_000, 1.1)], Workload(16, 1024))
+        >>> cpu = CostLine(0.05, 2e-6)
+        >>> plan = make_plan(model, MachineFigures(cpu, cpu, bandwidth_mbit=25), 2**20, 1)
+        >>> plan.choice.staleness, bool(plan.predicted_gain > 1)
+        (1, True)
     """
     row_bytes = model.workload.hot_row_bytes
     if budget_bytes < row_bytes:
@@ -128,7 +140,7 @@ def plan_table(plan: Plan) -> str:
     """The candidates as a text table, the choice marked."""
     header = (
         f"{'hot rows':>9} {'MiB':>7} {'s':>2} {'hit rate':>8} {'cold/step':>9} "
-        f"{'B/sample':>9} {'step ms':>8} {'bound':>5} {'samples/s':>10}"
+        f"{'B/sample':>9} {'WB B/step':>9} {'step ms':>8} {'bound':>5} {'samples/s':>10}"
     )
     lines = [header]
     for c in plan.candidates:
@@ -136,11 +148,11 @@ def plan_table(plan: Plan) -> str:
         lines.append(
             f"{c.hot_rows:>9} {c.cache_mb(plan.hot_row_bytes):>7.2f} {c.staleness:>2} "
             f"{c.hit_rate:>8.3f} {c.cold_rows:>9.0f} {sum(c.bytes_per_sample.values()):>9.0f} "
-            f"{c.step_s * 1000:>8.1f} {c.bound:>5} {c.samples_per_s:>10.0f}{mark}"
+            f"{c.writeback_bytes_per_step:>9.0f} {c.step_s * 1000:>8.1f} {c.bound:>5} {c.samples_per_s:>10.0f}{mark}"
         )
     lines.append(
         f"plan: {plan.choice.hot_rows} hot rows, staleness {plan.choice.staleness}: predicted "
-        f"{plan.choice.samples_per_s:.0f} samples/s, {plan.predicted_gain:.2f}x the exact "
-        f"pipeline without a hot set"
+        f"{plan.choice.samples_per_s:.0f} samples/s, {plan.predicted_gain:.2f}x the "
+        f"pipeline without a hot set (staleness {plan.baseline.staleness})"
     )
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import torch
+from ember.trainer.cache.profiler import count_ids
 from ember.trainer.data.batch import Batch
 
 GOOD_TURING_MAX_COUNT = 5  # counts above this are frequent enough to be taken as they are
@@ -78,49 +78,50 @@ def counted_profile(
     """
     if len(cardinalities) != len(feature_tables):
         raise ValueError(f"{len(feature_tables)} features but {len(cardinalities)} cardinalities")
-    tables = list(dict.fromkeys(feature_tables))
-    seen: dict[str, list[torch.Tensor]] = {t: [] for t in tables}
-    samples = 0
-    for batch in batches:
-        if len(batch.sparse) != len(feature_tables):
-            raise ValueError(
-                f"the profile names {len(feature_tables)} features, a batch has {len(batch.sparse)}"
-            )
-        samples += batch.batch_size
-        for feature, table in zip(batch.sparse, feature_tables):
-            seen[table].append(feature.values)
+    counted, samples = count_ids(batches, feature_tables)
     if not samples:
         raise ValueError("the profile sample has no batch")
-    capacity = {t: 0 for t in tables}
+    capacity = dict.fromkeys(counted, 0)
     for table, cardinality in zip(feature_tables, cardinalities):
         capacity[table] = max(capacity[table], int(cardinality))
     profiles = []
-    for table in tables:
-        values = torch.cat(seen[table]) if seen[table] else torch.empty(0, dtype=torch.int64)
-        if not len(values):
+    for table, (_, counts) in counted.items():
+        if not len(counts):
             raise ValueError(f"table {table} is never looked up in the profile sample")
-        _, counts = torch.unique(values, return_counts=True)
         counts = np.sort(counts.numpy())[::-1]
-        profiles.append(_good_turing(table, counts, capacity[table], len(values) / samples))
+        profiles.append(_good_turing(table, counts, capacity[table], float(counts.sum()) / samples))
     return profiles
 
 
 def _good_turing(
     table: str, counts: np.ndarray, cardinality: int, per_sample: float
 ) -> TableProfile:
-    """A profile from descending counts: small counts replaced by Good-Turing's
-    ``(r + 1) n(r+1) / n(r)``, the mass of ids seen once left to the unseen ones."""
+    """A profile from descending counts (Good-Turing for the rare ids).
+
+    Counts above ``GOOD_TURING_MAX_COUNT`` keep ``r / N``. The ids seen once give their
+    mass, ``n(1) / N``, to the unseen ones (when the table has any). The rare ids, seen
+    ``r <= GOOD_TURING_MAX_COUNT`` times, are weighted ``min(r, (r + 1) n(r+1) / n(r))``,
+    kept in count order, and scaled to the mass left for them: ``sum r n(r)`` over
+    ``2 <= r <= GOOD_TURING_MAX_COUNT`` (over ``r >= 1`` when no id is unseen).
+    """
     total = float(counts.sum())
     frequency = np.bincount(counts, minlength=GOOD_TURING_MAX_COUNT + 2)
-    adjusted = counts.astype(np.float64)
+    weight = np.arange(GOOD_TURING_MAX_COUNT + 1, dtype=np.float64)
     for r in range(1, GOOD_TURING_MAX_COUNT + 1):
         if frequency[r] and frequency[r + 1]:
-            adjusted[counts == r] = (r + 1) * frequency[r + 1] / frequency[r]
+            weight[r] = min(r, (r + 1) * frequency[r + 1] / frequency[r])
+    weight = np.maximum.accumulate(weight)  # a rarer id never outweighs a commoner one
     unseen_ids = max(0, cardinality - len(counts))
     unseen_mass = frequency[1] / total if unseen_ids else 0.0
+    rare = counts <= GOOD_TURING_MAX_COUNT
+    probabilities = counts / total
+    if rare.any():
+        rare_mass = float(counts[rare].sum()) / total - unseen_mass
+        weights = weight[counts[rare]]
+        probabilities[rare] = weights / weights.sum() * rare_mass
     return TableProfile(
         table,
-        adjusted / adjusted.sum() * (1.0 - unseen_mass),
+        probabilities,
         counts.astype(np.float64),
         per_sample,
         unseen_ids,

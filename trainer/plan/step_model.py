@@ -15,9 +15,11 @@ its own update. Two things bound a step:
 The step takes the larger bound (``s >= 1``), or the CPU-bound step plus the
 exposed update (``s = 0``). With several ranks the hot rows' gradients are
 all-reduced inside every step (a ring moves ``2 (W-1)/W`` of their bytes per
-rank); their wire time is added, on the same link. Its CPU cost is not
-calibrated (calibration runs one process). So is the wire time of the hot
-rows' write-back, amortised per step (training waits for it).
+rank); their wire time is added, on the same link (their CPU cost is not
+calibrated: calibration runs one process). So are the hot rows' write-backs,
+amortised per step (training waits for them): their wire time and their
+calibrated CPU time per row. The CPU lines are fitted to steps without the
+run's last write-back, which is priced by that per-row figure instead.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ class CostLine:
 
     @classmethod
     def fit(cls, cold_rows: Sequence[float], seconds: Sequence[float]) -> CostLine:
-        """The least-squares line through measured ``(cold rows, seconds per step)`` pairs
-        (one pair: a line through the origin's slope; base and slope kept >= 0)."""
+        """The least-squares line through measured ``(cold rows, seconds per step)`` pairs,
+        base and slope kept >= 0 (one pair, or pairs at one cold-row count: a flat line at
+        their mean)."""
         if len(cold_rows) != len(seconds) or not len(seconds):
             raise ValueError("a cost line needs matching, non-empty cold rows and seconds")
         x, y = np.asarray(cold_rows, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
@@ -68,6 +71,8 @@ class MachineFigures:
         bandwidth_mbit: the link's rate each way (None: as fast as the calibration's).
         rtt_ms: the link's round trip beyond the calibration's.
         control_bytes_per_step: step messages' framing, measured by the calibration.
+        writeback_s_per_row: CPU seconds per hot row written back (measured by the
+            calibration; training waits for write-backs).
     """
 
     cpu_exact: CostLine
@@ -75,18 +80,19 @@ class MachineFigures:
     bandwidth_mbit: float | None = None
     rtt_ms: float = 0.0
     control_bytes_per_step: float = 0.0
+    writeback_s_per_row: float = 0.0
 
     def __post_init__(self) -> None:
         for line in (self.cpu_exact, self.cpu_stale):
-            if not (
-                math.isfinite(line.base_s)
-                and line.base_s > 0
-                and math.isfinite(line.per_cold_row_s)
-                and line.per_cold_row_s >= 0
-            ):
+            values = (line.base_s, line.per_cold_row_s)
+            if not all(math.isfinite(v) and v >= 0 for v in values) or not any(values):
                 raise ValueError(
-                    f"cost lines need a finite base > 0 and a finite slope >= 0, got {line}"
+                    f"cost lines need a finite base and slope >= 0, not both 0; got {line}"
                 )
+        if not (math.isfinite(self.writeback_s_per_row) and self.writeback_s_per_row >= 0):
+            raise ValueError(
+                f"writeback_s_per_row must be finite and >= 0, got {self.writeback_s_per_row}"
+            )
         if not (math.isfinite(self.control_bytes_per_step) and self.control_bytes_per_step >= 0):
             raise ValueError(
                 f"control_bytes_per_step must be finite and >= 0, got {self.control_bytes_per_step}"
@@ -116,6 +122,7 @@ class MachineFigures:
                 bandwidth_mbit=None if bandwidth is None else float(bandwidth),
                 rtt_ms=float(table.get("rtt_ms", 0.0)),
                 control_bytes_per_step=float(table.get("control_bytes_per_step", 0.0)),
+                writeback_s_per_row=float(table.get("writeback_s_per_row", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"machine figures: missing or malformed field ({error})") from None
@@ -150,8 +157,11 @@ def step_time(
 ) -> StepTime:
     """The predicted step time of ``traffic`` under ``staleness`` with ``ranks`` ranks."""
     rtt = figures.rtt_ms / 1000
-    blocking = figures.wire_seconds(  # inside the step: training waits for these
-        2 * (ranks - 1) / ranks * traffic.bytes_hot_allreduce + traffic.bytes_writeback
+    blocking = (
+        figures.wire_seconds(  # inside the step: training waits for these
+            2 * (ranks - 1) / ranks * traffic.bytes_hot_allreduce + traffic.bytes_writeback
+        )
+        + figures.writeback_s_per_row * traffic.writeback_rows
     )
     if staleness >= 1:
         cpu = figures.cpu_stale.at(traffic.cold_rows)
@@ -160,7 +170,7 @@ def step_time(
     cpu = figures.cpu_exact.at(traffic.cold_rows)
     collisions_down = traffic.collision_rows * (ID_BYTES + traffic.row_bytes)
     lookup_down = traffic.bytes_down - collisions_down
-    update_up = traffic.bytes_pushed + traffic.bytes_control / 2
+    update_up = traffic.bytes_up - ID_BYTES * traffic.cold_rows  # all but the lookup's ids
     exposed = figures.wire_seconds(update_up + collisions_down) + rtt + blocking
     link = figures.wire_seconds(lookup_down) + rtt
     return StepTime(max(cpu, link) + exposed, cpu, link + exposed)

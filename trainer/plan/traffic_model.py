@@ -9,19 +9,20 @@ rows, ``sum d_i^2`` for independent steps) come back with the update. With
 several ranks, the hot rows any rank touched (``d_i`` with ``W L`` lookups)
 have their gradients all-reduced. The hit rate is counted as the trainer
 counts it: the share of a step's distinct rows that are hot. Every
-``writeback_interval`` steps (and at the end) the writer rank writes the hot
-rows stepped since the last write-back to the shards, with their optimizer
-state: the hot ids drawn in that many steps of every rank; its bytes are
-given per step, amortised.
+``flush_every`` steps and at the end, the writer rank writes the hot rows
+stepped since the last write-back to the shards, with their optimizer state:
+the hot ids any rank drew in those steps; rows and bytes are given per step,
+amortised over the run.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-from ember.trainer.cache.profiler import cache_bytes_per_row
+from ember.trainer.cache.profiler import replica_bytes_per_row
 from ember.trainer.plan.profile import TableProfile
 
 ID_BYTES = 8
@@ -38,9 +39,10 @@ class Workload:
         row_bytes: bytes of a row (or gradient row) on the wire (4 * dim for float32).
         control_bytes_per_step: step messages' bytes beyond ids and rows (clocks, names,
             framing), measured by a calibration run (or 0).
-        state_floats: optimizer-state floats per row (written back with a hot row).
-        writeback_interval: steps between write-backs of the hot rows (the run's steps
-            when it writes back only at the end).
+        state_floats: optimizer-state floats per row (held and written back with a hot
+            row).
+        steps: the run's steps.
+        flush_every: steps between write-backs of the hot rows (0: at the end only).
     """
 
     dim: int
@@ -49,16 +51,20 @@ class Workload:
     row_bytes: int = 0
     control_bytes_per_step: float = 0.0
     state_floats: int = 0
-    writeback_interval: int = 1000
+    steps: int = 1000
+    flush_every: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.dim, self.batch_size, self.ranks, self.writeback_interval) < 1:
+        if min(self.dim, self.batch_size, self.ranks, self.steps) < 1:
             raise ValueError(
-                f"dim, batch_size, ranks and writeback_interval must be >= 1, got {self.dim}, "
-                f"{self.batch_size}, {self.ranks}, {self.writeback_interval}"
+                f"dim, batch_size, ranks and steps must be >= 1, got {self.dim}, "
+                f"{self.batch_size}, {self.ranks}, {self.steps}"
             )
-        if self.state_floats < 0:
-            raise ValueError(f"state_floats must be >= 0, got {self.state_floats}")
+        if self.state_floats < 0 or self.flush_every < 0:
+            raise ValueError(
+                f"state_floats and flush_every must be >= 0, got {self.state_floats}, "
+                f"{self.flush_every}"
+            )
         if not self.row_bytes:
             object.__setattr__(self, "row_bytes", 4 * self.dim)
 
@@ -69,8 +75,15 @@ class Workload:
 
     @property
     def hot_row_bytes(self) -> int:
-        """Trainer memory of one hot row (what a budget is divided by)."""
-        return cache_bytes_per_row(self.dim)
+        """Trainer memory of one replicated hot row (what a budget is divided by)."""
+        return replica_bytes_per_row(self.dim, self.state_floats)
+
+    @property
+    def writeback_intervals(self) -> list[int]:
+        """The steps each write-back of a run covers (the last may be shorter)."""
+        every = self.flush_every or self.steps
+        full, rest = divmod(self.steps, every)
+        return [every] * full + ([rest] if rest else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,17 +101,10 @@ class Traffic:
     bytes_pushed: float
     bytes_control: float
     bytes_hot_allreduce: float
-    bytes_writeback: float  # per step, amortised over the write-back interval
-
-    @property
-    def bytes_up(self) -> float:
-        """Bytes from the trainer to the shards: ids asked for, and the gradients."""
-        return ID_BYTES * self.cold_rows + self.bytes_pushed + self.bytes_control / 2
-
-    @property
-    def bytes_down(self) -> float:
-        """Bytes from the shards to the trainer: rows, and collision rows."""
-        return self.bytes_pulled - ID_BYTES * self.cold_rows + self.bytes_control / 2
+    bytes_up: float  # to the shards: ids asked for, gradients, refresh ids, framing
+    bytes_down: float  # from the shards: rows, collision rows and their positions, framing
+    writeback_rows: float  # hot rows written back, per step (amortised over the run)
+    bytes_writeback: float  # their bytes, per step
 
     def per_sample(self, batch_size: int) -> dict[str, float]:
         """Bytes per sample by category."""
@@ -116,6 +122,13 @@ class TrafficModel:
     The hot set of ``k`` rows is the first ``k`` profiled ids over all tables by rank key:
     for a counted profile, what the trainer's profiler picks from the same sample (the
     most counted); for a law, its most probable ids (an oracle hot set).
+
+    Example:
+        >>> from ember.trainer.plan.profile import zipf_profile
+        >>> model = TrafficModel([zipf_profile("t", 1000, 1.2)], Workload(dim=8, batch_size=64))
+        >>> traffic = model.traffic(hot_rows=50, staleness=1)
+        >>> bool(0 < traffic.cold_rows < traffic.distinct_rows <= 64)
+        True
     """
 
     def __init__(self, profiles: Sequence[TableProfile], workload: Workload) -> None:
@@ -166,7 +179,7 @@ class TrafficModel:
         if not 0 <= hot_rows <= self.profiled_rows:
             raise ValueError(f"hot_rows must be in 0..{self.profiled_rows}, got {hot_rows}")
         per_table = np.bincount(self._owners_by_rank[:hot_rows], minlength=len(self.profiles))
-        distinct = hot = cold = collisions = union_hot = dirty = 0.0
+        distinct = hot = cold = collisions = union_hot = 0.0
         for t, k in enumerate(per_table):
             table_distinct = self._cumulative[t][-1] + self._unseen[t]
             table_hot = self._cumulative[t][k]
@@ -179,19 +192,15 @@ class TrafficModel:
                 + self._unseen_collisions[t]
             )
             union_hot += float(self._all_ranks[t][:k].sum())
-            dirty += float(
-                _presence(
-                    self.profiles[t].probabilities[:k],
-                    self._lookups[t] * self.workload.ranks * self.workload.writeback_interval,
-                ).sum()
-            )
         w = self.workload
         collisions = collisions if staleness == 0 else 0.0
         row = w.row_bytes
-        # With staleness 0 the update also names the next step's cold ids (control) and
-        # its answer carries the collision rows with their positions.
-        refresh_control = ID_BYTES * (cold + collisions) if staleness == 0 else 0.0
+        # With staleness 0 the update also names the next step's cold ids (up) and its
+        # answer carries the collision rows with their positions (down); both are control.
+        refresh_ids = ID_BYTES * cold if staleness == 0 else 0.0
+        positions = ID_BYTES * collisions
         allreduce = (hot_rows + 1 + 4 * w.dim * union_hot) if w.ranks > 1 else 0.0
+        writeback_rows = self._written_back(per_table) / w.steps
         return Traffic(
             hot_rows=hot_rows,
             row_bytes=row,
@@ -201,10 +210,23 @@ class TrafficModel:
             collision_rows=collisions,
             bytes_pulled=cold * (ID_BYTES + row) + collisions * row,
             bytes_pushed=cold * (ID_BYTES + row),
-            bytes_control=w.control_bytes_per_step + refresh_control,
+            bytes_control=w.control_bytes_per_step + refresh_ids + positions,
             bytes_hot_allreduce=allreduce,
-            bytes_writeback=dirty * w.writeback_row_bytes / w.writeback_interval,
+            bytes_up=cold * (2 * ID_BYTES + row) + refresh_ids + w.control_bytes_per_step / 2,
+            bytes_down=(cold + collisions) * row + positions + w.control_bytes_per_step / 2,
+            writeback_rows=writeback_rows,
+            bytes_writeback=writeback_rows * w.writeback_row_bytes,
         )
+
+    def _written_back(self, hot_per_table: np.ndarray) -> float:
+        """Hot rows a run writes back: per write-back, those any rank drew since the last."""
+        w, rows = self.workload, 0.0
+        for steps, times in collections.Counter(w.writeback_intervals).items():
+            for t, k in enumerate(hot_per_table):
+                lookups = self._lookups[t] * w.ranks * steps
+                drawn = float(_presence(self.profiles[t].probabilities[:k], lookups).sum())
+                rows += times * drawn
+        return rows
 
 
 def _presence(probabilities: np.ndarray, lookups: float) -> np.ndarray:
