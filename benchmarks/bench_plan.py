@@ -69,7 +69,8 @@ def measure(
     """Train with ``rows`` hot rows at ``staleness`` and compare with the prediction."""
     predicted = evaluate(model, figures, rows, staleness)
     config = dataclasses.replace(
-        base, cache="replicated", cache_mb=predicted.cache_mb(model.workload.hot_row_bytes),
+        base, cache="replicated" if rows else "none",
+        cache_mb=predicted.cache_mb(model.workload.hot_row_bytes) if rows else base.cache_mb,
         staleness=staleness, table_prefix=prefix,
     )  # fmt: skip
     report = train(config)
