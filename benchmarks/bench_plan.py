@@ -139,7 +139,7 @@ def main() -> int:
     parser.add_argument(
         "--rates-mbit", type=lambda s: [float(x) for x in s.split(",") if x], default=[10.0, 25.0]
     )
-    parser.add_argument("--calibration-steps", type=int, default=40)
+    parser.add_argument("--calibration-steps", type=int, default=60)
     add_json_flag(parser)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

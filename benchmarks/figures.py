@@ -38,12 +38,12 @@ class Figures:
         self, name: str, value: float, at_least: float | None = None, at_most: float | None = None
     ) -> None:
         """Record ``value``; with a bound, whether it met it."""
-        target, met = "", None
+        target, met, value = "", None, float(value)  # numpy scalars are not JSON
         if at_least is not None:
             target, met = f">= {at_least:g}", value >= at_least
         elif at_most is not None:
             target, met = f"<= {at_most:g}", value <= at_most
-        self.items.append(Figure(name, float(value), target, met))
+        self.items.append(Figure(name, value, target, met))
 
     def write(self, path: Path | None, details: Any = None) -> None:
         """Write ``{"figures": [...], "details": details}`` as JSON to ``path`` (nothing when
