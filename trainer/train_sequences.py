@@ -50,6 +50,7 @@ from ember.trainer.models.sasrec import (
     sample_negatives,
     sampled_softmax_loss,
 )
+from ember.trainer.rank_zero import decided_on_rank_zero
 from ember.trainer.sources import TimedSource, build_row_source, close, flush
 
 log = logging.getLogger(__name__)
@@ -244,26 +245,28 @@ def _sum_over_ranks(model: torch.nn.Module, world: int) -> None:
         start += grad.numel()
 
 
+def _every_rank(values: list[float], world: int, device: torch.device) -> list[list[float]]:
+    """Each rank's ``values`` (float64), rank by rank."""
+    if world == 1:
+        return [values]
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
+
+
 def _checksums(model: torch.nn.Module, world: int, device: torch.device) -> list[float]:
     """Every rank's sum of its dense parameters (equal when the ranks stayed in step)."""
-    mine = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
-    if world == 1:
-        return [float(mine)]
-    every = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine.to(device))
-    return [float(t) for t in every]
+    mine = float(torch.stack([p.detach().double().sum() for p in model.parameters()]).sum())
+    return [rank[0] for rank in _every_rank([mine], world, device)]
 
 
 def _gathered(
     seconds: float, loss: float, world: int, device: torch.device
 ) -> tuple[list[float], float]:
     """Every rank's compute seconds of this step, and the global batch's mean loss."""
-    if world == 1:
-        return [seconds], loss
-    mine = torch.tensor([seconds, loss], dtype=torch.float64, device=device)
-    every = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(every, mine)
-    return [float(t[0]) for t in every], float(sum(t[1] for t in every))
+    every = _every_rank([seconds, loss], world, device)
+    return [rank[0] for rank in every], sum(rank[1] for rank in every)
 
 
 def _sample_cost(
@@ -277,16 +280,12 @@ def _sample_cost(
         return SampleCost(config.balance_alpha, fixed=config.balance_fixed)
     if world == 1:
         return SampleCost()  # one rank: nothing to balance
-    outcome: list = [SampleCost(), ""]  # the cost, or why there is none
-    if dist.get_rank() == 0:
-        try:
-            outcome[0] = calibrated_cost(model, config, device)
-        except Exception as error:  # noqa: BLE001 - raised on every rank below
-            outcome[1] = f"calibrating the balancer's cost on rank 0 failed: {error}"
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[1]:
-        raise RuntimeError(outcome[1])
-    return outcome[0]
+    return decided_on_rank_zero(
+        lambda: calibrated_cost(model, config, device),
+        world,
+        "calibrating the balancer's cost",
+        error=RuntimeError,
+    )
 
 
 def calibrated_cost(model: SASRec, config: TrainConfig, device: torch.device) -> SampleCost:

@@ -18,7 +18,6 @@ import logging
 import math
 from pathlib import Path
 
-import torch.distributed as dist
 from ember.kernels.optim import state_width
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
@@ -29,6 +28,7 @@ from ember.trainer.plan.planner import Plan, make_plan
 from ember.trainer.plan.profile import TableProfile, counted_profile
 from ember.trainer.plan.step_model import MachineFigures
 from ember.trainer.plan.traffic_model import TrafficModel, Workload
+from ember.trainer.rank_zero import decided_on_rank_zero
 from ember.trainer.sources import hot_row_bytes, profile_batches
 
 log = logging.getLogger(__name__)
@@ -93,17 +93,10 @@ def applied(
     """
     if not config.plan:
         return config
-    outcome: list = [None, None]  # the plan, or why there is none
-    if world == 1 or dist.get_rank() == 0:
-        try:
-            outcome[0] = _plan_document(config, data, feature_tables, world)
-        except Exception as error:  # noqa: BLE001 - every rank raises it below
-            outcome[1] = str(error) if isinstance(error, ValueError) else repr(error)
-    if world > 1:
-        dist.broadcast_object_list(outcome, src=0)
-    if outcome[1] is not None:
-        raise ValueError(f"planning on rank 0 failed: {outcome[1]}")
-    return _with_plan(config, outcome[0], world)
+    plan = decided_on_rank_zero(
+        lambda: _plan_document(config, data, feature_tables, world), world, "planning"
+    )
+    return _with_plan(config, plan, world)
 
 
 def _plan_document(
