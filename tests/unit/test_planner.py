@@ -1,5 +1,6 @@
 """The planner's traffic model against simulated batches, its profiles, and its choice."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -108,8 +109,17 @@ def test_step_time_bounds():
     assert step_time(traffic, 1, FIGURES).seconds == pytest.approx(0.04 + 1e-6 * traffic.cold_rows)
     slow = FIGURES.on_link(2.0, rtt_ms=2)
     link = max(traffic.bytes_up, traffic.bytes_down) * 8 / 2e6 + 0.002
-    assert step_time(traffic, 1, slow).seconds == pytest.approx(link)
-    assert step_time(traffic, 1, slow).bound == "link"
+    assert step_time(traffic, 4, slow).seconds == pytest.approx(link)  # staleness hides the chain
+    assert step_time(traffic, 4, slow).bound == "link"
+    # CPU and link about equal: the update-then-parked-lookup chain sets the pace
+    both_ways = (traffic.bytes_up + traffic.bytes_down) * 8 / 2e6
+    even = dataclasses.replace(FIGURES, cpu_stale=CostLine(link, 0.0)).on_link(2.0, rtt_ms=2)
+    for staleness in (1, 2, 3):
+        chained = step_time(traffic, staleness, even)
+        assert chained.seconds == pytest.approx(
+            max(link, (link + both_ways + 0.002) / (staleness + 1))
+        )
+    assert step_time(traffic, 1, even).bound == "chain"
     exact = model.traffic(0, staleness=0)
     assert step_time(exact, 0, slow).seconds > step_time(exact, 0, FIGURES).seconds + 0.002
 
