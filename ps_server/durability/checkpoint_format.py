@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from ember.ps_server.durability.durable_files import DurableWriter, verify_file, write_durably
-from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
 from ember.ps_server.stores import RowBatch
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.table_spec import TableSpec
@@ -131,8 +131,17 @@ class Manifest:
         Raises:
             DurableFileCorruptError: the same shard count, but the manifest lists no files
                 of ``shard``.
+            CheckpointStateError: another shard count, and the checkpoint holds only some
+                shards' files (a shard's automatic checkpoint): the rest would be lost.
         """
         if self.num_shards != num_shards:
+            if sorted(self.files) != list(range(self.num_shards)):
+                raise CheckpointStateError(
+                    f"checkpoint {self.id} holds the rows of shard(s) {sorted(self.files)} of "
+                    f"{self.num_shards} only (a shard's automatic checkpoint): it restores onto "
+                    f"that shard of {self.num_shards} only, not onto {num_shards} shards. "
+                    "Reshard from a checkpoint of the whole cluster (ember checkpoint)"
+                )
             return [entry for entries in self.files.values() for entry in entries]
         if shard not in self.files:
             raise DurableFileCorruptError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,10 +64,11 @@ class ShardCheckpoints:
     def __init__(self, server: ParameterServer, root: str = "") -> None:
         self._server = server
         self._root = Path(os.path.realpath(root)) if root else None
+        self._lock = threading.Lock()  # one checkpoint's write or commit at a time
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
-        self._committed_checkpoint: str | None = None  # base of the next incremental one
+        self._committed_directory: Path | None = None  # base of the next incremental one
 
     def pause(self, checkpoint_id: str, lease_s: float) -> None:
         """Finish writes in flight and hold new ones for ``checkpoint_id`` (see WriteGate).
@@ -112,23 +114,30 @@ class ShardCheckpoints:
         self._reach_cut(checkpoint_id, check_cut(cut or {}))
         self._server.gate.claim(checkpoint_id)
         try:
-            if base_id and base_id != self._committed_checkpoint:
-                raise CheckpointStateError(
-                    f"incremental checkpoint on base {base_id!r} refused: this shard's last "
-                    f"committed checkpoint is {self._committed_checkpoint!r}; take a full one"
-                )
-            tables = list(self._server.tables().values())
-            write_log = self._server.journal.log
-            self._written_log_segment = write_log.rotate() if write_log is not None else 0
-            files = write_shard_files(
-                tables, self._server.shard, self._server.num_shards, target, bool(base_id),
-                self._server.steps.clocks.snapshot(), self._server.steps.replicas.snapshot(),
-            )  # fmt: skip
-            self._server.fault.check()  # nothing read while the shard failed is a checkpoint
-            self._written_checkpoint, self._written_directory = checkpoint_id, target
-            return files, [table.spec for table in tables]
+            with self._lock:
+                return self._write_files(checkpoint_id, target, base_id)
         finally:
             self._server.gate.resume(checkpoint_id)
+
+    def _write_files(
+        self, checkpoint_id: str, target: Path, base_id: str
+    ) -> tuple[list[FileEntry], list[TableSpec]]:
+        """:meth:`write`'s files, under the pause and this object's lock."""
+        if base_id and target.parent / base_id != self._committed_directory:
+            raise CheckpointStateError(
+                f"incremental checkpoint on base {base_id!r} refused: this shard's last "
+                f"committed checkpoint is {self._committed_directory}; take a full one"
+            )
+        tables = list(self._server.tables().values())
+        write_log = self._server.journal.log
+        self._written_log_segment = write_log.rotate() if write_log is not None else 0
+        files = write_shard_files(
+            tables, self._server.shard, self._server.num_shards, target, bool(base_id),
+            self._server.steps.clocks.snapshot(), self._server.steps.replicas.snapshot(),
+        )  # fmt: skip
+        self._server.fault.check()  # nothing read while the shard failed is a checkpoint
+        self._written_checkpoint, self._written_directory = checkpoint_id, target
+        return files, [table.spec for table in tables]
 
     def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
         """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause."""
@@ -152,17 +161,24 @@ class ShardCheckpoints:
         the checkpoint as the one to restore before replaying the rest.
         """
         self._server.fault.check()
-        if checkpoint_id != self._written_checkpoint:
-            raise CheckpointStateError(
-                f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
-                f"{self._written_checkpoint!r}"
-            )
-        for table in self._server.tables().values():
-            table.changes.commit()
-        self._committed_checkpoint = checkpoint_id
-        write_log = self._server.journal.log
-        if write_log is not None:
-            write_log.commit_base(self._written_directory, self._written_log_segment)
+        with self._lock:
+            if checkpoint_id != self._written_checkpoint:
+                raise CheckpointStateError(
+                    f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
+                    f"{self._written_checkpoint!r}"
+                )
+            for table in self._server.tables().values():
+                table.changes.commit()
+            self._committed_directory = self._written_directory
+            write_log = self._server.journal.log
+            if write_log is not None:
+                write_log.commit_base(self._written_directory, self._written_log_segment)
+
+    @property
+    def committed_directory(self) -> Path | None:
+        """The last checkpoint committed here (restored or written): the base of the next
+        incremental one, and the one the write log continues from."""
+        return self._committed_directory
 
     def checked_directory(self, directory: str) -> Path:
         """``directory`` resolved, if it lies under the checkpoint root.
@@ -226,7 +242,8 @@ class ShardCheckpoints:
             meta = _shard_meta(*chain[-1], self._server.shard, self._server.num_shards)
             self._server.steps.clocks.restore(meta.get("step_clocks", {}))
             self._server.steps.replicas.restore(meta.get("replica_jobs", {}))
-        self._committed_checkpoint = self._written_checkpoint = latest.id
+        with self._lock:
+            self._committed_directory, self._written_checkpoint = chain[-1][0], None
         return rows
 
 

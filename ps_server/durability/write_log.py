@@ -18,7 +18,9 @@ logs or a checkpoint base of another shard count.
 
 A checkpoint :meth:`rotate`\\s to a new segment under its write pause and,
 once durable, :meth:`commit_base` records it in ``shard-S-of-N.base.json``
-and deletes the segments it covers. Replay reads the segments from the base
+and deletes the segments it covers. :attr:`bytes_since_base` is the size of
+the log a restart replays; ``on_append`` hears it after every record (what
+automatic checkpoints wake on). Replay reads the segments from the base
 on. Only a torn last record (see :func:`log_records.is_torn_tail`) is cut off, with a
 warning; any other damage stops the start, naming the file and byte offset.
 """
@@ -95,6 +97,9 @@ class WriteLog:
         self._fsync_failed = False  # after a failed fsync, another proves nothing: none more
         # Told each fsync's seconds (the shard's metrics).
         self.on_fsync: Callable[[float], None] | None = None
+        # Told the bytes a restart would replay after each record (automatic checkpoints).
+        self.on_append: Callable[[int], None] | None = None
+        self._since_base = 0
         self._segment = 0
         self._segment_bytes = 0
         self._lock_file = None
@@ -211,6 +216,7 @@ class WriteLog:
         _, first = self.base()
         self._segment = max([first - 1, *self.segments()]) + 1
         self._fd, self._segment_bytes = self._open_segment(self._segment), 0
+        self._since_base = self._segment_sizes(first)
         if self.fsync == "interval":
             self._syncer = threading.Thread(
                 target=self._sync_periodically, name="ember-wal-sync", daemon=True
@@ -249,7 +255,11 @@ class WriteLog:
                 )
             self._segment_bytes += FRAMING + length
             self._appended += FRAMING + length
-            return self._appended
+            self._since_base += FRAMING + length
+            ticket, since_base = self._appended, self._since_base
+        if self.on_append is not None:
+            self.on_append(since_base)
+        return ticket
 
     def sync(self, ticket: int) -> None:
         """Return once the record of ``ticket`` is durable (under ``interval``, at once);
@@ -292,12 +302,28 @@ class WriteLog:
             _close_quietly(old_fd, self._segment_path(self._segment - 1))
             return self._segment
 
+    @property
+    def bytes_since_base(self) -> int:
+        """Bytes of the segments after the base checkpoint: what a restart replays."""
+        return self._since_base
+
     def commit_base(self, checkpoint: Path, segment: int) -> None:
         """Record ``checkpoint`` (covering segments before ``segment``) and delete those."""
+        self.record_base(checkpoint, segment)
+        self.drop_segments_before(segment)
+
+    def record_base(self, checkpoint: Path, segment: int) -> None:
+        """Write ``checkpoint`` and the first segment after it durably into the base file:
+        from now on a restart restores it and replays from ``segment``."""
         write_durably(
             self.base_path,
             json.dumps({"checkpoint": str(checkpoint), "segment": segment}).encode(),
         )
+        with self._append_lock:  # no record half written: the files' sizes are exact
+            self._since_base = self._segment_sizes(segment)
+
+    def drop_segments_before(self, segment: int) -> None:
+        """Delete the segments a recorded base covers (a restart skips them anyway)."""
         for number in self.segments():
             if number < segment:
                 self._segment_path(number).unlink()
@@ -388,6 +414,10 @@ class WriteLog:
             os.ftruncate(self._fd, size)
         except OSError as error:
             log.error("cannot cut the partial record off %s: %s", self.directory, error)
+
+    def _segment_sizes(self, first: int) -> int:
+        """Bytes in the segments numbered ``first`` or later."""
+        return sum(self._segment_path(n).stat().st_size for n in self.segments() if n >= first)
 
     def _segment_path(self, number: int) -> Path:
         return self.directory / f"{self._prefix}.{number:08d}.wal"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.stores import check_store_url
@@ -62,6 +63,23 @@ class ShardConfig:
         "",
         "the only directory checkpoint requests may write under (absolute); without it the "
         "shard refuses checkpoints",
+    )
+    wal_max_bytes: int | None = setting(
+        None,
+        "checkpoint this shard by itself (under --checkpoint-root/auto) once its write-ahead "
+        "log holds this many bytes since its last checkpoint: bounds the log on disk and the "
+        "replay at restart (README, Durability). At least one record of the largest request "
+        "(--max-message-bytes plus a record's framing); off by default",
+    )
+    checkpoint_interval_s: float | None = setting(
+        None,
+        "also checkpoint by itself this often, while its log holds anything since its last "
+        "checkpoint; off by default",
+    )
+    checkpoint_keep: int = setting(
+        2,
+        "automatic checkpoints kept, with the earlier ones their increments need; older "
+        "ones are deleted",
     )
     accept_empty_store: bool = setting(
         False,
@@ -132,6 +150,7 @@ class ShardConfig:
             raise ValueError(f"wal_fsync must be one of {FSYNC_POLICIES}, got {self.wal_fsync!r}")
         if not self.wal_fsync_interval_s > 0:
             raise ValueError(f"wal_fsync_interval_s must be > 0, got {self.wal_fsync_interval_s}")
+        self._validate_auto_checkpoints()
         if self.checkpoint_root and not self.checkpoint_root.startswith("/"):
             raise ValueError(
                 f"checkpoint_root must be an absolute path, got {self.checkpoint_root!r}"
@@ -140,6 +159,31 @@ class ShardConfig:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+
+    @property
+    def auto_checkpoints(self) -> bool:
+        """Whether the shard checkpoints itself (a log size or an interval is set)."""
+        return self.wal_max_bytes is not None or self.checkpoint_interval_s is not None
+
+    def _validate_auto_checkpoints(self) -> None:
+        smallest = self.max_message_bytes + FRAMING  # one record of the largest request
+        if self.wal_max_bytes is not None and self.wal_max_bytes < smallest:
+            raise ValueError(
+                f"wal_max_bytes must hold one record of the largest request, {smallest} bytes "
+                f"(--max-message-bytes {self.max_message_bytes} plus {FRAMING} of framing); "
+                f"got {self.wal_max_bytes}"
+            )
+        interval = self.checkpoint_interval_s
+        if interval is not None and not 0 < interval < float("inf"):
+            raise ValueError(f"checkpoint_interval_s must be > 0 and finite, got {interval}")
+        if self.checkpoint_keep < 1:
+            raise ValueError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if self.auto_checkpoints and not (self.wal and self.checkpoint_root):
+            raise ValueError(
+                "automatic checkpoints (wal_max_bytes, checkpoint_interval_s) bound a "
+                "write-ahead log and are written under the checkpoint root: give --wal and "
+                "--checkpoint-root too"
+            )
 
     def check_ucx_trust(self) -> None:
         """Refuse UCX beside TLS unless ``ucx_unencrypted`` says the network is trusted:

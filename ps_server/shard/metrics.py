@@ -199,4 +199,24 @@ class _ShardCollector(Collector):
         for job, applied in self._logic.steps.clocks.applied_by_job().items():
             watermark.add_metric([job], min(applied))
             lag.add_metric([job], max(applied) - min(applied))
-        yield from (rows, size, *counters.values(), watermark, lag)
+        yield from (rows, size, *counters.values(), watermark, lag, *self._durability())
+
+    def _durability(self) -> Iterator[Any]:
+        """The write-ahead log's size since its checkpoint, and the automatic checkpoints."""
+        write_log, auto = self._logic.journal.log, self._logic.auto_checkpoints
+        if write_log is not None:
+            wal = GaugeMetricFamily(
+                "ember_shard_wal_bytes",
+                "Bytes of write-ahead log since the last checkpoint (what a restart replays)",
+            )
+            wal.add_metric([], write_log.bytes_since_base)
+            yield wal
+        if auto is not None:
+            taken = CounterMetricFamily(
+                "ember_shard_auto_checkpoints",
+                "Automatic checkpoints, by result",
+                labels=["result"],
+            )
+            taken.add_metric(["ok"], auto.taken)
+            taken.add_metric(["failed"], auto.failed)
+            yield taken

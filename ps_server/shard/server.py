@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import torch
 from ember.kernels.optim import state_width
+from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints
 from ember.ps_server.durability.journal import WriteJournal
 from ember.ps_server.durability.shard_checkpoint import ShardCheckpoints
 from ember.ps_server.durability.shard_fault import ShardFault
@@ -120,6 +121,7 @@ class ParameterServer:
         self.gate = WriteGate()
         self.journal = WriteJournal()
         self.checkpoints = ShardCheckpoints(self, checkpoint_root)
+        self.auto_checkpoints: AutoCheckpoints | None = None  # the shard process starts them
         self.steps = StepService(self)
 
     def create_table(self, spec: TableSpec) -> bool:

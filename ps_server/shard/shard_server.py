@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import torch
 from ember.kernels.loader import native_ops_available
+from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPolicy, auto_directory
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
@@ -52,6 +54,7 @@ class ShardServer:
         health_servicer: health.HealthServicer,
         ucx_listener: UcxListener | None = None,
         metrics_endpoint: MetricsEndpoint | None = None,
+        auto_checkpoints: AutoCheckpoints | None = None,
     ) -> None:
         self.config = config
         self.logic = logic
@@ -60,6 +63,7 @@ class ShardServer:
         self._health = health_servicer
         self._ucx_listener = ucx_listener
         self.metrics_endpoint = metrics_endpoint
+        self._auto_checkpoints = auto_checkpoints
 
     @property
     def endpoint(self) -> str:
@@ -98,7 +102,7 @@ class ShardServer:
             if metrics is not None
             else None
         )
-        ucx_listener = None
+        ucx_listener = grpc_server = None
         try:
             recover(logic, config)
             if metrics is not None and logic.journal.log is not None:
@@ -108,7 +112,10 @@ class ShardServer:
             grpc_server, port, health_servicer = cls._start_grpc(
                 config, logic, ucx_listener, [*counting, *_token_check(token)], credentials
             )
+            auto = _start_auto_checkpoints(config, logic, _health_reporter(health_servicer, logic))
         except BaseException:
+            if grpc_server is not None:
+                grpc_server.stop(0)
             if ucx_listener is not None:
                 ucx_listener.close(grace_s=0)
             if endpoint is not None:
@@ -129,7 +136,7 @@ class ShardServer:
             )
         elif credentials is not None and not (token or config.tls_client_ca):
             log.warning("TLS without a token or mutual TLS encrypts calls but admits anyone")
-        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener, endpoint)
+        return cls(config, logic, grpc_server, port, health_servicer, ucx_listener, endpoint, auto)
 
     @staticmethod
     def _start_grpc(
@@ -165,14 +172,9 @@ class ShardServer:
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
         grpc_server.start()
-        for service in ("", SERVICE_NAME):
-            health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-
-        def report_unhealthy(reason: str) -> None:
-            for service in ("", SERVICE_NAME):
-                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-
-        logic.fault.on_trip(report_unhealthy)
+        report = _health_reporter(health_servicer, logic)
+        report(None)
+        logic.fault.on_trip(report)
         return grpc_server, port, health_servicer
 
     def write_ready_file(self, path: Path) -> None:
@@ -195,6 +197,8 @@ class ShardServer:
         if self._ucx_listener is not None:
             self._ucx_listener.close(grace_s)
         stopped.wait()
+        if self._auto_checkpoints is not None:
+            self._auto_checkpoints.close()
         self.logic.flush()
         self.logic.journal.close()
         if self.metrics_endpoint is not None:
@@ -203,6 +207,42 @@ class ShardServer:
     def wait(self) -> None:
         """Block until the server stops."""
         self._grpc_server.wait_for_termination()
+
+
+def _health_reporter(
+    health_servicer: health.HealthServicer, logic: ParameterServer
+) -> Callable[[str | None], None]:
+    """Sets the health of every service: SERVING when told None and the shard has not failed,
+    else NOT_SERVING (told a reason: the shard failed, or cannot checkpoint itself)."""
+
+    def report(reason: str | None) -> None:
+        serving = reason is None and logic.fault.reason is None
+        status = health_pb2.HealthCheckResponse.SERVING if serving else (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        )  # fmt: skip
+        for service in ("", SERVICE_NAME):
+            health_servicer.set(service, status)
+
+    return report
+
+
+def _start_auto_checkpoints(
+    config: ShardConfig, logic: ParameterServer, report: Callable[[str | None], None]
+) -> AutoCheckpoints | None:
+    """The shard's own checkpointing thread, started, where ``config`` asks for one."""
+    if not config.auto_checkpoints:
+        return None
+    root = Path(os.path.realpath(config.checkpoint_root))
+    auto = AutoCheckpoints(
+        logic,
+        logic.journal.log,
+        auto_directory(root, config.shard, config.num_shards),
+        AutoPolicy(config.wal_max_bytes, config.checkpoint_interval_s, config.checkpoint_keep),
+        report,
+    )
+    auto.start()
+    logic.auto_checkpoints = auto
+    return auto
 
 
 def _token_check(token: bytes | None) -> list[grpc.ServerInterceptor]:

@@ -73,10 +73,14 @@ def test_concurrent_appends_each_land_whole(tmp_path):
 
 def test_a_checkpoint_base_drops_the_segments_it_covers(tmp_path):
     log = open_log(tmp_path)
+    heard = []
+    log.on_append = heard.append
     log.sync(log.append(b"before"))
     segment = log.rotate()
     log.sync(log.append(b"after"))
+    assert heard == [FRAMING + 6, 2 * FRAMING + 11] and log.bytes_since_base == heard[-1]
     log.commit_base(tmp_path / "ckpt-000001", segment)
+    assert log.bytes_since_base == FRAMING + 5  # what a restart replays
     log.close()
     reopened = WriteLog(tmp_path, 1, 3)
     assert reopened.base() == (tmp_path / "ckpt-000001", segment)

@@ -1,0 +1,225 @@
+"""AutoCheckpoints: a shard that checkpoints itself, so its write-ahead log stays bounded.
+
+With ``--wal-max-bytes B`` the shard checkpoints once its log holds ``B``
+bytes since its last checkpoint; with ``--checkpoint-interval-s T`` also
+every ``T`` seconds while the log holds anything. A checkpoint pauses the
+shard's writes, rotates the log, writes this shard's files into
+``<checkpoint root>/auto/shard-S-of-N/ckpt-NNNNNN``, writes the manifest
+(listing this shard's files only: it restores onto this shard only), and
+commits: the log records it as its base and drops the segments before it.
+Then :func:`prune_checkpoints` keeps the newest ``--checkpoint-keep``.
+Checkpoints of the whole cluster stay with the coordinator (``ember
+checkpoint``); one that comes between two automatic ones makes the next
+automatic one full.
+
+Increments: a checkpoint is incremental (only the rows changed since the
+last one) unless there is no automatic base yet, the chain holds
+:data:`MAX_CHAIN` checkpoints, or its increments together outweigh its full
+checkpoint. A restore so reads at most twice the rows' bytes.
+
+The bound: the log on disk stays below ``B`` plus what arrives between the
+trigger and the pause (writes wait while the files are written), and a
+restart restores at most twice the table bytes and replays at most that log.
+
+Failures: a checkpoint that fails (a full disk) changes nothing the shard
+serves from, since the log still holds every write since the last committed
+checkpoint. The shard goes on serving, reports NOT_SERVING to health checks
+with the reason, and retries, backing off from 1 to 60 s; the next success
+reports SERVING again. A checkpoint that finds another one holding the pause
+(the coordinator's) retries a second later without reporting anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ember.ps_server.durability.checkpoint_format import MANIFEST, Manifest, next_checkpoint_id
+from ember.ps_server.durability.retention import prune_checkpoints
+from ember.ps_server.errors import CheckpointStateError, ShardFailedError
+
+if TYPE_CHECKING:
+    from ember.ps_server.durability.write_log import WriteLog
+    from ember.ps_server.shard.server import ParameterServer
+
+log = logging.getLogger(__name__)
+
+MAX_CHAIN = 8
+"""Most checkpoints in one chain (a full one and its increments)."""
+PAUSE_LEASE_S = 60.0
+FIRST_RETRY_S, LAST_RETRY_S, BUSY_RETRY_S = 1.0, 60.0, 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPolicy:
+    """When a shard checkpoints itself, and how many checkpoints it keeps."""
+
+    max_bytes: int | None
+    interval_s: float | None
+    keep: int
+
+
+def auto_directory(root: Path, shard: int, num_shards: int) -> Path:
+    """Where shard ``shard`` of ``num_shards`` keeps its automatic checkpoints."""
+    return root / "auto" / f"shard-{shard}-of-{num_shards}"
+
+
+def incremental_base(directory: Path, committed: Path | None) -> Path | None:
+    """The checkpoint the next one in ``directory`` increments, or None for a full one: the
+    last ``committed`` one when it lies in ``directory``, its chain holds fewer than
+    :data:`MAX_CHAIN` checkpoints and its increments weigh no more than its full one."""
+    if committed is None or committed.parent != directory:
+        return None
+    links, increments, full = 0, 0, 0
+    current = committed
+    while True:
+        manifest = Manifest.load(current)
+        size = sum(entry.bytes for entries in manifest.files.values() for entry in entries)
+        links += 1
+        if manifest.base is None:
+            full = size
+            break
+        increments += size
+        current = current.parent / manifest.base
+        if not (current / MANIFEST).exists() or links >= MAX_CHAIN:
+            return None
+    return committed if links < MAX_CHAIN and increments <= full else None
+
+
+class AutoCheckpoints:
+    """The checkpointing thread of one shard (see the module docstring).
+
+    Args:
+        server: the shard (its checkpoint verbs, its shard numbers).
+        write_log: the shard's log, whose growth wakes the thread.
+        directory: where the checkpoints go (see :func:`auto_directory`).
+        policy: when to checkpoint and how many to keep.
+        report: told ``None`` after each success and the reason after each failure
+            (the shard's health).
+    """
+
+    def __init__(
+        self,
+        server: ParameterServer,
+        write_log: WriteLog,
+        directory: Path,
+        policy: AutoPolicy,
+        report: Callable[[str | None], None],
+    ) -> None:
+        self._server, self._log, self.directory = server, write_log, directory
+        self._policy, self._report = policy, report
+        self._wake, self._closed = threading.Event(), threading.Event()
+        self._last = time.monotonic()
+        self.taken = self.failed = 0
+        self._thread = threading.Thread(target=self._run, name="ember-auto-ckpt", daemon=True)
+
+    def start(self) -> None:
+        """Start watching the log (checkpoints at once if it is already over its limit)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._log.on_append = self._heard
+        self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop (a checkpoint being written finishes first)."""
+        self._closed.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def checkpoint(self) -> Path:
+        """Take one checkpoint now, then prune; returns its directory.
+
+        Raises:
+            CheckpointStateError: another checkpoint holds the shard's pause.
+            ShardFailedError: the shard has failed.
+            OSError, EmberError: writing failed (nothing committed).
+        """
+        checkpoints = self._server.checkpoints
+        log_bytes = self._log.bytes_since_base
+        base = incremental_base(self.directory.resolve(), checkpoints.committed_directory)
+        target = self.directory / next_checkpoint_id(self.directory)
+        target.mkdir()
+        gate_id = f"auto-{target.name}"
+        checkpoints.pause(gate_id, PAUSE_LEASE_S)
+        files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
+        shard, num_shards = self._server.shard, self._server.num_shards
+        Manifest(
+            id=target.name,
+            base=base.name if base else None,
+            num_shards=num_shards,
+            tables=specs,
+            files={shard: files},
+        ).write(target)
+        checkpoints.commit(gate_id)
+        log.info(
+            "automatic %s checkpoint %s written (the log held %d bytes)",
+            "incremental" if base else "full", target, log_bytes,
+        )  # fmt: skip
+        log_base, _ = self._log.base()
+        protected = [path.resolve() for path in (log_base, checkpoints.committed_directory) if path]
+        prune_checkpoints(self.directory.resolve(), self._policy.keep, protected)
+        return target
+
+    def _heard(self, bytes_since_base: int) -> None:
+        if self._policy.max_bytes is not None and bytes_since_base >= self._policy.max_bytes:
+            self._wake.set()
+
+    def _due(self) -> bool:
+        pending = self._log.bytes_since_base
+        policy = self._policy
+        if policy.max_bytes is not None and pending >= policy.max_bytes:
+            return True
+        return (
+            policy.interval_s is not None
+            and pending > 0
+            and time.monotonic() - self._last >= policy.interval_s
+        )
+
+    def _until_interval(self) -> float | None:
+        if self._policy.interval_s is None:
+            return None
+        return max(0.0, self._last + self._policy.interval_s - time.monotonic())
+
+    def _run(self) -> None:
+        retry_s: float | None = None
+        while True:
+            if retry_s is not None:  # after a failure, wait it out whatever the log does
+                if self._closed.wait(retry_s):
+                    return
+            else:
+                self._wake.wait(self._until_interval())
+            if self._closed.is_set():
+                return
+            self._wake.clear()
+            if not self._due():
+                retry_s = None
+                continue
+            try:
+                self.checkpoint()
+            except CheckpointStateError as busy:
+                log.info("automatic checkpoint deferred: %s", busy)
+                retry_s = BUSY_RETRY_S
+                continue
+            except ShardFailedError:
+                return  # the shard serves nothing more; its fault says why
+            except Exception as error:  # noqa: BLE001 - reported, retried, never silent
+                self.failed += 1
+                retry_s = min(2 * retry_s, LAST_RETRY_S) if retry_s else FIRST_RETRY_S
+                reason = (
+                    f"automatic checkpoint into {self.directory} failed ({error}); the log "
+                    f"keeps every write ({self._log.bytes_since_base} bytes since the last "
+                    f"checkpoint, growing past --wal-max-bytes); retrying in {retry_s:g} s"
+                )
+                log.error("%s", reason)
+                self._report(reason)
+                continue
+            self.taken += 1
+            self._last = time.monotonic()
+            retry_s = None
+            self._report(None)
