@@ -69,6 +69,10 @@ class IdIndex:
         self._size += len(ids)
         self._used += len(ids)
 
+    def reserve(self, count: int) -> None:
+        """Size the buckets for ``count`` ids in all: no rehash until more are added."""
+        self._reserve(max(count, self._used))
+
     def erase(self, ids: torch.Tensor) -> torch.Tensor:
         """Remove distinct ids; returns the slot each held, -1 for absent ids."""
         erased = hash_erase(self._keys, self._slots, ids)

@@ -316,6 +316,7 @@ def restore_chain(
     windows = _shard_meta(directory, latest, shard, num_shards).get("applied_request_ids", {})
     for spec in latest.tables:
         tables[spec.name].reset(windows.get(spec.name, []))
+    _reserve_rows(chain, shard, num_shards, tables)
     restored = 0
     for checkpoint_dir, manifest in chain:
         for entry in manifest.files_for(shard, num_shards):
@@ -333,6 +334,21 @@ def restore_chain(
         restored, len(latest.tables), directory, len(chain), latest.num_shards, num_shards,
     )  # fmt: skip
     return restored
+
+
+def _reserve_rows(
+    chain: list[tuple[Path, Manifest]], shard: int, num_shards: int, tables: dict[str, Table]
+) -> None:
+    """Size each table for the rows the chain brings it (the manifests count them; onto
+    another shard count, this shard's even share), so loading never regrows a store."""
+    expected: dict[str, int] = {}
+    for _, manifest in chain:
+        share = 1 if manifest.num_shards == num_shards else num_shards
+        for entry in manifest.files_for(shard, num_shards):
+            if entry.table in tables:
+                expected[entry.table] = expected.get(entry.table, 0) + -(-entry.rows // share)
+    for name, rows in expected.items():
+        tables[name].reserve(rows)
 
 
 def check_specs(latest: Manifest, existing: dict[str, Table]) -> None:

@@ -126,6 +126,11 @@ class Table:
                 path, self.spec.name, self.spec.dim, self.store.state_width, chunks
             )
 
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows in all (a restore, before loading them)."""
+        with self._lock:
+            self.store.reserve(rows)
+
     def load(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write restored rows of distinct ``ids`` (their versions and state as given)."""
         with self._lock:

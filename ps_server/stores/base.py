@@ -4,7 +4,7 @@ A store keeps the rows of one table on one shard, each row with its optimizer
 state and version, and answers in batches: ``fetch``, ``fetch_versions``,
 ``absent``, ``insert`` (upsert), ``update`` (one optimizer step, creating
 absent rows on request), ``evict``, ``dump`` (every row, in chunks), ``clear``,
-``flush`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
+``flush``, ``reserve`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
 (:class:`RedisStore`) and ``tiered`` (:class:`TieredStore`), chosen by URL in
 :func:`ember.ps_server.stores.open_store`.
 """
@@ -107,6 +107,10 @@ class RowStore(Protocol):
 
     def flush(self) -> None:
         """Write rows held in front of the backing store (tiered: dirty hot rows) through to it."""
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows in all before they arrive (a restore: memory sizes
+        its index and arrays once; the others need nothing)."""
 
     def footprint(self) -> tuple[int, int]:
         """``(rows, bytes)`` held, in one pass (for stats: O(rows) for Redis, a key scan).

@@ -1,8 +1,9 @@
 """InMemoryStore: a table's rows on one shard, in process memory.
 
-Three growable tensors (weights, state, versions) indexed by slot and an
-:class:`IdIndex` from id to slot, so a table costs close to the raw bytes of
-its rows and optimizer state; optimizer steps run in place with the fused op.
+Three growable arrays (weights, state, versions: :class:`ReservedRows`, which
+grow without copying) indexed by slot and an :class:`IdIndex` from id to
+slot, so a table costs close to the raw bytes of its rows and optimizer
+state; optimizer steps run in place with the fused op.
 Evicted rows leave their slots on a free stack that later inserts reuse.
 """
 
@@ -17,6 +18,7 @@ from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
+from ember.ps_server.stores.reserved_rows import ReservedRows, rows_in_memory
 
 
 class InMemoryStore:
@@ -25,7 +27,7 @@ class InMemoryStore:
     Args:
         dim: floats per row.
         state_width: optimizer-state floats per row.
-        capacity: initial number of row slots (grows by doubling).
+        capacity: initial number of row slots (grows in place).
     """
 
     def __init__(self, dim: int, state_width: int, capacity: int = 1024) -> None:
@@ -35,9 +37,13 @@ class InMemoryStore:
         self._rows = 0  # live rows
         self._slots_used = 0  # slots ever handed out: live rows plus free ones
         self._free = torch.empty(0, dtype=torch.int64)  # slots of evicted rows, reused first
-        self._weights = torch.empty(capacity, dim, dtype=torch.float32)
-        self._state = torch.empty(capacity, state_width, dtype=torch.float32)
-        self._versions = torch.empty(capacity, dtype=torch.int64)
+        reserve = rows_in_memory(4 * (dim + state_width) + 8)  # one length for all three
+        self._arrays = (
+            ReservedRows((dim,), torch.float32, capacity, reserve),
+            ReservedRows((state_width,), torch.float32, capacity, reserve),
+            ReservedRows((), torch.int64, capacity, reserve),
+        )
+        self._bind()
 
     def size(self) -> int:
         """Number of rows held."""
@@ -196,23 +202,26 @@ class InMemoryStore:
             return torch.cat([reused, new])
         return reused.clone()
 
+    def reserve(self, rows: int) -> None:
+        """Size the index and the arrays for ``rows`` rows in all (a restore knows how many
+        are coming: no rehash, and the checkpoint's bucket order inserts sequentially)."""
+        self._index.reserve(rows)
+        self._grow(rows)
+
     def _grow(self, slots: int) -> None:
-        capacity = len(self._weights)
-        if slots <= capacity:
+        if slots <= len(self._weights):
             return
-        while capacity < slots:
-            capacity *= 2
-        self._weights = _resized(self._weights, capacity, self._slots_used)
-        self._state = _resized(self._state, capacity, self._slots_used)
-        self._versions = _resized(self._versions, capacity, self._slots_used)
+        for array in self._arrays:
+            array.ensure(slots, self._slots_used)
+        self._bind()
+
+    def _bind(self) -> None:
+        """Name the arrays' current tensors (growing may replace them), cut to one length
+        (the fused ops index them together; a refused reservation leaves one shorter)."""
+        rows = min(array.capacity for array in self._arrays)
+        self._weights, self._state, self._versions = (a.tensor[:rows] for a in self._arrays)
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     out = torch.empty((len(index), *table.shape[1:]), dtype=table.dtype)
     return gather_rows(table, index, out) if out.numel() else out
-
-
-def _resized(tensor: torch.Tensor, capacity: int, used: int) -> torch.Tensor:
-    grown = torch.empty((capacity, *tensor.shape[1:]), dtype=tensor.dtype)
-    grown[:used] = tensor[:used]
-    return grown

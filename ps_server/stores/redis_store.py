@@ -224,6 +224,9 @@ class RedisStore:
     def flush(self) -> None:
         """Nothing to do: every write is in Redis when the call returns."""
 
+    def reserve(self, rows: int) -> None:
+        """Nothing to do: Redis sizes itself."""
+
     def size(self) -> int:
         """Rows held (a SCAN over this table's keys on this shard: O(rows), for stats)."""
         return sum(len(keys) for keys in self._scanned_keys(self._batch))

@@ -170,6 +170,9 @@ class TieredStore:
         self._cold.clear()
         self._hot.clear()
 
+    def reserve(self, rows: int) -> None:
+        """Nothing to do: the memory tier holds its capacity, Redis sizes itself."""
+
     @_locked
     def flush(self) -> None:
         """Write every dirty hot row to the cold store (the rows stay resident)."""

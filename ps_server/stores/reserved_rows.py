@@ -1,0 +1,94 @@
+"""ReservedRows: a store's row array that grows without copying and without a 2x peak.
+
+Doubling a tensor copies every row and holds the old and the new one at once,
+so a table filling up briefly needs twice its memory. Instead the array is a
+view of an anonymous private mapping that reserves address space for as many
+rows as the machine's memory could hold (``MAP_NORESERVE``: no memory is
+committed for it); the kernel backs pages as rows first touch them, so
+growing costs nothing and resident memory is the rows held. Row lookup stays
+one index into one contiguous tensor.
+
+Where the kernel refuses such a reservation (strict overcommit, an address
+space limit) the array is an ordinary tensor that doubles, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import mmap
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value before Python 3.13
+_warned = False
+
+
+def rows_in_memory(row_bytes: int) -> int:
+    """How many rows of ``row_bytes`` this machine's memory holds (no table needs more)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, row_bytes)
+
+
+class ReservedRows:
+    """An array of ``rows`` rows of shape ``row_shape`` and type ``dtype``, growable in place.
+
+    Args:
+        row_shape: the shape of one row (``()`` for one value per row, as versions).
+        dtype: the values' type.
+        rows: rows needed now.
+        reserve: rows to reserve address space for (arrays indexed together pass the same).
+    """
+
+    def __init__(
+        self, row_shape: tuple[int, ...], dtype: torch.dtype, rows: int, reserve: int
+    ) -> None:
+        self._row_shape, self._dtype = row_shape, dtype
+        self._row_bytes = math.prod(row_shape) * torch.empty(0, dtype=dtype).element_size()
+        self.tensor = self._allocate(rows, max(rows, reserve))
+
+    @property
+    def capacity(self) -> int:
+        """Rows the array holds without growing."""
+        return len(self.tensor)
+
+    def ensure(self, rows: int, used: int) -> None:
+        """Make room for ``rows`` rows; the first ``used`` keep their values (copied only
+        where the reservation ran out or was refused)."""
+        if rows <= self.capacity:
+            return
+        capacity = max(1, self.capacity)
+        while capacity < rows:
+            capacity *= 2
+        grown = self._allocate(capacity, capacity)
+        grown[:used] = self.tensor[:used]
+        self.tensor = grown
+
+    def _allocate(self, rows: int, reserve: int) -> torch.Tensor:
+        """A reservation of ``reserve`` rows, or else an ordinary array of ``rows``."""
+        global _warned
+        if not self._row_bytes:  # rows of no values take no memory
+            return torch.empty((reserve, *self._row_shape), dtype=self._dtype)
+        try:
+            region = mmap.mmap(
+                -1,
+                reserve * self._row_bytes,
+                flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE,
+                prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            )
+            with contextlib.suppress(AttributeError, OSError):  # a hint: fewer TLB misses
+                region.madvise(mmap.MADV_HUGEPAGE)
+            flat = torch.frombuffer(region, dtype=self._dtype)
+        except (OSError, ValueError, OverflowError) as error:
+            if not _warned:
+                _warned = True
+                log.warning(
+                    "cannot reserve address space for row arrays (%s): they grow by doubling, "
+                    "which needs twice a table's memory while it grows",
+                    error,
+                )
+            flat = torch.empty(rows * math.prod(self._row_shape), dtype=self._dtype)
+        return flat.view(-1, *self._row_shape)

@@ -1,0 +1,49 @@
+"""The durable writer streams large files out as it goes, and a failed write leaves no file."""
+
+import errno
+import hashlib
+
+import pytest
+from ember.ps_server.durability import durable_files
+from ember.ps_server.durability.durable_files import DurableWriter
+
+
+def test_blocks_go_to_the_disk_while_writing_and_the_file_is_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(durable_files, "FLUSH_BYTES", 1000)
+    events = []
+    real_stream_out, real_fsync = durable_files._stream_out, durable_files.os.fsync
+    monkeypatch.setattr(
+        durable_files,
+        "_stream_out",
+        lambda fd, previous, block: (
+            events.append(("block", block)) or real_stream_out(fd, previous, block)
+        ),
+    )
+    monkeypatch.setattr(
+        durable_files.os, "fsync", lambda fd: events.append(("fsync",)) or real_fsync(fd)
+    )
+    parts = [bytes([k]) * 700 for k in range(10)]
+    path = tmp_path / "rows"
+    with DurableWriter(path) as writer:
+        for part in parts:
+            writer.write(part)
+        writer.commit()
+    data = b"".join(parts)
+    assert path.read_bytes() == data and writer.sha256 == hashlib.sha256(data).hexdigest()
+    blocks = [event[1] for event in events if event[0] == "block"]
+    assert blocks == [(0, 1400), (1400, 2800), (2800, 4200), (4200, 5600), (5600, 7000)]
+    assert events.index(("fsync",)) > events.index(("block", (5600, 7000)))  # then the fsync
+
+
+def test_a_failed_write_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
+    path = tmp_path / "rows"
+    writer = DurableWriter(path)
+
+    def full(data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer._file, "write", full)
+    with pytest.raises(OSError, match="No space left"), writer:
+        writer.write(b"x" * 100)
+        writer.commit()
+    assert not path.exists() and not path.with_name("rows.tmp").exists()
