@@ -44,6 +44,7 @@ SUITE: dict[str, tuple[list[str], list[str]]] = {
     "bench_wire_dtype": ([], ["--steps", "40", "--eval-batches", "4"]),
     "bench_plan": ([], ["--steps", "30", "--calibration-steps", "20", "--rates-mbit", ""]),
     "bench_balance": ([], ["--steps", "30"]),
+    "bench_scale": ([], ["--sizes", "100000,400000", "--wal-gb", "0.3"]),
 }  # fmt: skip
 
 

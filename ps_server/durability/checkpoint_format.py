@@ -27,7 +27,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from ember.ps_server.durability.durable_files import DurableWriter, verify_file, write_durably
+from ember.ps_server.durability.durable_files import (
+    DurableWriter,
+    HashAhead,
+    verify_file,
+    write_durably,
+)
 from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
 from ember.ps_server.stores import RowBatch
 from ember.ps_server.wire.messages import pb
@@ -150,8 +155,11 @@ class Manifest:
             )
         return self.files[shard]
 
-    def verify(self, directory: Path, entries: list[FileEntry] | None = None) -> None:
-        """Check the size and sha256 of ``entries`` (default: every listed file).
+    def verify(
+        self, directory: Path, entries: list[FileEntry] | None = None, contents: bool = True
+    ) -> None:
+        """Check the size and sha256 of ``entries`` (default: every listed file); only their
+        presence and size without ``contents`` (their readers check the sha256).
 
         Raises:
             DurableFileCorruptError: on the first bad one.
@@ -159,18 +167,19 @@ class Manifest:
         if entries is None:
             entries = [entry for listed in self.files.values() for entry in listed]
         for entry in entries:
-            verify_file(directory / entry.path, entry.sha256, entry.bytes)
+            verify_file(directory / entry.path, entry.sha256, entry.bytes, contents)
 
 
 def checkpoint_chain(
-    path: Path, shard: int | None = None, num_shards: int | None = None
+    path: Path, shard: int | None = None, num_shards: int | None = None, contents: bool = True
 ) -> list[tuple[Path, Manifest]]:
     """The checkpoint at ``path`` and its bases, oldest (the full one) first.
 
     ``path`` is a checkpoint directory, or a root whose newest finished
     checkpoint is taken. Every file of the chain is verified, or, for
     ``shard`` of ``num_shards``, every file its restore reads
-    (:meth:`Manifest.files_for`).
+    (:meth:`Manifest.files_for`); without ``contents`` only their presence
+    and size (the restore then checks each sha256 as it reads).
 
     Raises:
         FileNotFoundError: no finished checkpoint there, or a base is missing.
@@ -181,7 +190,7 @@ def checkpoint_chain(
     while True:
         manifest = Manifest.load(directory)
         entries = None if shard is None else manifest.files_for(shard, num_shards)
-        manifest.verify(directory, entries)
+        manifest.verify(directory, entries, contents)
         chain.append((directory, manifest))
         if manifest.base is None:
             return chain[::-1]
@@ -251,14 +260,33 @@ def write_row_file(
         return FileEntry(path.name, table, rows, writer.bytes, writer.sha256)
 
 
-def read_row_file(path: Path, dim: int, state_width: int) -> Iterator[tuple[np.ndarray, RowBatch]]:
-    """The ``(ids, rows)`` chunks of a row file (verify it first: see :meth:`Manifest.verify`).
+def read_row_file(
+    path: Path, dim: int, state_width: int, sha256: str | None = None
+) -> Iterator[tuple[np.ndarray, RowBatch]]:
+    """The ``(ids, rows)`` chunks of a row file: verify it first (:meth:`Manifest.verify`),
+    or give its ``sha256`` to have it checked while it is read (:class:`HashAhead`).
 
     Raises:
         DurableFileCorruptError: a header or chunk that is cut short, unreadable,
-            or does not fit the table's layout.
+            or does not fit the table's layout; after the last chunk, a ``sha256``
+            that does not match.
     """
     view = memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if path.stat().st_size else b""
+    checking = HashAhead(path, view, sha256) if sha256 is not None else None
+    try:
+        yield from _row_chunks(path, view, dim, state_width)
+    except BaseException:  # the reader's own error wins; the thread still ends first
+        if checking is not None:
+            checking.finish(check=False)
+        raise
+    if checking is not None:
+        checking.finish()
+
+
+def _row_chunks(
+    path: Path, view: memoryview | bytes, dim: int, state_width: int
+) -> Iterator[tuple[np.ndarray, RowBatch]]:
+    """:func:`read_row_file`'s parsing."""
     offset = len(ROW_MAGIC) + 4
     if len(view) < offset or bytes(view[: len(ROW_MAGIC)]) != ROW_MAGIC:
         raise DurableFileCorruptError(f"{path}: not a checkpoint row file (magic {ROW_MAGIC!r})")

@@ -158,8 +158,9 @@ def fsync_directory(directory: Path) -> None:
         os.close(handle)
 
 
-def verify_file(path: Path, sha256: str, size: int | None = None) -> None:
-    """Raise DurableFileCorruptError, naming the file and checksums, unless ``path`` matches.
+def verify_file(path: Path, sha256: str, size: int | None = None, contents: bool = True) -> None:
+    """Raise DurableFileCorruptError, naming the file and checksums, unless ``path`` matches
+    (only its presence and size without ``contents``: the reader checks the sha256).
 
     Raises:
         DurableFileCorruptError: missing, of another size, or another sha256.
@@ -172,6 +173,8 @@ def verify_file(path: Path, sha256: str, size: int | None = None) -> None:
             f"{path}: {actual_size} bytes, expected {size} (truncated or overwritten); "
             f"expected sha256 {sha256}"
         )
+    if not contents:
+        return
     digest = hashlib.sha256()
     with open(path, "rb") as source:
         while chunk := source.read(_READ_CHUNK):
@@ -181,3 +184,40 @@ def verify_file(path: Path, sha256: str, size: int | None = None) -> None:
             f"{path}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
             "the file is corrupt"
         )
+
+
+class HashAhead:
+    """Checks a file's sha256 on a thread of its own while the caller parses the same bytes:
+    one read of the file instead of two (the thread runs ahead and pulls the pages in).
+    :meth:`finish` raises if it did not match, so whatever was built from the bytes must be
+    thrown away then (a restore into memory, at start).
+
+    Args:
+        path: the file (for messages).
+        data: its bytes (a memory map).
+        sha256: the expected digest.
+    """
+
+    def __init__(self, path: Path, data: memoryview, sha256: str) -> None:
+        self._path, self._data, self._expected = path, data, sha256
+        self._digest = hashlib.sha256()
+        self._thread = threading.Thread(target=self._hash, name="ember-verify")
+        self._thread.start()
+
+    def _hash(self) -> None:
+        for start in range(0, len(self._data), _READ_CHUNK):
+            self._digest.update(self._data[start : start + _READ_CHUNK])
+
+    def finish(self, check: bool = True) -> None:
+        """Wait for the digest; with ``check``, compare it.
+
+        Raises:
+            DurableFileCorruptError: it does not match.
+        """
+        self._thread.join()
+        if check and self._digest.hexdigest() != self._expected:
+            raise DurableFileCorruptError(
+                f"{self._path}: sha256 {self._digest.hexdigest()} does not match the expected "
+                f"{self._expected}; the file is corrupt (found while loading it: refuse what "
+                "was loaded)"
+            )
