@@ -15,24 +15,30 @@ automatic one full.
 Increments: a checkpoint is incremental (only the rows changed since the
 last one) unless there is no automatic base yet, the chain holds
 :data:`MAX_CHAIN` checkpoints, or its increments together outweigh its full
-checkpoint. A restore so reads at most twice the rows' bytes.
+checkpoint. A restore so reads at most about three times the rows' bytes (a
+full checkpoint, increments up to its size, and one more increment).
 
 The bound: the log on disk stays below ``B`` plus what arrives between the
 trigger and the pause (writes wait while the files are written), and a
-restart restores at most twice the table bytes and replays at most that log.
+restart restores at most three times the table bytes and replays at most
+that log.
 
 Failures: a checkpoint that fails (a full disk) changes nothing the shard
 serves from, since the log still holds every write since the last committed
-checkpoint. The shard goes on serving, reports NOT_SERVING to health checks
-with the reason, and retries, backing off from 1 to 60 s; the next success
-reports SERVING again. A checkpoint that finds another one holding the pause
-(the coordinator's) retries a second later without reporting anything.
+checkpoint; its unfinished directory is deleted. The shard goes on serving,
+reports NOT_SERVING to health checks with the reason, and retries, backing
+off from 1 to 60 s; the next success reports SERVING again. A checkpoint
+that finds another one holding the pause (the coordinator's) retries a
+second later, and reports NOT_SERVING once that has lasted
+:data:`BUSY_REPORT_S`. Old checkpoints are pruned after each success; a
+prune that fails is logged and retried after the next one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.ps_server.durability.checkpoint_format import MANIFEST, Manifest, next_checkpoint_id
+from ember.ps_server.durability.durable_files import fsync_directory
 from ember.ps_server.durability.retention import prune_checkpoints
 from ember.ps_server.errors import CheckpointStateError, ShardFailedError
 
@@ -53,6 +60,8 @@ MAX_CHAIN = 8
 """Most checkpoints in one chain (a full one and its increments)."""
 PAUSE_LEASE_S = 60.0
 FIRST_RETRY_S, LAST_RETRY_S, BUSY_RETRY_S = 1.0, 60.0, 1.0
+BUSY_REPORT_S = 60.0
+"""Held off by other checkpoints this long, the shard reports NOT_SERVING."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +128,15 @@ class AutoCheckpoints:
         self._thread = threading.Thread(target=self._run, name="ember-auto-ckpt", daemon=True)
 
     def start(self) -> None:
-        """Start watching the log (checkpoints at once if it is already over its limit)."""
+        """Start watching the log (checkpoints at once if it is already over its limit).
+
+        Raises:
+            PermissionDeniedError: the directory resolves outside the checkpoint root.
+            OSError: it cannot be made.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
+        fsync_directory(self.directory.parent)
+        self._server.checkpoints.checked_directory(str(self.directory))
         self._log.on_append = self._heard
         self._thread.start()
         self._wake.set()
@@ -133,7 +149,11 @@ class AutoCheckpoints:
             self._thread.join()
 
     def checkpoint(self) -> Path:
-        """Take one checkpoint now, then prune; returns its directory.
+        """Take one checkpoint now; returns its directory.
+
+        A failed attempt leaves nothing behind but the log's new segment: its
+        unfinished directory is deleted, so retries on a full disk find the room
+        the last one had.
 
         Raises:
             CheckpointStateError: another checkpoint holds the shard's pause.
@@ -144,27 +164,38 @@ class AutoCheckpoints:
         log_bytes = self._log.bytes_since_base
         base = incremental_base(self.directory.resolve(), checkpoints.committed_directory)
         target = self.directory / next_checkpoint_id(self.directory)
-        target.mkdir()
         gate_id = f"auto-{target.name}"
         checkpoints.pause(gate_id, PAUSE_LEASE_S)
-        files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
-        shard, num_shards = self._server.shard, self._server.num_shards
-        Manifest(
-            id=target.name,
-            base=base.name if base else None,
-            num_shards=num_shards,
-            tables=specs,
-            files={shard: files},
-        ).write(target)
+        try:
+            try:
+                files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
+            finally:
+                checkpoints.resume(gate_id)  # also when write refused before taking the pause
+            Manifest(
+                id=target.name,
+                base=base.name if base else None,
+                num_shards=self._server.num_shards,
+                tables=specs,
+                files={self._server.shard: files},
+            ).write(target)
+            fsync_directory(self.directory)  # the base file may name it only once it lasts
+        except BaseException:
+            if not (target / MANIFEST).exists():
+                shutil.rmtree(target, ignore_errors=True)
+            raise
         checkpoints.commit(gate_id)
         log.info(
             "automatic %s checkpoint %s written (the log held %d bytes)",
             "incremental" if base else "full", target, log_bytes,
         )  # fmt: skip
-        log_base, _ = self._log.base()
-        protected = [path.resolve() for path in (log_base, checkpoints.committed_directory) if path]
-        prune_checkpoints(self.directory.resolve(), self._policy.keep, protected)
         return target
+
+    def prune(self) -> None:
+        """Delete the checkpoints the policy does not keep (never the log's base's chain)."""
+        log_base, _ = self._log.base()
+        committed = self._server.checkpoints.committed_directory
+        protected = [path.resolve() for path in (log_base, committed) if path is not None]
+        prune_checkpoints(self.directory.resolve(), self._policy.keep, protected)
 
     def _heard(self, bytes_since_base: int) -> None:
         if self._policy.max_bytes is not None and bytes_since_base >= self._policy.max_bytes:
@@ -175,11 +206,11 @@ class AutoCheckpoints:
         policy = self._policy
         if policy.max_bytes is not None and pending >= policy.max_bytes:
             return True
-        return (
-            policy.interval_s is not None
-            and pending > 0
-            and time.monotonic() - self._last >= policy.interval_s
-        )
+        if policy.interval_s is None or time.monotonic() - self._last < policy.interval_s:
+            return False
+        if not pending:  # nothing to checkpoint: the interval starts over
+            self._last = time.monotonic()
+        return pending > 0
 
     def _until_interval(self) -> float | None:
         if self._policy.interval_s is None:
@@ -188,6 +219,7 @@ class AutoCheckpoints:
 
     def _run(self) -> None:
         retry_s: float | None = None
+        busy_since: float | None = None
         while True:
             if retry_s is not None:  # after a failure, wait it out whatever the log does
                 if self._closed.wait(retry_s):
@@ -203,7 +235,14 @@ class AutoCheckpoints:
             try:
                 self.checkpoint()
             except CheckpointStateError as busy:
+                busy_since = busy_since or time.monotonic()
                 log.info("automatic checkpoint deferred: %s", busy)
+                if time.monotonic() - busy_since > BUSY_REPORT_S:
+                    self._report(
+                        f"no automatic checkpoint for {BUSY_REPORT_S:g} s: another checkpoint "
+                        f"holds the shard ({busy}); the log grows meanwhile "
+                        f"({self._log.bytes_since_base} bytes since the last checkpoint)"
+                    )
                 retry_s = BUSY_RETRY_S
                 continue
             except ShardFailedError:
@@ -214,12 +253,16 @@ class AutoCheckpoints:
                 reason = (
                     f"automatic checkpoint into {self.directory} failed ({error}); the log "
                     f"keeps every write ({self._log.bytes_since_base} bytes since the last "
-                    f"checkpoint, growing past --wal-max-bytes); retrying in {retry_s:g} s"
+                    f"checkpoint, past its bound); retrying in {retry_s:g} s"
                 )
                 log.error("%s", reason)
                 self._report(reason)
                 continue
             self.taken += 1
             self._last = time.monotonic()
-            retry_s = None
+            retry_s = busy_since = None
             self._report(None)
+            try:
+                self.prune()
+            except Exception as error:  # noqa: BLE001 - old checkpoints stay; nothing is lost
+                log.warning("pruning the automatic checkpoints in %s: %s", self.directory, error)

@@ -139,10 +139,11 @@ class Manifest:
             CheckpointStateError: another shard count, and the checkpoint holds only some
                 shards' files (a shard's automatic checkpoint): the rest would be lost.
         """
+        held = sorted(self.files)
         if self.num_shards != num_shards:
-            if sorted(self.files) != list(range(self.num_shards)):
+            if held != list(range(self.num_shards)):
                 raise CheckpointStateError(
-                    f"checkpoint {self.id} holds the rows of shard(s) {sorted(self.files)} of "
+                    f"checkpoint {self.id} holds the rows of shard(s) {held} of "
                     f"{self.num_shards} only (a shard's automatic checkpoint): it restores onto "
                     f"that shard of {self.num_shards} only, not onto {num_shards} shards. "
                     "Reshard from a checkpoint of the whole cluster (ember checkpoint)"
@@ -151,7 +152,8 @@ class Manifest:
         if shard not in self.files:
             raise DurableFileCorruptError(
                 f"checkpoint {self.id}: its manifest lists no files of shard {shard} of "
-                f"{num_shards}"
+                f"{num_shards}; it holds shard(s) {held} (a shard's automatic checkpoint "
+                "restores onto that shard only)"
             )
         return self.files[shard]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import os
 import queue
@@ -132,12 +133,16 @@ def _stream_out(fd: int, previous: tuple[int, int], block: tuple[int, int]) -> N
     """Start writing the byte range ``block`` of ``fd`` to the disk, then wait for the
     ``previous`` one (one block in flight while the next is prepared). Without
     ``sync_file_range``, ``fdatasync``."""
-    if _SYNC_RANGE is None:
-        os.fdatasync(fd)
-        return
+    global _SYNC_RANGE
     for (start, end), flags in ((block, _WRITE), (previous, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)):
+        if _SYNC_RANGE is None:
+            os.fdatasync(fd)
+            return
         if end > start and _SYNC_RANGE(fd, start, end - start, flags) != 0:
             error = ctypes.get_errno()
+            if error in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ESPIPE):
+                _SYNC_RANGE = None  # this filesystem has none: fdatasync from now on
+                continue
             raise OSError(error, f"sync_file_range: {os.strerror(error)}")
 
 

@@ -35,7 +35,9 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
             one the log continues, or the log already holds requests that a
             restored checkpoint would precede.
         FileNotFoundError, DurableFileCorruptError: a checkpoint or log file
-            is missing or damaged (nothing was changed).
+            is missing or damaged (nothing durable was changed: over Redis every file is
+            checked before its rows are deleted; into memory a row file's sha256 is
+            checked as it loads, and the log may have begun an empty segment).
     """
     marker = server.store_marker
     if marker is not None:

@@ -67,10 +67,15 @@ def prune_checkpoints(directory: Path, keep: int, protected: Sequence[Path] = ()
     if doomed:
         fsync_directory(directory)
     for trash in directory.glob(TRASH_PREFIX + "*"):
-        shutil.rmtree(trash)
+        _delete(trash)
     if doomed:
         log.info("pruned checkpoints %s under %s", [e.name for e in doomed], directory)
     return [entry.name for entry in doomed]
+
+
+def _delete(trash: Path) -> None:
+    """Remove a renamed checkpoint directory (the last step of a prune)."""
+    shutil.rmtree(trash)
 
 
 def _chain_names(checkpoint: Path) -> set[str]:

@@ -29,7 +29,7 @@ from ember.ps_server.durability.checkpoint_format import (
     read_row_file,
     row_file_name,
 )
-from ember.ps_server.durability.durable_files import write_durably
+from ember.ps_server.durability.durable_files import verify_file, write_durably
 from ember.ps_server.errors import (
     CheckpointStateError,
     DurableFileCorruptError,
@@ -128,15 +128,19 @@ class ShardCheckpoints:
                 f"incremental checkpoint on base {base_id!r} refused: this shard's last "
                 f"committed checkpoint is {self._committed_directory}; take a full one"
             )
+        # From the rotation on, no earlier written checkpoint may commit: it would drop
+        # the segment being closed now, whose writes only this checkpoint holds.
+        self._written_checkpoint = None
         tables = list(self._server.tables().values())
         write_log = self._server.journal.log
-        self._written_log_segment = write_log.rotate() if write_log is not None else 0
+        segment = write_log.rotate() if write_log is not None else 0
         files = write_shard_files(
             tables, self._server.shard, self._server.num_shards, target, bool(base_id),
             self._server.steps.clocks.snapshot(), self._server.steps.replicas.snapshot(),
         )  # fmt: skip
         self._server.fault.check()  # nothing read while the shard failed is a checkpoint
         self._written_checkpoint, self._written_directory = checkpoint_id, target
+        self._written_log_segment = segment
         return files, [table.spec for table in tables]
 
     def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
@@ -357,14 +361,15 @@ def restore_chain(
 def _reserve_rows(
     chain: list[tuple[Path, Manifest]], shard: int, num_shards: int, tables: dict[str, Table]
 ) -> None:
-    """Size each table for the rows the chain brings it (the manifests count them; onto
-    another shard count, this shard's even share), so loading never regrows a store."""
+    """Size each table for the rows of the chain's full checkpoint (its manifest counts
+    them; onto another shard count, this shard's even share): loading it never regrows a
+    store, and increments, mostly rows already there, never make it reserve too much."""
+    _, full = chain[0]
+    share = 1 if full.num_shards == num_shards else num_shards
     expected: dict[str, int] = {}
-    for _, manifest in chain:
-        share = 1 if manifest.num_shards == num_shards else num_shards
-        for entry in manifest.files_for(shard, num_shards):
-            if entry.table in tables:
-                expected[entry.table] = expected.get(entry.table, 0) + -(-entry.rows // share)
+    for entry in full.files_for(shard, num_shards):
+        if entry.table in tables:
+            expected[entry.table] = expected.get(entry.table, 0) + -(-entry.rows // share)
     for name, rows in expected.items():
         tables[name].reserve(rows)
 
@@ -414,6 +419,7 @@ def _shard_meta(directory: Path, manifest: Manifest, shard: int, num_shards: int
             f"{directory}: the manifest lists {len(meta)} metadata files of shard {shard}, not 1"
         )
     path = directory / meta[0].path
+    verify_file(path, meta[0].sha256, meta[0].bytes)  # small: checked whole, whatever the store
     try:
         body = json.loads(path.read_bytes())
         windows, clocks = body["applied_request_ids"], body.get("step_clocks", {})

@@ -215,13 +215,16 @@ def _health_reporter(
     """Sets the health of every service: SERVING when told None and the shard has not failed,
     else NOT_SERVING (told a reason: the shard failed, or cannot checkpoint itself)."""
 
+    lock = threading.Lock()  # a fault's report never lands before a stale SERVING
+
     def report(reason: str | None) -> None:
-        serving = reason is None and logic.fault.reason is None
-        status = health_pb2.HealthCheckResponse.SERVING if serving else (
-            health_pb2.HealthCheckResponse.NOT_SERVING
-        )  # fmt: skip
-        for service in ("", SERVICE_NAME):
-            health_servicer.set(service, status)
+        with lock:
+            serving = reason is None and logic.fault.reason is None
+            status = health_pb2.HealthCheckResponse.SERVING if serving else (
+                health_pb2.HealthCheckResponse.NOT_SERVING
+            )  # fmt: skip
+            for service in ("", SERVICE_NAME):
+                health_servicer.set(service, status)
 
     return report
 

@@ -90,11 +90,12 @@ def test_the_log_stays_bounded_and_a_sigkill_loses_no_acknowledged_push(tmp_path
         cluster_root = tmp_path / "ckpt" / "cluster"
         client.checkpoint(cluster_root)  # a whole-cluster checkpoint: the log continues it
         assert _log_base(tmp_path).parent == cluster_root.resolve()
-        for step in range(500):  # until the shard checkpoints itself again
+        for _ in range(500):  # until the shard checkpoints itself again
             client.push(SPEC.name, torch.from_numpy(IDS[0]), torch.zeros(len(IDS[0]), SPEC.dim))
             if _log_base(tmp_path).parent == _auto_dir(tmp_path).resolve():
                 break
-        assert step < 499, "no automatic checkpoint after the cluster's"
+        else:
+            raise AssertionError("no automatic checkpoint after the cluster's")
         with pytest.raises(PSClientError, match="take a full one"):  # its base is not the last
             client.checkpoint(cluster_root, incremental=True)
 
@@ -125,7 +126,7 @@ def test_a_sigkill_in_any_phase_of_an_automatic_checkpoint_loses_nothing(tmp_pat
         segments = sorted((tmp_path / "wal").glob("*.wal"))
         first_kept = f"shard-0-of-1.{base['segment']:08d}.wal"
         evidence = {
-            "files": not (newest / MANIFEST).exists(),
+            "files": any(newest.glob("*.rows")) and not (newest / MANIFEST).exists(),
             "manifest": (newest / MANIFEST).exists() and base_checkpoint != newest,
             "base": base_checkpoint == newest and segments[0].name < first_kept,
             "prune": any(_auto_dir(tmp_path).glob(TRASH_PREFIX + "*")),

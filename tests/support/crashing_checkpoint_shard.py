@@ -25,7 +25,7 @@ targets = {
     "files": (Manifest, "write"),
     "manifest": (WriteLog, "record_base"),
     "base": (WriteLog, "drop_segments_before"),
-    "prune": (retention.shutil, "rmtree"),
+    "prune": (retention, "_delete"),
 }
 owner, name = targets[phase]
 real = getattr(owner, name)

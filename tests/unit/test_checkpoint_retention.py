@@ -1,15 +1,30 @@
 """Automatic checkpoints' parts: which ones are kept, when one is incremental, the limits a
 shard accepts, and that a single shard's checkpoint never restores onto another shard count."""
 
+import errno
 from pathlib import Path
 
+import numpy as np
 import pytest
-from ember.ps_server.durability.auto_checkpoint import MAX_CHAIN, incremental_base
+from ember.ps_server.durability import shard_checkpoint
+from ember.ps_server.durability.auto_checkpoint import (
+    MAX_CHAIN,
+    AutoCheckpoints,
+    AutoPolicy,
+    incremental_base,
+)
 from ember.ps_server.durability.checkpoint_format import MANIFEST, FileEntry, Manifest
 from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.retention import TRASH_PREFIX, prune_checkpoints
-from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
+from ember.ps_server.durability.write_log import WriteLog
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    DurableFileCorruptError,
+    PermissionDeniedError,
+)
 from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.table_spec import TableSpec
 
 
@@ -117,3 +132,104 @@ def test_one_shards_checkpoint_restores_onto_that_shard_only():
         manifest.files_for(0, 2)
     with pytest.raises(CheckpointStateError, match=r"shard\(s\) \[1\] of 2 only"):
         manifest.files_for(0, 3)  # another count would lose shard 0's rows
+
+
+SPEC = TableSpec("t", dim=4)
+
+
+def _logged_server(tmp_path: Path) -> ParameterServer:
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    write_log = WriteLog(tmp_path / "wal", 0, 1, "always")
+    write_log.claim()
+    write_log.open()
+    server.journal.log = write_log
+    server.create_table(SPEC)
+    return server
+
+
+def _push(server: ParameterServer, request: str) -> None:
+    ids = np.arange(4, dtype=np.int64)
+    server.push(SPEC.name, ids.tobytes(), np.ones((4, 4), np.float32).tobytes(), request)
+
+
+def test_a_checkpoint_whose_commit_comes_after_another_write_is_refused(tmp_path, monkeypatch):
+    server = _logged_server(tmp_path)
+    checkpoints = server.checkpoints
+    _push(server, "before")
+    checkpoints.pause("C", 60)
+    checkpoints.write("C", str(tmp_path / "c"), "")  # the coordinator waits for the others
+    _push(server, "between")  # only in the segment C rotated to
+    checkpoints.pause("A", 60)
+    monkeypatch.setattr(shard_checkpoint, "write_shard_files", _full_disk)
+    with pytest.raises(OSError, match="No space"):
+        checkpoints.write("A", str(tmp_path / "a"), "")  # rotated, then failed
+    with pytest.raises(CheckpointStateError, match="last wrote None"):
+        checkpoints.commit("C")  # would drop the segment holding "between"
+    records = [pb.LogRecord.FromString(r) for r in server.journal.log.replay()]
+    assert "between" in [r.push.requests[0].request_id for r in records if r.HasField("push")]
+    server.journal.close()
+
+
+def _full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_an_idle_log_restarts_the_interval_instead_of_spinning(tmp_path):
+    server = _logged_server(tmp_path)
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto", AutoPolicy(None, 0.5, 1), lambda _: None
+    )
+    auto._last -= 10  # the interval has long passed, with nothing logged since the base
+    server.journal.log.record_base(tmp_path / "c", server.journal.log.rotate())
+    assert server.journal.log.bytes_since_base == 0
+    assert not auto._due()
+    assert auto._until_interval() > 0.4  # a full interval's wait, not a busy loop
+    _push(server, "one")
+    auto._last -= 10
+    assert auto._due()
+    server.journal.close()
+
+
+def test_a_damaged_metadata_file_is_refused_on_a_restore_into_memory(tmp_path):
+    server = _logged_server(tmp_path)
+    _push(server, "one")
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto", AutoPolicy(None, None, 1), lambda _: None
+    )
+    auto.directory.mkdir()
+    checkpoint = auto.checkpoint()
+    server.journal.close()
+    (meta,) = checkpoint.glob("*.meta.json")
+    meta.write_text(meta.read_text().replace('"one"', '"two"'))  # still valid JSON, same size
+    fresh = ParameterServer(0, 1)
+    with pytest.raises(DurableFileCorruptError, match="meta.json.*sha256"):
+        fresh.checkpoints.restore(fresh.checkpoints.load_chain(checkpoint))
+
+
+def test_a_failed_attempt_deletes_its_files_and_releases_the_pause(tmp_path, monkeypatch):
+    server = _logged_server(tmp_path)
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto", AutoPolicy(None, None, 1), lambda _: None
+    )
+    auto.directory.mkdir()
+
+    def half_written(tables, shard, num_shards, directory, *args):
+        directory.mkdir(parents=True)
+        (directory / "shard-0-of-1.t.rows").write_bytes(b"partial")
+        _full_disk()
+
+    monkeypatch.setattr(shard_checkpoint, "write_shard_files", half_written)
+    with pytest.raises(OSError, match="No space"):
+        auto.checkpoint()
+    assert list(auto.directory.iterdir()) == []  # the next attempt finds the room again
+    server.checkpoints.pause("next", 1)  # not held by the failed attempt
+    server.checkpoints.resume("next")
+
+    def outside_the_root(directory):
+        raise PermissionDeniedError("resolves outside the root")
+
+    monkeypatch.setattr(server.checkpoints, "checked_directory", outside_the_root)
+    with pytest.raises(PermissionDeniedError):
+        auto.checkpoint()  # refused before the write took the pause: released all the same
+    server.checkpoints.pause("after", 1)
+    server.journal.close()
