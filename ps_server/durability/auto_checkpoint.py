@@ -135,7 +135,8 @@ class AutoCheckpoints:
             OSError: it cannot be made.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        fsync_directory(self.directory.parent)
+        for made in (self.directory.parent, self.directory.parent.parent):
+            fsync_directory(made)
         self._server.checkpoints.checked_directory(str(self.directory))
         self._log.on_append = self._heard
         self._thread.start()
@@ -229,8 +230,10 @@ class AutoCheckpoints:
             if self._closed.is_set():
                 return
             self._wake.clear()
-            if not self._due():
-                retry_s = None
+            if not self._due():  # e.g. a cluster checkpoint moved the log's base meanwhile
+                if retry_s is not None:
+                    self._report(None)  # nothing is owed any more
+                retry_s = busy_since = None
                 continue
             try:
                 self.checkpoint()
@@ -248,6 +251,7 @@ class AutoCheckpoints:
             except ShardFailedError:
                 return  # the shard serves nothing more; its fault says why
             except Exception as error:  # noqa: BLE001 - reported, retried, never silent
+                busy_since = None
                 self.failed += 1
                 retry_s = min(2 * retry_s, LAST_RETRY_S) if retry_s else FIRST_RETRY_S
                 reason = (

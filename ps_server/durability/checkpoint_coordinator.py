@@ -14,6 +14,7 @@ from ember.ps_server.durability.checkpoint_format import (
     latest_checkpoint,
     next_checkpoint_id,
 )
+from ember.ps_server.durability.durable_files import fsync_directory
 from ember.ps_server.durability.replica_checkpoint import (
     flush_replicas,
     flush_wait_ms,
@@ -69,6 +70,7 @@ def take_checkpoint(
     wait_ms = flush_wait_ms(flush_wait_s)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
+    fsync_directory(root.parent)
     base = latest_checkpoint(root) if incremental else None
     if incremental and base is None:
         raise ValueError(f"no checkpoint under {root} to be incremental to; take a full one first")
@@ -153,9 +155,10 @@ def _claim_directory(root: Path) -> Path:
         directory = root / next_checkpoint_id(root)
         try:
             directory.mkdir()
-            return directory
         except FileExistsError:
             continue
+        fsync_directory(root)  # shards' logs will name it: its entry must last
+        return directory
 
 
 def _resume_all(rpc: ShardRPC, checkpoint_id: str, flush_id: str) -> None:

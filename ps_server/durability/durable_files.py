@@ -135,10 +135,11 @@ def _stream_out(fd: int, previous: tuple[int, int], block: tuple[int, int]) -> N
     ``sync_file_range``, ``fdatasync``."""
     global _SYNC_RANGE
     for (start, end), flags in ((block, _WRITE), (previous, _WAIT_BEFORE | _WRITE | _WAIT_AFTER)):
-        if _SYNC_RANGE is None:
+        sync_range = _SYNC_RANGE  # one read: another writer may clear it
+        if sync_range is None:
             os.fdatasync(fd)
             return
-        if end > start and _SYNC_RANGE(fd, start, end - start, flags) != 0:
+        if end > start and sync_range(fd, start, end - start, flags) != 0:
             error = ctypes.get_errno()
             if error in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ESPIPE):
                 _SYNC_RANGE = None  # this filesystem has none: fdatasync from now on
@@ -184,10 +185,26 @@ def verify_file(path: Path, sha256: str, size: int | None = None, contents: bool
     with open(path, "rb") as source:
         while chunk := source.read(_READ_CHUNK):
             digest.update(chunk)
-    if digest.hexdigest() != sha256:
+    _check_digest(path, digest.hexdigest(), sha256)
+
+
+def read_verified(path: Path, sha256: str, size: int) -> bytes:
+    """The bytes of a small file, read once and returned only if they match its size and
+    sha256 (what is checked is what is used).
+
+    Raises:
+        DurableFileCorruptError: missing, of another size, or another sha256.
+    """
+    verify_file(path, sha256, size, contents=False)
+    data = path.read_bytes()
+    _check_digest(path, hashlib.sha256(data).hexdigest(), sha256)
+    return data
+
+
+def _check_digest(path: Path, actual: str, expected: str) -> None:
+    if actual != expected:
         raise DurableFileCorruptError(
-            f"{path}: sha256 {digest.hexdigest()} does not match the expected {sha256}; "
-            "the file is corrupt"
+            f"{path}: sha256 {actual} does not match the expected {expected}; the file is corrupt"
         )
 
 

@@ -29,7 +29,7 @@ from ember.ps_server.durability.checkpoint_format import (
     read_row_file,
     row_file_name,
 )
-from ember.ps_server.durability.durable_files import verify_file, write_durably
+from ember.ps_server.durability.durable_files import read_verified, write_durably
 from ember.ps_server.errors import (
     CheckpointStateError,
     DurableFileCorruptError,
@@ -170,6 +170,11 @@ class ShardCheckpoints:
                 raise CheckpointStateError(
                     f"commit of checkpoint {checkpoint_id!r} refused: this shard last wrote "
                     f"{self._written_checkpoint!r}"
+                )
+            if not (self._written_directory / MANIFEST).exists():
+                raise CheckpointStateError(
+                    f"commit of checkpoint {checkpoint_id!r} refused: {self._written_directory} "
+                    "has no manifest (the log may only continue a finished checkpoint)"
                 )
             for table in self._server.tables().values():
                 table.changes.commit()
@@ -419,9 +424,9 @@ def _shard_meta(directory: Path, manifest: Manifest, shard: int, num_shards: int
             f"{directory}: the manifest lists {len(meta)} metadata files of shard {shard}, not 1"
         )
     path = directory / meta[0].path
-    verify_file(path, meta[0].sha256, meta[0].bytes)  # small: checked whole, whatever the store
+    data = read_verified(path, meta[0].sha256, meta[0].bytes)  # small: whatever the store
     try:
-        body = json.loads(path.read_bytes())
+        body = json.loads(data)
         windows, clocks = body["applied_request_ids"], body.get("step_clocks", {})
         if not all(isinstance(ids, list) for ids in windows.values()):
             raise TypeError("a window is not a list")

@@ -109,10 +109,10 @@ class ShardServer:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
             ucx_listener = _start_ucx_listener(config, logic, metrics, token)
             counting = [metrics.grpc_interceptor()] if metrics is not None else []
-            grpc_server, port, health_servicer = cls._start_grpc(
+            grpc_server, port, health_servicer, report = cls._start_grpc(
                 config, logic, ucx_listener, [*counting, *_token_check(token)], credentials
             )
-            auto = _start_auto_checkpoints(config, logic, _health_reporter(health_servicer, logic))
+            auto = _start_auto_checkpoints(config, logic, report)
         except BaseException:
             if grpc_server is not None:
                 grpc_server.stop(0)
@@ -145,7 +145,7 @@ class ShardServer:
         ucx_listener: UcxListener | None,
         interceptors: list[grpc.ServerInterceptor],
         credentials: grpc.ServerCredentials | None,
-    ) -> tuple[grpc.Server, int, health.HealthServicer]:
+    ) -> tuple[grpc.Server, int, health.HealthServicer, Callable[[str | None], None]]:
         planes = (
             [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port, config.max_message_bytes)]
             if ucx_listener
@@ -175,7 +175,7 @@ class ShardServer:
         report = _health_reporter(health_servicer, logic)
         report(None)
         logic.fault.on_trip(report)
-        return grpc_server, port, health_servicer
+        return grpc_server, port, health_servicer, report
 
     def write_ready_file(self, path: Path) -> None:
         """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
@@ -213,7 +213,8 @@ def _health_reporter(
     health_servicer: health.HealthServicer, logic: ParameterServer
 ) -> Callable[[str | None], None]:
     """Sets the health of every service: SERVING when told None and the shard has not failed,
-    else NOT_SERVING (told a reason: the shard failed, or cannot checkpoint itself)."""
+    else NOT_SERVING (told a reason: the shard failed, or cannot checkpoint itself). Make
+    one per shard: its lock orders a fault's report after any stale SERVING."""
 
     lock = threading.Lock()  # a fault's report never lands before a stale SERVING
 

@@ -209,11 +209,10 @@ class InMemoryStore:
         self._grow(rows)
 
     def _grow(self, slots: int) -> None:
-        if slots <= len(self._weights):
-            return
-        for array in self._arrays:
+        for array in self._arrays:  # each also learns its size (huge pages past a threshold)
             array.ensure(slots, self._slots_used)
-        self._bind()
+        if slots > len(self._weights):
+            self._bind()
 
     def _bind(self) -> None:
         """Name the arrays' current tensors (growing may replace them), cut to one length

@@ -42,7 +42,8 @@ def _strict_overcommit() -> bool:
     """Whether the kernel charges reservations in full (``vm.overcommit_memory`` 2), which
     ignores ``MAP_NORESERVE``: reserving would then take memory, not only addresses."""
     try:
-        return open("/proc/sys/vm/overcommit_memory").read().strip() == "2"
+        with open("/proc/sys/vm/overcommit_memory") as setting:
+            return setting.read().strip() == "2"
     except OSError:
         return False
 
@@ -82,6 +83,7 @@ class ReservedRows:
         while capacity < rows:
             capacity *= 2
         grown = self._allocate(capacity, capacity)
+        self._ask_for_huge_pages(rows)  # before the copy touches its pages
         grown[:used] = self.tensor[:used]
         self.tensor = grown
 

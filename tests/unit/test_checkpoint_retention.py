@@ -233,3 +233,14 @@ def test_a_failed_attempt_deletes_its_files_and_releases_the_pause(tmp_path, mon
         auto.checkpoint()  # refused before the write took the pause: released all the same
     server.checkpoints.pause("after", 1)
     server.journal.close()
+
+
+def test_the_log_only_continues_a_checkpoint_with_a_manifest(tmp_path):
+    server = _logged_server(tmp_path)
+    _push(server, "one")
+    server.checkpoints.pause("C", 60)
+    server.checkpoints.write("C", str(tmp_path / "c"), "")
+    with pytest.raises(CheckpointStateError, match="has no manifest"):
+        server.checkpoints.commit("C")  # the coordinator never wrote it: never the log's base
+    assert server.journal.log.base() == (None, 1)
+    server.journal.close()

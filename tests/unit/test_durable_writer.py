@@ -1,5 +1,6 @@
 """The durable writer streams large files out as it goes, and a failed write leaves no file."""
 
+import ctypes
 import errno
 import hashlib
 
@@ -47,3 +48,27 @@ def test_a_failed_write_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
         writer.write(b"x" * 100)
         writer.commit()
     assert not path.exists() and not path.with_name("rows.tmp").exists()
+
+
+def test_a_filesystem_without_sync_file_range_falls_back_to_fdatasync(tmp_path, monkeypatch):
+    monkeypatch.setattr(durable_files, "FLUSH_BYTES", 1000)
+    calls = []
+
+    def unsupported(fd, start, length, flags):
+        calls.append("sync_file_range")
+        ctypes.set_errno(errno.ENOSYS)
+        return -1
+
+    real_fdatasync = durable_files.os.fdatasync
+    monkeypatch.setattr(durable_files, "_SYNC_RANGE", unsupported)
+    monkeypatch.setattr(
+        durable_files.os, "fdatasync", lambda fd: calls.append("fdatasync") or real_fdatasync(fd)
+    )
+    path = tmp_path / "rows"
+    with DurableWriter(path) as writer:
+        for k in range(4):
+            writer.write(bytes([k]) * 700)
+        writer.commit()
+    assert path.read_bytes() == b"".join(bytes([k]) * 700 for k in range(4))
+    assert calls == ["sync_file_range", "fdatasync", "fdatasync"]  # asked once, then not again
+    assert durable_files._SYNC_RANGE is None

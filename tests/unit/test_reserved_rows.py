@@ -2,6 +2,7 @@
 the kernel refuses one, and a store whose three arrays always share one length."""
 
 import mmap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,3 +64,33 @@ def memory_rows(ids: np.ndarray) -> memory.RowBatch:
     return memory.RowBatch(
         torch.zeros(len(ids), 4), torch.zeros(len(ids), 4), torch.zeros(len(ids), dtype=torch.int64)
     )
+
+
+def _huge_pages_allowed(tensor: torch.Tensor) -> bool:
+    """Whether the mapping holding ``tensor``'s first byte may use transparent huge pages."""
+    address, eligible = tensor.data_ptr(), None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif line.startswith("THPeligible:") and inside:
+            eligible = line.split()[1] == "1"
+    return bool(eligible)
+
+
+def test_only_large_arrays_ask_for_huge_pages():
+    if Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().find("[madvise]") < 0:
+        pytest.skip("transparent huge pages are not in madvise mode here: nothing to ask")
+    store = InMemoryStore(dim=64, state_width=0, capacity=16)
+    rows = memory.RowBatch(
+        torch.ones(1000, 64), torch.empty(1000, 0), torch.zeros(1000, dtype=torch.int64)
+    )
+    store.insert(np.arange(1000, dtype=np.int64), rows)
+    assert not _huge_pages_allowed(store._weights)  # small tables keep 4 KiB pages
+    big = (64 << 20) // (4 * 64) + 1
+    batch = memory.RowBatch(
+        torch.ones(big, 64), torch.empty(big, 0), torch.zeros(big, dtype=torch.int64)
+    )
+    store.insert(np.arange(1000, 1000 + big, dtype=np.int64), batch)
+    assert _huge_pages_allowed(store._weights)
