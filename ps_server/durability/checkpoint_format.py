@@ -274,7 +274,7 @@ def read_row_file(
             that does not match.
     """
     view = memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if path.stat().st_size else b""
-    checking = HashAhead(path, view, sha256) if sha256 is not None else None
+    checking = HashAhead(path, sha256) if sha256 is not None else None
     try:
         yield from _row_chunks(path, view, dim, state_width)
     except BaseException:  # the reader's own error wins; the thread still ends first

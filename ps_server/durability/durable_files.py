@@ -209,26 +209,31 @@ def _check_digest(path: Path, actual: str, expected: str) -> None:
 
 
 class HashAhead:
-    """Checks a file's sha256 on a thread of its own while the caller parses the same bytes:
-    one read of the file instead of two (the thread runs ahead and pulls the pages in).
-    :meth:`finish` raises if it did not match, so whatever was built from the bytes must be
-    thrown away then (a restore into memory, at start).
+    """Checks a file's sha256 on a thread of its own while the caller parses it (through a
+    memory map): one pass over the disk instead of two, since the thread's large sequential
+    reads run ahead and leave the pages in the cache for the parser. :meth:`finish` raises
+    if it did not match, so whatever was built from the bytes must be thrown away then (a
+    restore into memory, at start).
 
     Args:
-        path: the file (for messages).
-        data: its bytes (a memory map).
+        path: the file.
         sha256: the expected digest.
     """
 
-    def __init__(self, path: Path, data: memoryview, sha256: str) -> None:
-        self._path, self._data, self._expected = path, data, sha256
+    def __init__(self, path: Path, sha256: str) -> None:
+        self._path, self._expected = path, sha256
         self._digest = hashlib.sha256()
+        self._failure: OSError | None = None
         self._thread = threading.Thread(target=self._hash, name="ember-verify")
         self._thread.start()
 
     def _hash(self) -> None:
-        for start in range(0, len(self._data), _READ_CHUNK):
-            self._digest.update(self._data[start : start + _READ_CHUNK])
+        try:
+            with open(self._path, "rb", buffering=0) as source:
+                while chunk := source.read(_READ_CHUNK):
+                    self._digest.update(chunk)
+        except OSError as error:
+            self._failure = error
 
     def finish(self, check: bool = True) -> None:
         """Wait for the digest; with ``check``, compare it.
@@ -237,6 +242,8 @@ class HashAhead:
             DurableFileCorruptError: it does not match.
         """
         self._thread.join()
+        if check and self._failure is not None:
+            raise DurableFileCorruptError(f"{self._path}: unreadable ({self._failure})")
         if check and self._digest.hexdigest() != self._expected:
             raise DurableFileCorruptError(
                 f"{self._path}: sha256 {self._digest.hexdigest()} does not match the expected "
