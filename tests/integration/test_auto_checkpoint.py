@@ -3,7 +3,6 @@ inside an automatic checkpoint, loses no acknowledged push and applies none twic
 checkpoint disk leaves the shard serving and unhealthy until it has room again."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from grpc_health.v1 import health_pb2
 
 from tests.support.health import await_status
 from tests.support.pushers import PATIENT, StepPusher, expected_rows
+from tests.support.tmpfs import mounted_tmpfs
 
 CRASHING_SHARD = Path(__file__).resolve().parents[1] / "support" / "crashing_checkpoint_shard.py"
 SPEC = TableSpec("auto", dim=8, optimizer=OptimizerSpec(OptimizerKind.ADAM, lr=0.05))
@@ -139,23 +139,9 @@ def test_a_sigkill_in_any_phase_of_an_automatic_checkpoint_loses_nothing(tmp_pat
 
 @pytest.fixture
 def growable_disk(tmp_path):
-    """A tmpfs of 512 KiB that a test can grow (needs root and mount; skipped, saying so)."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"a full-disk test mounts a small tmpfs, which failed here: {mounted.stderr}")
-
-    def grow() -> None:
-        subprocess.run(["mount", "-o", "remount,size=64m", str(mount_point)], check=True)
-
-    try:
-        yield mount_point, grow
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    """A tmpfs of 512 KiB, and a function that grows it to 64 MiB."""
+    with mounted_tmpfs(tmp_path / "disk", "512k") as resize:
+        yield tmp_path / "disk", lambda: resize("64m")
 
 
 def test_a_full_checkpoint_disk_leaves_the_shard_serving_and_unhealthy(tmp_path, growable_disk):

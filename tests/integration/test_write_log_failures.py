@@ -1,8 +1,6 @@
 """A real shard whose write-ahead log cannot be written: it stops acknowledging writes, says
 why, reports unhealthy, and a restart recovers every acknowledged write."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableS
 from grpc_health.v1 import health_pb2
 
 from tests.support.health import serving_status
+from tests.support.tmpfs import mounted_tmpfs
 
 FAULTY_SHARD = Path(__file__).resolve().parents[1] / "support" / "faulty_disk_shard.py"
 SPEC = TableSpec("logged", dim=64, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
@@ -47,21 +46,9 @@ def test_a_failed_fsync_stops_acknowledgements_and_the_shard_reports_why(tmp_pat
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MiB tmpfs (needs root and mount; skipped, saying so, elsewhere)."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("a full-disk test mounts a small tmpfs, which needs root")
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    """A 1 MiB tmpfs."""
+    with mounted_tmpfs(tmp_path / "disk", "1m"):
+        yield tmp_path / "disk"
 
 
 def test_a_disk_that_fills_mid_record_keeps_every_acknowledged_write(small_disk, tmp_path):
