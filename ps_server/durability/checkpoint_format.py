@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import struct
 import time
@@ -268,21 +269,26 @@ def read_row_file(
     """The ``(ids, rows)`` chunks of a row file: verify it first (:meth:`Manifest.verify`),
     or give its ``sha256`` to have it checked while it is read (:class:`HashAhead`).
 
+    The check completes only when the caller has taken every chunk: a caller that
+    stops early must not use what it read.
+
     Raises:
         DurableFileCorruptError: a header or chunk that is cut short, unreadable,
             or does not fit the table's layout; after the last chunk, a ``sha256``
             that does not match.
     """
-    view = memoryview(np.memmap(path, dtype=np.uint8, mode="r")) if path.stat().st_size else b""
-    checking = HashAhead(path, sha256) if sha256 is not None else None
-    try:
-        yield from _row_chunks(path, view, dim, state_width)
-    except BaseException:  # the reader's own error wins; the thread still ends first
+    with open(path, "rb") as handle:  # one open file for the parser and the check
+        size = os.fstat(handle.fileno()).st_size
+        view = memoryview(np.memmap(handle, dtype=np.uint8, mode="r")) if size else b""
+        checking = HashAhead(path, handle.fileno(), size, sha256) if sha256 else None
+        try:
+            yield from _row_chunks(path, view, dim, state_width)
+        except BaseException:  # the reader's own error wins; the thread stops first
+            if checking is not None:
+                checking.finish(check=False)
+            raise
         if checking is not None:
-            checking.finish(check=False)
-        raise
-    if checking is not None:
-        checking.finish()
+            checking.finish()
 
 
 def _row_chunks(

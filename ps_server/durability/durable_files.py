@@ -216,34 +216,48 @@ class HashAhead:
     restore into memory, at start).
 
     Args:
-        path: the file.
+        path: the file (for messages).
+        fd: the caller's open descriptor of it (the same file the parser maps, even if the
+            path is renamed over meanwhile).
+        size: its size when the parser mapped it (the bytes hashed).
         sha256: the expected digest.
     """
 
-    def __init__(self, path: Path, sha256: str) -> None:
-        self._path, self._expected = path, sha256
+    def __init__(self, path: Path, fd: int, size: int, sha256: str) -> None:
+        self._path, self._fd, self._size, self._expected = path, fd, size, sha256
         self._digest = hashlib.sha256()
         self._failure: OSError | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._hash, name="ember-verify")
         self._thread.start()
 
     def _hash(self) -> None:
+        offset = 0
         try:
-            with open(self._path, "rb", buffering=0) as source:
-                while chunk := source.read(_READ_CHUNK):
-                    self._digest.update(chunk)
+            while offset < self._size and not self._stop.is_set():
+                chunk = os.pread(self._fd, min(_READ_CHUNK, self._size - offset), offset)
+                if not chunk:
+                    break  # cut short since it was mapped: the digest cannot match
+                self._digest.update(chunk)
+                offset += len(chunk)
         except OSError as error:
             self._failure = error
 
     def finish(self, check: bool = True) -> None:
-        """Wait for the digest; with ``check``, compare it.
+        """Wait for the digest and compare it; without ``check``, stop reading and compare
+        nothing (the caller failed already).
 
         Raises:
             DurableFileCorruptError: it does not match.
+            OSError: the file could not be read.
         """
+        if not check:
+            self._stop.set()
         self._thread.join()
-        if check and self._failure is not None:
-            raise DurableFileCorruptError(f"{self._path}: unreadable ({self._failure})")
+        if not check:
+            return
+        if self._failure is not None:
+            raise self._failure
         if check and self._digest.hexdigest() != self._expected:
             raise DurableFileCorruptError(
                 f"{self._path}: sha256 {self._digest.hexdigest()} does not match the expected "

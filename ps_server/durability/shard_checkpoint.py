@@ -16,7 +16,6 @@ deduplication windows come back only when N == M (request ids are per shard).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from pathlib import Path
@@ -43,7 +42,6 @@ from ember.ps_server.wire.table_spec import TableSpec
 if TYPE_CHECKING:
     from ember.ps_server.shard.server import ParameterServer
 
-log = logging.getLogger(__name__)
 
 MAX_PAUSE_LEASE_S = 300.0
 """The longest a checkpoint may hold a shard's writes before it writes its files."""

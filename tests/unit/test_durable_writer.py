@@ -1,12 +1,18 @@
-"""The durable writer streams large files out as it goes, and a failed write leaves no file."""
+"""The durable writer streams large files out as it goes, and a failed write leaves no file;
+a row file is checked as the very file it is read from."""
 
 import ctypes
 import errno
 import hashlib
 
+import numpy as np
 import pytest
+import torch
 from ember.ps_server.durability import durable_files
+from ember.ps_server.durability.checkpoint_format import read_row_file, write_row_file
 from ember.ps_server.durability.durable_files import DurableWriter
+from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.stores import RowBatch
 
 
 def test_blocks_go_to_the_disk_while_writing_and_the_file_is_exact(tmp_path, monkeypatch):
@@ -72,3 +78,29 @@ def test_a_filesystem_without_sync_file_range_falls_back_to_fdatasync(tmp_path, 
     assert path.read_bytes() == b"".join(bytes([k]) * 700 for k in range(4))
     assert calls == ["sync_file_range", "fdatasync", "fdatasync"]  # asked once, then not again
     assert durable_files._SYNC_RANGE is None
+
+
+def _row_file(path, rows: int) -> str:
+    ids = np.arange(rows, dtype=np.int64)
+    batch = RowBatch(
+        torch.ones(rows, 4), torch.zeros(rows, 0), torch.zeros(rows, dtype=torch.int64)
+    )
+    chunks = [
+        (ids[k : k + 10], batch.select(np.isin(ids, ids[k : k + 10]))) for k in range(0, rows, 10)
+    ]
+    return write_row_file(path, "t", 4, 0, chunks).sha256
+
+
+def test_a_row_file_is_checked_as_the_same_open_file_it_is_read_from(tmp_path):
+    path = tmp_path / "t.rows"
+    good = _row_file(path, 50)
+    reader = read_row_file(path, 4, 0, good)
+    first = next(reader)
+    _row_file(tmp_path / "other.rows", 60)
+    (tmp_path / "other.rows").replace(path)  # swapped under the reader: not what it checks
+    assert sum(len(ids) for ids, _ in reader) + len(first[0]) == 50
+    with pytest.raises(DurableFileCorruptError, match="does not match"):
+        list(read_row_file(path, 4, 0, good))  # the new file is not the one listed
+    early = read_row_file(path, 4, 0, good)
+    next(early)
+    early.close()  # stops the check without judging: the caller took only part
