@@ -12,9 +12,9 @@ loses nothing, a machine crash at most that interval).
 Fail closed. A failed write or fsync trips the shard's :class:`ShardFault`:
 the record being written is cut off again, nothing more is appended, and no
 request is acknowledged from then on (the shard reports unhealthy). One
-process owns a shard's log: :meth:`claim` takes ``shard-S.lock`` (an
-``flock``, released when its holder dies) and refuses a directory that holds
-logs or a checkpoint base of another shard count.
+process owns a shard's log: :meth:`claim` locks it and refuses a directory
+that holds logs or a checkpoint base of another shard count (see
+:mod:`log_ownership`).
 
 A checkpoint :meth:`rotate`\\s to a new segment under its write pause and,
 once durable, :meth:`commit_base` records it in ``shard-S-of-N.base.json``
@@ -27,13 +27,10 @@ warning; any other damage stops the start, naming the file and byte offset.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 import zlib
@@ -41,20 +38,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ember.ps_server.durability.durable_files import fsync_directory, write_durably
+from ember.ps_server.durability.log_ownership import check_shard_count, lock_shard_log
 from ember.ps_server.durability.log_records import FRAMING, TRAILER, header, segment_records
 from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     DurableFileCorruptError,
     ShardFailedError,
     TopologyMismatchError,
-    WriteLogLockedError,
 )
 from ember.ps_server.wire.proto_wire import Buffer
 
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval")
-_FILE_OF_SHARD = re.compile(r"^shard-(\d+)-of-(\d+)\.(?:\d{8}\.wal|base\.json)$")
 _MAX_WRITEV_PARTS = 512
 
 
@@ -121,48 +117,12 @@ class WriteLog:
         """
         if self._lock_file is not None:
             return
-        path = self.directory / f"shard-{self._shard}.lock"
-        handle = open(path, "a+")  # noqa: SIM115 - held until close()
+        self._lock_file = lock_shard_log(self.directory, self._shard)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                handle.close()
-                raise
-            handle.seek(0)
-            holder = handle.read().strip() or "an unknown process"
-            handle.close()
-            raise WriteLogLockedError(
-                f"the write-ahead log of shard {self._shard} in {self.directory} is in use by "
-                f"{holder}; one shard process per log (stop the other one first)"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
-        handle.flush()
-        self._lock_file = handle
-        try:
-            self._check_topology()
+            check_shard_count(self.directory, self._shard, self._num_shards)
         except TopologyMismatchError:
             self._release_lock()
             raise
-
-    def _check_topology(self) -> None:
-        others = sorted(
-            entry.name
-            for entry in self.directory.iterdir()
-            if (match := _FILE_OF_SHARD.match(entry.name))
-            and int(match.group(2)) != self._num_shards
-        )
-        if others:
-            raise TopologyMismatchError(
-                f"{self.directory} holds the write-ahead log of another shard count "
-                f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}), and this is "
-                f"shard {self._shard} of {self._num_shards}: serving would lose those writes. "
-                "To change the shard count: start the old shards on this log, take a checkpoint "
-                "(ember checkpoint --dir D), stop them, move this directory aside, then start "
-                "the new shards with --restore D and an empty --wal directory"
-            )
 
     def base(self) -> tuple[Path | None, int]:
         """``(checkpoint directory, first segment after it)``; ``(None, 1)`` without one."""

@@ -83,8 +83,8 @@ def open_marker(
     check_store_url(url)
     if url in ("", "memory"):
         return None
+    from ember.ps_server.stores.redis_connection import connect, redact
     from ember.ps_server.stores.redis_marker import RedisShardMarker
-    from ember.ps_server.stores.redis_store import connect, redact
 
     redis_url = _redis_url(url)[0]
     return RedisShardMarker(

@@ -22,7 +22,7 @@ import uuid
 import redis
 from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import StoreCorruptError, TopologyMismatchError
-from ember.ps_server.stores.redis_store import guarded
+from ember.ps_server.stores.redis_connection import guarded
 from ember.ps_server.stores.resp import pack
 
 log = logging.getLogger(__name__)

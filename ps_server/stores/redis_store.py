@@ -24,16 +24,12 @@ WATCH/MULTI through.)
 
 from __future__ import annotations
 
-import contextlib
-import urllib.parse
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-import redis
 import torch
 from ember.kernels.optim import RowOptimizer, fused_row_update
-from ember.ps_server.errors import StoreUnavailableError
 from ember.ps_server.stores.base import (
     DUMP_CHUNK_ROWS,
     RowBatch,
@@ -41,7 +37,14 @@ from ember.ps_server.stores.base import (
     empty_batch,
     weights_via_fetch,
 )
-from ember.ps_server.stores.resp import pack, pack_keyed, pooled_connection, run_on, run_packed
+from ember.ps_server.stores.redis_connection import (
+    MarkedWrites,
+    connect,
+    guarded,
+    redact,
+    redis_errors,
+)
+from ember.ps_server.stores.resp import pack, pack_keyed, run_packed
 from ember.ps_server.stores.row_codec import (
     DECODE_CHUNK_ROWS,
     HEADER_BYTES,
@@ -57,17 +60,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DEFAULT_BATCH_KEYS = 65_536  # keys per MGET / MSET: well under 2^18, one command for most requests
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 class RedisStore:
@@ -297,123 +289,9 @@ class RedisStore:
         return guarded(self.url, operation)
 
 
-class MarkedWrites:
-    """Transactions on one Redis database that commit only while this process's epoch of
-    the shard's marker holds there (WATCH, then MULTI/EXEC), or plain writes without one.
-
-    Args:
-        client: the database.
-        url: its URL, password redacted (for messages).
-        marker: the shard's marker (None: writes are not conditional).
-    """
-
-    def __init__(self, client: redis.Redis, url: str, marker: RedisShardMarker | None) -> None:
-        self._redis, self._url, self._marker = client, url, marker
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """One connection for a read-then-write (or a write): see :class:`Transaction`.
-        Connection failures are StoreUnavailableError; any error drops the connection."""
-        with redis_errors(self._url), pooled_connection(self._redis) as connection:
-            transaction = Transaction(connection, self._url, self._marker)
-            yield transaction
-            transaction.end()
-
-    def check_marker(self) -> None:
-        """Read the marker now and check it (see ``RedisShardMarker.verify``)."""
-        if self._marker is not None:
-            expected = self._marker.expected
-            held = guarded(self._url, lambda: run_packed(self._redis, [self._marker.command()]))[0]
-            self._marker.verify(held, expected)
-
-
-class Transaction:
-    """A read, then a write all or none, on one connection (from :meth:`MarkedWrites.transaction`).
-
-    With an armed marker, :meth:`read` WATCHes it and reads it after the rows, and
-    :meth:`write` runs MULTI/EXEC, which Redis aborts if the marker changed since the
-    WATCH; a write with no read first WATCHes and checks the marker itself.
-    """
-
-    def __init__(self, connection: Any, url: str, marker: RedisShardMarker | None) -> None:
-        self._connection, self._url = connection, url
-        self._marker = marker if marker is not None and marker.expected is not None else None
-        self._watching = False
-
-    def read(self, commands: list[bytes]) -> list[Any]:
-        """The replies of read ``commands``, with the marker watched and checked."""
-        if self._marker is None:
-            return run_on(self._connection, commands) if commands else []
-        expected = self._marker.expected
-        _, *replies, held = run_on(
-            self._connection, [pack(b"WATCH", self._marker.key), *commands, self._marker.command()]
-        )
-        self._watching = True
-        self._marker.verify(held, expected)
-        return replies
-
-    def write(self, commands: list[bytes]) -> None:
-        """Run write ``commands`` all or none (one alone; several, or any under a marker,
-        as MULTI/EXEC).
-
-        Raises:
-            ShardFailedError: the marker changed since it was read (nothing was written).
-            StoreUnavailableError: an emptied store was accepted meanwhile: retry.
-        """
-        if not commands:
-            return
-        if self._marker is not None and not self._watching:
-            self.read([])
-        if self._marker is None and len(commands) == 1:
-            run_on(self._connection, commands)
-            return
-        *_, applied = run_on(self._connection, [pack(b"MULTI"), *commands, pack(b"EXEC")])
-        self._watching = False  # EXEC ends the WATCH, whether it ran or not
-        if applied is None:  # the marker changed since WATCH: nothing was written
-            held = run_on(self._connection, [self._marker.command()])[0]
-            self._marker.verify(held, self._marker.expected)
-            raise StoreUnavailableError(
-                f"redis at {self._url}: a write found this shard's marker changed; retry it"
-            )
-        for reply in applied:
-            if isinstance(reply, Exception):
-                raise reply
-
-    def end(self) -> None:
-        """Drop a WATCH no write ended, before the connection goes back to the pool."""
-        if self._watching:
-            run_on(self._connection, [pack(b"UNWATCH")])
-            self._watching = False
-
-
 def row_key_prefix(table: str, shard: int) -> bytes:
     """What every row key of ``table`` on ``shard`` starts with; the id's 8 bytes follow."""
     return f"ember:{table}:s{shard}:".encode()
-
-
-def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
-    """A client of the Redis at ``url`` (ValueError, password redacted, for a bad URL)."""
-    try:
-        return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    except ValueError as error:
-        raise ValueError(f"bad redis URL {redact(url)}: {error}") from error
-
-
-@contextlib.contextmanager
-def redis_errors(url: str) -> Iterator[None]:
-    """A lost connection or a refused login inside the block raises StoreUnavailableError."""
-    try:
-        yield
-    except redis.AuthenticationError as error:
-        raise StoreUnavailableError(f"redis at {url} refused the credentials: {error}") from error
-    except (redis.ConnectionError, redis.TimeoutError) as error:
-        raise StoreUnavailableError(f"redis at {url} is unreachable: {error}") from error
-
-
-def guarded(url: str, operation: Callable[[], T]) -> T:
-    """Run ``operation`` under :func:`redis_errors`."""
-    with redis_errors(url):
-        return operation()
 
 
 def _joined(replies: list[list[bytes | None]]) -> list[bytes | None]:

@@ -229,16 +229,23 @@ def test_damaged_checkpoints_and_spec_clashes_are_refused(tmp_path):
     data = bytearray(row_file.read_bytes())
     data[-5] ^= 0xFF
     row_file.write_bytes(bytes(data))
-    with pytest.raises(ClusterError, match=f"{row_file.name}.*{expected_sha}"):
-        LocalCluster(1, extra_args=["--restore", str(root)]).start()
+    assert_restore_refused(root, f"{row_file.name}.*{expected_sha}")
     row_file.write_bytes(bytes(data[:-100]))  # truncated
-    with pytest.raises(ClusterError, match=f"{row_file.name}.*truncated"):
-        LocalCluster(1, extra_args=["--restore", str(root)]).start()
+    assert_restore_refused(root, f"{row_file.name}.*truncated")
     manifest = json.loads((directory / MANIFEST).read_text())
     manifest["body"]["num_shards"] = 5
     (directory / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(ClusterError, match="manifest is corrupt"):
-        LocalCluster(1, extra_args=["--restore", str(root)]).start()
+    assert_restore_refused(root, "manifest is corrupt")
+
+
+def assert_restore_refused(root, match: str) -> None:
+    """A shard restoring from ``root`` fails to start with an error matching ``match`` (and
+    one that starts after all is stopped again)."""
+    with (
+        pytest.raises(ClusterError, match=match),
+        LocalCluster(1, extra_args=["--restore", str(root)]),
+    ):
+        pass
 
 
 def test_restore_onto_the_same_shard_count_reads_only_the_shards_own_files(tmp_path):
