@@ -43,10 +43,14 @@ ASYNC_NEEDS_STALENESS = (
 @dataclasses.dataclass
 class PipelineTiming:
     """Seconds: ``exposed_wait`` blocked on the shards, ``ps_time`` the step RPCs took in all
-    (exposed or overlapped), and the lag of every step's served clock."""
+    (exposed or overlapped), ``rows_to_update`` from each step's rows being served to its
+    update being sent (the compute no pipelining hides: the next lookups park until this
+    update is applied), and the lag of every step's served clock."""
 
     exposed_wait: float = 0.0
     ps_time: float = 0.0
+    rows_to_update: float = 0.0
+    rows_to_update_steps: int = 0
     max_lag: int = 0
     lags: list[int] = dataclasses.field(default_factory=list)
 
@@ -54,6 +58,11 @@ class PipelineTiming:
     def overlapped(self) -> float:
         """PS time hidden behind compute."""
         return max(0.0, self.ps_time - self.exposed_wait)
+
+    @property
+    def rows_to_update_per_step(self) -> float:
+        """Mean seconds from a step's rows to its update (0 before the first update)."""
+        return self.rows_to_update / self.rows_to_update_steps if self.rows_to_update_steps else 0.0
 
 
 @dataclasses.dataclass
@@ -91,6 +100,7 @@ class PipelinedRowSource:
         )
         self._stats_lock = threading.Lock()
         self._step = 0  # the step whose rows rows() serves next
+        self._rows_served_at: float | None = None  # when rows() last returned
         self._prefetched: dict[int, _Prefetch] = {}
         self._updates: dict[int, concurrent.futures.Future] = {}
 
@@ -142,12 +152,17 @@ class PipelinedRowSource:
             )
         self.timing.lags.append(lag)
         self.timing.max_lag = max(self.timing.max_lag, lag)
+        self._rows_served_at = time.perf_counter()
         return rows
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Send step t's update (clock t) in the background; first wait until at most ``s``
         others are in flight."""
         step = self._step
+        if self._rows_served_at is not None:
+            self.timing.rows_to_update += time.perf_counter() - self._rows_served_at
+            self.timing.rows_to_update_steps += 1
+            self._rows_served_at = None
         for old in sorted(self._updates):
             if old <= step - 1 - self.staleness:
                 self._wait(self._updates.pop(old))

@@ -51,6 +51,7 @@ def run_report(
         "ps_wait_s": exposed_wait,
         "ps_overlapped_s": timing.overlapped if timing else 0.0,
         "compute_s": wall - exposed_wait,
+        "rows_to_update_s_per_step": timing.rows_to_update_per_step if timing else 0.0,
         "max_clock_lag": timing.max_lag if timing else 0,
         "clock_lags": timing.lags if timing else [],
         "malformed_lines": reader.stats.malformed,

@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
                 "seen": seen,
                 "lags": source.timing.lags,
                 "exposed_wait_s": source.timing.exposed_wait,
+                "rows_to_update_s": source.timing.rows_to_update_per_step,
                 "wall_s": time.perf_counter() - started,
             }
         )

@@ -120,6 +120,12 @@ def test_step_time_bounds():
             max(link, (link + both_ways + 0.002) / (staleness + 1))
         )
     assert step_time(traffic, 1, even).bound == "chain"
+    # Only the compute that needs a step's rows lies on the chain, where it is calibrated.
+    on_chain = dataclasses.replace(even, cpu_chain=CostLine(link / 2, 0.0))
+    assert step_time(traffic, 1, on_chain).chain_s == pytest.approx(
+        (link / 2 + both_ways + 0.002) / 2
+    )
+    assert MachineFigures.from_json(on_chain.to_json()) == on_chain
     exact = model.traffic(0, staleness=0)
     assert step_time(exact, 0, slow).seconds > step_time(exact, 0, FIGURES).seconds + 0.002
 

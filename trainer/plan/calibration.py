@@ -1,8 +1,9 @@
 """Measure a machine's step-cost figures with short training runs on throwaway tables.
 
 Two hot-set sizes at staleness 0 and at staleness 1 (exact updates), each run twice
-(the faster counts), give the two CPU cost lines of :class:`MachineFigures` (step seconds against the cold rows each run
-actually moved). The runs train tables of their own (``<prefix>.calibration*``)
+(the faster counts), give the CPU cost lines of :class:`MachineFigures` (step seconds
+against the cold rows each run actually moved, and at staleness 1 the compute from each
+step's rows to its update, which the lookup-after-update chain cannot hide). The runs train tables of their own (``<prefix>.calibration*``)
 so the model a plan is for is left untouched. Run it where the shards are
 reached over a fast network (or loopback) and give the production link's
 bandwidth and round trip to the planner.
@@ -34,6 +35,7 @@ class CalibrationRun:
     cache_mb: float
     staleness: int
     step_s: float  # without the run's last write-back
+    rows_to_update_s: float  # per step: the compute that needs the step's rows
     cold_rows: float
     control_bytes_per_step: float
     writeback_s: float  # the last write-back (and the drain of the updates in flight)
@@ -88,6 +90,10 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
         )
         for staleness in (0, 1)
     }
+    stale_runs = [r for r in runs if r.staleness == 1]
+    chain = CostLine.fit(
+        [r.cold_rows for r in stale_runs], [r.rows_to_update_s for r in stale_runs]
+    )
     colds = sorted(r.cold_rows for r in runs)
     if colds[-1] < 1.2 * colds[0]:
         raise ValueError(
@@ -95,13 +101,14 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
             f"{colds[-1]:.0f} per step), so the cost of a cold row cannot be measured: "
             "calibrate with a budget (--cache-mb) whose hot set covers more of the lookups"
         )
-    stale = [r.control_bytes_per_step for r in runs if r.staleness == 1]
+    stale = [r.control_bytes_per_step for r in stale_runs]
     written = sum(r.rows_written_back for r in runs)
     figures = MachineFigures(
         lines[0],
         lines[1],
         control_bytes_per_step=sum(stale) / len(stale),
         writeback_s_per_row=sum(r.writeback_s for r in runs) / written if written else 0.0,
+        cpu_chain=chain,
     )
     return figures, runs
 
@@ -120,6 +127,7 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
         cache_mb,
         staleness,
         step_s=(report["wall_s"] - report["final_flush_s"]) / report["steps"],
+        rows_to_update_s=report["rows_to_update_s_per_step"],
         cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
         control_bytes_per_step=report["bytes_control_per_sample"] * batch,
         writeback_s=report["final_flush_s"],

@@ -15,10 +15,12 @@ its own update. Two things bound a step:
 A third bound is the chain that staleness allows to overlap: the lookup of step
 ``t`` parks on the shard until the update of step ``t-1-s`` is applied, so
 between the end of step ``t-1-s`` and the end of step ``t`` lie that update's
-upload, the lookup's download, a round trip and step ``t``'s compute. Those
-``s + 1`` steps take at least ``(cpu + wire(up + down) + rtt) / (s + 1)`` each.
-Where CPU and link take about as long, this chain, not either alone, sets the
-pace (measured at 25 Mbit/s: CPU 86 ms, link about 70 ms each way, runs 117 ms).
+upload, the lookup's download, a round trip and the part of step ``t``'s
+compute that needs its rows (from the rows being served to the update being
+sent; the next batch's preparation overlaps the wait). Those ``s + 1`` steps
+take at least ``(chain cpu + wire(up + down) + rtt) / (s + 1)`` each. Where CPU
+and link take about as long, this chain, not either alone, sets the pace
+(measured at 25 Mbit/s: CPU 86 ms, link about 70 ms each way, runs 117 ms).
 
 The step takes the largest bound (``s >= 1``), or the CPU-bound step plus the
 exposed update (``s = 0``: there the chain is the exposed update itself). With several ranks the hot rows' gradients are
@@ -52,6 +54,11 @@ class CostLine:
         return self.base_s + self.per_cold_row_s * cold_rows
 
     @classmethod
+    def from_json(cls, table: dict) -> CostLine:
+        """A line from its fields' form (``dataclasses.asdict``)."""
+        return cls(float(table["base_s"]), float(table["per_cold_row_s"]))
+
+    @classmethod
     def fit(cls, cold_rows: Sequence[float], seconds: Sequence[float]) -> CostLine:
         """The least-squares line through measured ``(cold rows, seconds per step)`` pairs,
         base and slope kept >= 0 (one pair, or pairs at one cold-row count: a flat line at
@@ -81,6 +88,8 @@ class MachineFigures:
         control_bytes_per_step: step messages' framing, measured by the calibration.
         writeback_s_per_row: CPU seconds per hot row written back (measured by the
             calibration; training waits for write-backs).
+        cpu_chain: with staleness >= 1, the compute from a step's rows to its update, by
+            cold rows (None: the whole CPU-bound step, an upper bound).
     """
 
     cpu_exact: CostLine
@@ -89,9 +98,11 @@ class MachineFigures:
     rtt_ms: float = 0.0
     control_bytes_per_step: float = 0.0
     writeback_s_per_row: float = 0.0
+    cpu_chain: CostLine | None = None
 
     def __post_init__(self) -> None:
-        for line in (self.cpu_exact, self.cpu_stale):
+        lines = (self.cpu_exact, self.cpu_stale, self.cpu_chain)
+        for line in (line for line in lines if line is not None):
             values = (line.base_s, line.per_cold_row_s)
             if not all(math.isfinite(v) and v >= 0 for v in values) or not any(values):
                 raise ValueError(
@@ -120,13 +131,11 @@ class MachineFigures:
     def from_json(cls, table: dict) -> MachineFigures:
         """Figures from :meth:`to_json`'s form; ValueError naming what is missing or wrong."""
         try:
-            lines = {
-                name: CostLine(float(table[name]["base_s"]), float(table[name]["per_cold_row_s"]))
-                for name in ("cpu_exact", "cpu_stale")
-            }
-            bandwidth = table.get("bandwidth_mbit")
+            lines = {name: CostLine.from_json(table[name]) for name in ("cpu_exact", "cpu_stale")}
+            chain, bandwidth = table.get("cpu_chain"), table.get("bandwidth_mbit")
             return cls(
                 **lines,
+                cpu_chain=None if chain is None else CostLine.from_json(chain),
                 bandwidth_mbit=None if bandwidth is None else float(bandwidth),
                 rtt_ms=float(table.get("rtt_ms", 0.0)),
                 control_bytes_per_step=float(table.get("control_bytes_per_step", 0.0)),
@@ -177,7 +186,8 @@ def step_time(
         cpu = figures.cpu_stale.at(traffic.cold_rows)
         link = figures.wire_seconds(max(traffic.bytes_up, traffic.bytes_down)) + rtt
         wire_both_ways = figures.wire_seconds(traffic.bytes_up + traffic.bytes_down)
-        chain = (cpu + wire_both_ways + rtt) / (staleness + 1)
+        on_chain = figures.cpu_chain.at(traffic.cold_rows) if figures.cpu_chain else cpu
+        chain = (on_chain + wire_both_ways + rtt) / (staleness + 1)
         return StepTime(max(cpu, link, chain) + blocking, cpu, link + blocking, chain + blocking)
     cpu = figures.cpu_exact.at(traffic.cold_rows)
     collisions_down = traffic.collision_rows * (ID_BYTES + traffic.row_bytes)
