@@ -42,7 +42,7 @@ SUITE: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench_trainer": ([], ["--steps", "60", "--loopback-only"]),
     "bench_wire_dtype": ([], ["--steps", "40", "--eval-batches", "4"]),
-    "bench_plan": ([], ["--steps", "30", "--calibration-steps", "20", "--rates-mbit", ""]),
+    "bench_plan": ([], ["--steps", "30", "--calibration-steps", "20", "--rates-mbit", "", "--repeats", "1"]),
     "bench_balance": ([], ["--steps", "30"]),
     "bench_scale": ([], ["--sizes", "100000,400000", "--wal-gb", "0.3"]),
 }  # fmt: skip
