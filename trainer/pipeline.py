@@ -41,45 +41,22 @@ ASYNC_NEEDS_STALENESS = (
 
 
 @dataclasses.dataclass
-class Mean:
-    """A running mean of seconds (0 before the first)."""
-
-    total: float = 0.0
-    count: int = 0
-
-    def add(self, seconds: float) -> None:
-        """Count one more duration."""
-        self.total += seconds
-        self.count += 1
-
-    @property
-    def value(self) -> float:
-        """The mean so far."""
-        return self.total / self.count if self.count else 0.0
-
-
-@dataclasses.dataclass
 class PipelineTiming:
     """Seconds: ``exposed_wait`` blocked on the shards, ``ps_time`` the step RPCs took in all
-    (exposed or overlapped), the lag of every step's served clock, and the parts of the
-    chain that staleness cannot hide (the lookup of step t parks until the update of
-    t-1-s is applied):
+    (exposed or overlapped), and the lag of every step's served clock.
 
-    * ``rows_to_update``: from a step's rows being served to ``apply_gradients`` (the
-      compute that needs them; with several ranks it includes their all-reduces);
-    * ``update_calls``: an update's call, sent to answered (encoding, the shards' apply);
-    * ``unparked_lookups``: a lookup's call where the clock it needs was already answered
-      when it was sent (the shards' serving and the decoding, no parking; one rank's view:
-      with several, another rank's clock may still park it).
-    """
+    ``rows_to_update`` is the time from each step's rows being served to its
+    ``apply_gradients`` (before that waits for room among the updates in flight): the
+    compute that needs the rows, which no pipelining hides, since later lookups park until
+    this update is applied. With several ranks it includes their all-reduces inside the
+    step, and so waits for slower ranks."""
 
     exposed_wait: float = 0.0
     ps_time: float = 0.0
+    rows_to_update: float = 0.0
+    rows_to_update_steps: int = 0
     max_lag: int = 0
     lags: list[int] = dataclasses.field(default_factory=list)
-    rows_to_update: Mean = dataclasses.field(default_factory=Mean)
-    update_calls: Mean = dataclasses.field(default_factory=Mean)
-    unparked_lookups: Mean = dataclasses.field(default_factory=Mean)
 
     @property
     def overlapped(self) -> float:
@@ -87,10 +64,9 @@ class PipelineTiming:
         return max(0.0, self.ps_time - self.exposed_wait)
 
     @property
-    def chain_work(self) -> float:
-        """Mean seconds per step of the chain's work beyond the wire: a step's compute, an
-        update's call and an unparked lookup's call (on loopback, the chain's whole time)."""
-        return self.rows_to_update.value + self.update_calls.value + self.unparked_lookups.value
+    def rows_to_update_per_step(self) -> float:
+        """Mean seconds from a step's rows to its update (0 before the first update)."""
+        return self.rows_to_update / self.rows_to_update_steps if self.rows_to_update_steps else 0.0
 
 
 @dataclasses.dataclass
@@ -129,7 +105,6 @@ class PipelinedRowSource:
         self._stats_lock = threading.Lock()
         self._step = 0  # the step whose rows rows() serves next
         self._rows_served_at: float | None = None  # when rows() last returned
-        self._answered_clock = -1  # the newest clock whose update was answered
         self._prefetched: dict[int, _Prefetch] = {}
         self._updates: dict[int, concurrent.futures.Future] = {}
 
@@ -189,7 +164,8 @@ class PipelinedRowSource:
         others are in flight."""
         step = self._step
         if self._rows_served_at is not None:
-            self.timing.rows_to_update.add(time.perf_counter() - self._rows_served_at)
+            self.timing.rows_to_update += time.perf_counter() - self._rows_served_at
+            self.timing.rows_to_update_steps += 1
             self._rows_served_at = None
         for old in sorted(self._updates):
             if old <= step - 1 - self.staleness:
@@ -216,24 +192,16 @@ class PipelinedRowSource:
         self._updates_pool.shutdown(wait=True)
 
     def _lookup(self, requests: dict[str, torch.Tensor], needed: int):
-        with self._stats_lock:
-            unparked = self._answered_clock >= needed
-        started = time.perf_counter()
         rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
-            if unparked:
-                self.timing.unparked_lookups.add(time.perf_counter() - started)
             for table, ids in requests.items():
                 self._payload.rows_pulled += len(ids)
                 self._payload.bytes_pulled += len(ids) * (8 + self._row_bytes(table))
         return rows, watermark
 
     def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
-        started = time.perf_counter()
         refreshed, watermark = self.steps.update(updates, step, refresh)
         with self._stats_lock:
-            self.timing.update_calls.add(time.perf_counter() - started)
-            self._answered_clock = max(self._answered_clock, step)
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)
                 self._payload.bytes_pushed += len(ids) * (8 + self._row_bytes(table))

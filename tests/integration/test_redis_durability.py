@@ -142,8 +142,11 @@ def test_shards_of_another_count_refuse_a_redis_and_the_named_way_to_reshard_wor
         client.push(SPEC.name, ids, torch.randn(1000, SPEC.dim))
         trained, versions = client.pull_with_versions(SPEC.name, ids)
         checkpoint = client.checkpoint(tmp_path / "ckpt")
-    with pytest.raises(ClusterError, match="rows of a 1-shard cluster.*shard 0 of 2.*--restore D"):
-        LocalCluster(2, extra_args=["--store", own_redis.url]).start()
+    with (
+        pytest.raises(ClusterError, match="rows of a 1-shard cluster.*shard 0 of 2.*--restore D"),
+        LocalCluster(2, extra_args=["--store", own_redis.url]),
+    ):
+        pass
     other_db = own_redis.url.rsplit("/", 1)[0] + "/1"
     new = ["--store", other_db, "--restore", str(checkpoint)]
     with LocalCluster(2, extra_args=new) as cluster, PSClient(cluster.endpoints) as client:
@@ -222,8 +225,11 @@ def test_an_empty_log_over_a_redis_holding_the_shards_rows_is_refused(own_redis,
     raw = redis.Redis.from_url(own_redis.url)
     keys = sorted(raw.keys(b"ember:*"))
     extra = ["--store", own_redis.url, "--wal", str(tmp_path / "empty-wal")]
-    with pytest.raises(ClusterError, match="holds the rows of shard 0.*log in .* is empty"):
-        LocalCluster(1, extra_args=extra).start()
+    with (
+        pytest.raises(ClusterError, match="holds the rows of shard 0.*log in .* is empty"),
+        LocalCluster(1, extra_args=extra),
+    ):
+        pass
     assert len(keys) == 50 and sorted(raw.keys(b"ember:*")) == keys
 
 

@@ -56,12 +56,9 @@ def test_with_staleness_2_a_fast_rank_reads_at_most_2_clocks_behind_and_waits_fo
     # ... and no further: it waited for the slow rank for most of the slow rank's compute.
     assert fast_report["exposed_wait_s"] > 0.6 * (STEPS - 3) * SLOW_S
     assert fast_report["wall_s"] > (STEPS - 3) * SLOW_S
-    # The chain's parts: the compute from rows to update counts the compute only, not the
-    # waits around it; every update's call is timed; lookups that parked are left out.
+    # The compute from rows to update counts the compute only, not the waits around it.
     assert reports[1]["rows_to_update_s"] >= SLOW_S
     assert fast_report["rows_to_update_s"] < SLOW_S / 3
-    assert all(report["updates_timed"] == STEPS for report in reports)
-    assert fast_report["unparked_lookup_s"] < SLOW_S / 3
     with PSClient(cluster.endpoints) as client:  # every clock of both ranks, exactly once
         np.testing.assert_array_equal(client.pull(table_name, IDS).numpy(), 2.0 * STEPS)
 

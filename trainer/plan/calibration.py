@@ -2,9 +2,8 @@
 
 Two hot-set sizes at staleness 0 and at staleness 1 (exact updates), each run twice
 (the faster counts), give the CPU cost lines of :class:`MachineFigures` (step seconds
-against the cold rows each run actually moved, and at staleness 1 the chain's work that
-staleness cannot hide: a step's compute from its rows to its update, an update's call
-and an unparked lookup's call; see ``PipelineTiming``). The runs train tables of their own (``<prefix>.calibration*``)
+against the cold rows each run actually moved, and at staleness 1 the compute from each
+step's rows to its update, which the lookup-after-update chain cannot hide). The runs train tables of their own (``<prefix>.calibration*``)
 so the model a plan is for is left untouched. Run it where the shards are
 reached over a fast network (or loopback) and give the production link's
 bandwidth and round trip to the planner.
@@ -36,7 +35,7 @@ class CalibrationRun:
     cache_mb: float
     staleness: int
     step_s: float  # without the run's last write-back
-    chain_work_s: float  # per step: the update-then-parked-lookup chain's work on loopback
+    rows_to_update_s: float  # per step: the compute that needs the step's rows
     cold_rows: float
     control_bytes_per_step: float
     writeback_s: float  # the last write-back (and the drain of the updates in flight)
@@ -92,7 +91,9 @@ def calibrate(config: TrainConfig, steps: int = 30) -> tuple[MachineFigures, lis
         for staleness in (0, 1)
     }
     stale_runs = [r for r in runs if r.staleness == 1]
-    chain = CostLine.fit([r.cold_rows for r in stale_runs], [r.chain_work_s for r in stale_runs])
+    chain = CostLine.fit(
+        [r.cold_rows for r in stale_runs], [r.rows_to_update_s for r in stale_runs]
+    )
     colds = sorted(r.cold_rows for r in runs)
     if colds[-1] < 1.2 * colds[0]:
         raise ValueError(
@@ -126,7 +127,7 @@ def _run(base: TrainConfig, cache_mb: float, staleness: int, name: str) -> Calib
         cache_mb,
         staleness,
         step_s=(report["wall_s"] - report["final_flush_s"]) / report["steps"],
-        chain_work_s=report["chain_work_s_per_step"],
+        rows_to_update_s=report["rows_to_update_s_per_step"],
         cold_rows=report["bytes_pushed_per_sample"] * batch / row_bytes,
         control_bytes_per_step=report["bytes_control_per_sample"] * batch,
         writeback_s=report["final_flush_s"],

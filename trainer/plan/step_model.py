@@ -15,12 +15,15 @@ its own update. Two things bound a step:
 A third bound is the chain that staleness allows to overlap: the lookup of step
 ``t`` parks on the shard until the update of step ``t-1-s`` is applied, so
 between the end of step ``t-1-s`` and the end of step ``t`` lie that update's
-call (encoding, upload, the shards' apply), the lookup's answer (serving,
-download, decoding), a round trip and the part of step ``t``'s compute that
-needs its rows (the next batch's generation overlaps the wait). Those ``s + 1``
-steps take at least ``(chain work + wire(up + down) + rtt) / (s + 1)`` each,
-the chain's work beyond the wire calibrated on loopback (``cpu_chain``). Where
-CPU and link take about as long, this chain, not either alone, sets the pace.
+upload, the lookup's download, a round trip and the part of step ``t``'s
+compute that needs its rows (from the rows being served to the update being
+sent; the next batch's generation overlaps the wait). Those ``s + 1`` steps
+take about ``(chain cpu + wire(up + down) + rtt) / (s + 1)`` each. Where CPU and
+link take about as long, this chain, not either alone, sets the pace. The
+update's encoding and the shards' apply and serving lie on the chain too, but
+are left out: they run on other threads and processes, and their durations
+measured on loopback, where they compete with the trainer for the cores,
+over-predicted the shaped runs by up to 33% (benchmarks/RESULTS.md).
 
 The step takes the largest bound (``s >= 1``), or the CPU-bound step plus the
 exposed update (``s = 0``: there the chain is the exposed update itself). With several ranks the hot rows' gradients are
@@ -88,8 +91,8 @@ class MachineFigures:
         control_bytes_per_step: step messages' framing, measured by the calibration.
         writeback_s_per_row: CPU seconds per hot row written back (measured by the
             calibration; training waits for write-backs).
-        cpu_chain: with staleness >= 1, the chain's work beyond the wire per step, by cold
-            rows (None: the whole CPU-bound step instead).
+        cpu_chain: with staleness >= 1, the compute from a step's rows to its update, by
+            cold rows (None: the whole CPU-bound step, an upper bound).
     """
 
     cpu_exact: CostLine
