@@ -10,7 +10,7 @@ from ember.trainer.config import TrainConfig
 from ember.trainer.data.batch import Batch, JaggedIds
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig, zipf_ranks
 from ember.trainer.plan.apply import applied, plan_for, workload_of
-from ember.trainer.plan.planner import make_plan
+from ember.trainer.plan.planner import TIE_MARGIN, make_plan
 from ember.trainer.plan.profile import (
     counted_profile,
     fit_zipf_exponent,
@@ -139,9 +139,19 @@ def test_cost_line_fit():
 def test_plan_chooses_the_fastest_within_budget_and_cap():
     model = TrafficModel([zipf_profile("t", 50_000, 1.1)], Workload(dim=16, batch_size=1024))
     budget = 2 * 2**20
+    strict = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=2, tie_margin=0)
+    fastest = max(c.samples_per_s for c in strict.candidates)
+    assert strict.choice.samples_per_s == fastest
+    assert strict.choice.staleness == 1  # s=2 predicts the same: the smaller wins
+    # Within the margin of the fastest, the fewest bytes: the surest prediction decides.
     plan = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=2)
-    assert plan.choice.samples_per_s == max(c.samples_per_s for c in plan.candidates)
-    assert plan.choice.staleness == 1  # s=2 predicts the same: the smaller wins
+    near = [
+        c for c in plan.candidates
+        if c.samples_per_s >= (1 - TIE_MARGIN) * fastest and c.staleness == 1
+    ]  # fmt: skip
+    assert len(near) > 1 and plan.choice == min(near, key=lambda c: c.bytes_per_step(1024))
+    assert plan.choice.bytes_per_step(1024) < strict.choice.bytes_per_step(1024)
+    assert plan.choice.staleness == 1
     assert plan.choice.hot_rows * model.workload.hot_row_bytes <= budget
     assert all(c.staleness <= 2 for c in plan.candidates)
     exact = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=0)
@@ -152,6 +162,13 @@ def test_plan_chooses_the_fastest_within_budget_and_cap():
         plan.choice.samples_per_s / plan.baseline.samples_per_s
     )
     assert document["predicted_gain"] > 1
+
+
+def test_plan_refuses_a_tie_margin_outside_0_to_1():
+    model = TrafficModel([zipf_profile("t", 100, 1.1)], Workload(dim=16, batch_size=8))
+    for margin in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="tie margin"):
+            make_plan(model, FIGURES, 2**20, 1, tie_margin=margin)
 
 
 def test_plan_refuses_a_budget_below_one_row():

@@ -2,8 +2,12 @@
 
 Candidates are hot sets of a geometric ladder of sizes up to the memory
 budget (and none), each at every staleness up to the cap. Each is scored by
-the traffic model and the step model; the plan is the fastest, ties going to
-the smaller staleness, then the smaller hot set. Its gain is the predicted
+the traffic model and the step model. The plan is chosen among the candidates
+predicted within ``TIE_MARGIN`` of the fastest: the smallest staleness, then
+the fewest bytes per step (write-backs included), then the fastest. Predicted
+bytes are the model's surest figure (within 5% of measured runs, step times
+within 20%: benchmarks/RESULTS.md), so among near-ties the plan takes the one
+least exposed to a link slower or busier than its figures. Its gain is the predicted
 speed-up over the pipeline without a hot set at the lowest staleness allowed
 (0, the exact pipeline, unless updates are async).
 """
@@ -16,6 +20,7 @@ from ember.trainer.plan.step_model import MachineFigures, step_time
 from ember.trainer.plan.traffic_model import TrafficModel
 
 LADDER_STEPS = 12  # sizes budget / 2^j, j < LADDER_STEPS
+TIE_MARGIN = 0.05  # candidates this close to the fastest prediction count as ties
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +36,10 @@ class Candidate:
     step_s: float
     bound: str
     samples_per_s: float
+
+    def bytes_per_step(self, batch_size: int) -> float:
+        """Predicted bytes per step on the wire, the amortised write-backs included."""
+        return sum(self.bytes_per_sample.values()) * batch_size + self.writeback_bytes_per_step
 
     def cache_mb(self, hot_row_bytes: int) -> float:
         """The ``cache_mb`` that makes the trainer's profiler keep exactly ``hot_rows``."""
@@ -96,13 +105,16 @@ def make_plan(
     budget_bytes: int,
     max_staleness: int,
     min_staleness: int = 0,
+    tie_margin: float = TIE_MARGIN,
 ) -> Plan:
     """The fastest predicted hot set within ``budget_bytes`` and staleness within
-    ``min_staleness .. max_staleness`` (async updates need at least 1).
+    ``min_staleness .. max_staleness`` (async updates need at least 1), near-ties
+    (within ``tie_margin`` of the fastest) going to the smaller staleness, then the
+    fewer bytes per step.
 
     Raises:
-        ValueError: a budget smaller than one hot row, or a staleness range that is empty
-            or negative.
+        ValueError: a budget smaller than one hot row, a staleness range that is empty
+            or negative, or a tie margin outside [0, 1).
 
     Example:
         >>> from ember.trainer.plan.profile import zipf_profile
@@ -111,8 +123,8 @@ def make_plan(
         >>> model = TrafficModel([zipf_profile("t", 10_000, 1.1)], Workload(16, 1024))
         >>> cpu = CostLine(0.05, 2e-6)
         >>> plan = make_plan(model, MachineFigures(cpu, cpu, bandwidth_mbit=25), 2**20, 1)
-        >>> plan.choice.staleness, bool(plan.predicted_gain > 1)
-        (1, True)
+        >>> plan.choice.staleness, bool(plan.predicted_gain > 1)  # exact: within the margin
+        (0, True)
     """
     row_bytes = model.workload.hot_row_bytes
     if budget_bytes < row_bytes:
@@ -120,6 +132,8 @@ def make_plan(
             f"a budget of {budget_bytes} bytes holds no hot row of dim {model.workload.dim} "
             f"({row_bytes} bytes each)"
         )
+    if not 0 <= tie_margin < 1:
+        raise ValueError(f"the tie margin must be in [0, 1), got {tie_margin}")
     if not 0 <= min_staleness <= max_staleness:
         raise ValueError(
             f"the staleness range {min_staleness}..{max_staleness} is empty or negative"
@@ -131,7 +145,13 @@ def make_plan(
         for rows in sizes
         for s in range(min_staleness, max_staleness + 1)
     ]
-    choice = max(candidates, key=lambda c: (c.samples_per_s, -c.staleness, -c.hot_rows))
+    fastest = max(c.samples_per_s for c in candidates)
+    ties = [c for c in candidates if c.samples_per_s >= (1 - tie_margin) * fastest]
+    batch = model.workload.batch_size
+    choice = min(
+        ties,
+        key=lambda c: (c.staleness, c.bytes_per_step(batch), -c.samples_per_s, c.hot_rows),
+    )
     baseline = evaluate(model, figures, 0, min_staleness)
     return Plan(choice, baseline, candidates, budget_bytes, row_bytes)
 
