@@ -105,6 +105,8 @@ def section(
     ]  # fmt: skip
     with LocalCluster(2, **cluster_args) as cluster:
         config = dataclasses.replace(base, endpoints=tuple(cluster.endpoints))
+        # A short run first warms the shards, so the first setting does not pay for it.
+        train(dataclasses.replace(config, steps=10, cache="none", table_prefix=f"{label}warm"))
         # Every setting runs --repeats times, the settings in turn (so drift on a shared
         # machine hits each alike); the fastest of each counts (interference only slows).
         rounds = [

@@ -136,7 +136,7 @@ def test_cost_line_fit():
     assert CostLine.fit([100, 200], [0.2, 0.1]).per_cold_row_s == 0.0  # noise, not a speed-up
 
 
-def test_plan_chooses_the_fastest_within_budget_and_cap():
+def test_plan_chooses_the_fastest_or_a_near_tie_with_fewer_bytes_within_budget_and_cap():
     model = TrafficModel([zipf_profile("t", 50_000, 1.1)], Workload(dim=16, batch_size=1024))
     budget = 2 * 2**20
     strict = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=2, tie_margin=0)
@@ -162,6 +162,26 @@ def test_plan_chooses_the_fastest_within_budget_and_cap():
         plan.choice.samples_per_s / plan.baseline.samples_per_s
     )
     assert document["predicted_gain"] > 1
+
+
+def test_near_ties_never_choose_a_plan_slower_than_no_hot_set():
+    # Write-backs make every hot set slower than none; some are within the margin and move
+    # fewer bytes, but a plan slower than its own baseline is not taken.
+    model = TrafficModel(
+        [zipf_profile("t", 50_000, 1.1)],
+        Workload(dim=16, batch_size=1024, steps=20, state_floats=16),
+    )
+    figures = MachineFigures(CostLine(0.05, 0.0), CostLine(0.05, 0.0), writeback_s_per_row=1e-4)
+    plan = make_plan(model, figures, 2**20, 1)
+    assert plan.choice.hot_rows == 0 and plan.predicted_gain == pytest.approx(1.0)
+    assert any(
+        c.hot_rows and c.samples_per_s >= (1 - TIE_MARGIN) * plan.baseline.samples_per_s
+        and c.bytes_per_step(1024) < plan.baseline.bytes_per_step(1024)
+        for c in plan.candidates
+    )  # fmt: skip
+    document = plan.to_json()
+    assert document["tie_margin"] == TIE_MARGIN
+    assert document["fastest_samples_per_s"] == pytest.approx(plan.baseline.samples_per_s)
 
 
 def test_plan_refuses_a_tie_margin_outside_0_to_1():
