@@ -159,7 +159,7 @@ def main() -> int:
     )
     parser.add_argument("--calibration-steps", type=int, default=60)
     parser.add_argument(
-        "--repeats", type=positive_int, default=2, help="runs per setting (the fastest counts)"
+        "--repeats", type=positive_int, default=3, help="runs per setting (the fastest counts)"
     )
     add_json_flag(parser)
     args = parser.parse_args()

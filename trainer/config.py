@@ -160,7 +160,7 @@ class TrainConfig:
     plan: str = setting(
         "",
         "auto: replicate the hot set and run at the staleness that `ember plan` chooses "
-        "(the fastest predicted, near-ties to the fewest bytes), within --cache-mb and up to "
+        "(the fastest predicted, near-ties to the least link time), within --cache-mb and up to "
         "--staleness (so give --staleness 1 or more to let it choose), with --plan-figures' machine figures; FILE: apply a plan `ember plan "
         "--out FILE` wrote for this workload. Sets cache (replicated, or none), cache_mb and "
         "staleness",

@@ -17,7 +17,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "plan",
         help="predict hit rate, bytes and step time of hot-set sizes and stalenesses, and "
         "choose the fastest within a memory budget (--cache-mb) and a staleness cap "
-        "(--staleness; near-ties, within 5%%, go to the fewest bytes per step)",
+        "(--staleness; near-ties, within 5%%, go to the fewest seconds on the link)",
     )
     from ember.cli.train_cmd import add_training_flags
 

@@ -152,6 +152,12 @@ def test_plan_chooses_the_fastest_or_a_near_tie_with_fewer_bytes_within_budget_a
     assert len(near) > 1 and plan.choice == min(near, key=lambda c: c.bytes_per_step(1024))
     assert plan.choice.bytes_per_step(1024) < strict.choice.bytes_per_step(1024)
     assert plan.choice.staleness == 1
+    # Without a link in the figures there is nothing to hedge: the fastest.
+    fast_network = make_plan(model, FIGURES, budget, max_staleness=2)
+    assert fast_network.choice.samples_per_s == max(
+        c.samples_per_s for c in fast_network.candidates
+    )
+    assert fast_network.choice.staleness == 1
     assert plan.choice.hot_rows * model.workload.hot_row_bytes <= budget
     assert all(c.staleness <= 2 for c in plan.candidates)
     exact = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=0)
@@ -171,8 +177,10 @@ def test_near_ties_never_choose_a_plan_slower_than_no_hot_set():
         [zipf_profile("t", 50_000, 1.1)],
         Workload(dim=16, batch_size=1024, steps=20, state_floats=16),
     )
-    figures = MachineFigures(CostLine(0.05, 0.0), CostLine(0.05, 0.0), writeback_s_per_row=1e-4)
-    plan = make_plan(model, figures, 2**20, 1)
+    figures = MachineFigures(
+        CostLine(0.05, 0.0), CostLine(0.05, 0.0), bandwidth_mbit=1000, writeback_s_per_row=1e-4
+    )
+    plan = make_plan(model, figures, 2**20, max_staleness=0)
     assert plan.choice.hot_rows == 0 and plan.predicted_gain == pytest.approx(1.0)
     assert any(
         c.hot_rows and c.samples_per_s >= (1 - TIE_MARGIN) * plan.baseline.samples_per_s

@@ -4,12 +4,13 @@ Candidates are hot sets of a geometric ladder of sizes up to the memory
 budget (and none), each at every staleness up to the cap. Each is scored by
 the traffic model and the step model. The plan is chosen among the candidates
 predicted within ``TIE_MARGIN`` of the fastest (and no slower than the
-baseline below): the fewest bytes per step (write-backs included), then the
-smaller staleness, then the fastest. Predicted bytes are the model's surest
-figure (within about 5% of measured runs, step times within about 20%:
-benchmarks/RESULTS.md), so among near-ties the plan takes the one least
-exposed to a link slower or busier than its figures; on a fast link that
-spends the budget on a larger hot set for at most the margin. Its gain is the predicted
+baseline below): the fewest seconds on the link per step (its bytes,
+write-backs included, at the figures' bandwidth), then the smaller staleness,
+then the fastest. Predicted bytes are the model's surest figure (within about
+5% of measured runs, step times within about 20%: benchmarks/RESULTS.md), so
+among near-ties the plan takes the one least exposed to a link slower or
+busier than its figures, for at most the margin. Figures without a
+bandwidth (a fast network) leave nothing to hedge: the fastest is taken. Its gain is the predicted
 speed-up over the pipeline without a hot set at the lowest staleness allowed
 (0, the exact pipeline, unless updates are async).
 """
@@ -114,8 +115,8 @@ def make_plan(
 ) -> Plan:
     """The hot set within ``budget_bytes`` and the staleness within ``min_staleness ..
     max_staleness`` (async updates need at least 1) predicted fastest, near-ties (within
-    ``tie_margin`` of the fastest, none slower than the baseline) going to the fewer bytes
-    per step, then the smaller staleness.
+    ``tie_margin`` of the fastest, none slower than the baseline) going to the fewer
+    seconds on the link per step, then the smaller staleness.
 
     Raises:
         ValueError: a budget smaller than one hot row, a staleness range that is empty
@@ -155,7 +156,12 @@ def make_plan(
     batch = model.workload.batch_size
     choice = min(
         (c for c in candidates if c.samples_per_s >= floor),
-        key=lambda c: (c.bytes_per_step(batch), c.staleness, -c.samples_per_s, c.hot_rows),
+        key=lambda c: (
+            figures.wire_seconds(c.bytes_per_step(batch)),
+            c.staleness,
+            -c.samples_per_s,
+            c.hot_rows,
+        ),
     )
     return Plan(choice, baseline, candidates, budget_bytes, row_bytes, tie_margin)
 
