@@ -1,7 +1,8 @@
 """The planner against measurement: predicted hit rate, bytes and step time of fixed hot-set
 sizes next to real training runs, and the plan's choice against the fixed sizes.
 
-One run, 1 trainer and 2 shards, DLRM on the synthetic Criteo-style data:
+One run, 1 trainer and 2 shards (fresh ones for every training run), DLRM on the synthetic
+Criteo-style data:
   1. calibrate the machine figures on loopback (short runs of their own tables);
   2. plan within the budget (--budget-mb) and staleness cap (--max-staleness) for loopback
      and for the shaped link at each rate (tc HTB; the CPU figures from loopback, the
@@ -107,8 +108,8 @@ def section(
     ]  # fmt: skip
     # Every setting runs --repeats times, the settings in turn (so drift on a shared machine
     # hits each alike); the fastest of each counts (interference only slows). Each run has
-    # shards of its own: on shared ones, later runs slowed down by the tables of earlier
-    # runs, and the plan, always last, measured about 5% slow.
+    # shards of its own: on shards shared by a network's runs the plan, always last,
+    # measured about 5% behind a near-copy of it among the fixed sizes.
     rounds = [
         [
             measure(base, cluster_args, model, figures, rows, staleness, name, f"{label}{n}")
