@@ -158,6 +158,13 @@ def test_plan_chooses_the_fastest_or_a_near_tie_with_fewer_bytes_within_budget_a
         c.samples_per_s for c in fast_network.candidates
     )
     assert fast_network.choice.staleness == 1
+    # ... even where an exact (s = 0) candidate is within the margin.
+    close = MachineFigures(CostLine(0.0405, 1e-6), CostLine(0.04, 1e-6))
+    closest = make_plan(model, close, budget, max_staleness=1)
+    exact_best = max(c.samples_per_s for c in closest.candidates if c.staleness == 0)
+    assert exact_best >= (1 - TIE_MARGIN) * closest.choice.samples_per_s
+    assert closest.choice.staleness == 1
+    assert closest.choice.samples_per_s == max(c.samples_per_s for c in closest.candidates)
     assert plan.choice.hot_rows * model.workload.hot_row_bytes <= budget
     assert all(c.staleness <= 2 for c in plan.candidates)
     exact = make_plan(model, FIGURES.on_link(25.0), budget, max_staleness=0)

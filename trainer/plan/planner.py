@@ -5,8 +5,8 @@ budget (and none), each at every staleness up to the cap. Each is scored by
 the traffic model and the step model. The plan is chosen among the candidates
 predicted within ``TIE_MARGIN`` of the fastest (and no slower than the
 baseline below): the fewest seconds on the link per step (its bytes,
-write-backs included, at the figures' bandwidth), then the smaller staleness,
-then the fastest. Predicted bytes are the model's surest figure (within about
+write-backs included, at the figures' bandwidth), then the fastest, then the
+smaller staleness. Predicted bytes are the model's surest figure (within about
 5% of measured runs, step times within about 20%: benchmarks/RESULTS.md), so
 among near-ties the plan takes the one least exposed to a link slower or
 busier than its figures, for at most the margin. Figures without a
@@ -116,7 +116,8 @@ def make_plan(
     """The hot set within ``budget_bytes`` and the staleness within ``min_staleness ..
     max_staleness`` (async updates need at least 1) predicted fastest, near-ties (within
     ``tie_margin`` of the fastest, none slower than the baseline) going to the fewer
-    seconds on the link per step, then the smaller staleness.
+    seconds on the link per step (without a bandwidth: the fastest), exact ties to the
+    smaller staleness.
 
     Raises:
         ValueError: a budget smaller than one hot row, a staleness range that is empty
@@ -158,8 +159,8 @@ def make_plan(
         (c for c in candidates if c.samples_per_s >= floor),
         key=lambda c: (
             figures.wire_seconds(c.bytes_per_step(batch)),
-            c.staleness,
             -c.samples_per_s,
+            c.staleness,
             c.hot_rows,
         ),
     )

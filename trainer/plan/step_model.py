@@ -190,6 +190,7 @@ def step_time(
         link = figures.wire_seconds(max(traffic.bytes_up, traffic.bytes_down)) + rtt
         wire_both_ways = figures.wire_seconds(traffic.bytes_up + traffic.bytes_down)
         on_chain = cpu if figures.cpu_chain is None else figures.cpu_chain.at(traffic.cold_rows)
+        on_chain = min(on_chain, cpu)  # a part of the step's compute, fitted on its own
         chain = (on_chain + wire_both_ways + rtt) / (staleness + 1)
         return StepTime(max(cpu, link, chain) + blocking, cpu, link + blocking, chain + blocking)
     cpu = figures.cpu_exact.at(traffic.cold_rows)
