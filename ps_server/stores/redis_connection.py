@@ -2,7 +2,7 @@
 transactions that commit only while the shard's marker holds.
 
 A lost connection or refused login raises :class:`StoreUnavailableError` naming
-the URL with its password redacted. :class:`MarkedWrites` runs a read-then-write
+the URL it is given (callers pass it through :func:`redact`). :class:`MarkedWrites` runs a read-then-write
 on one pooled connection: with the shard's marker (:mod:`redis_marker`) armed it
 ``WATCH``es the marker, reads it with the rows, and writes with ``MULTI`` ..
 ``EXEC``, which Redis aborts if the marker changed in between.
