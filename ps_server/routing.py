@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -45,18 +47,60 @@ def shard_of(table: str, ids: np.ndarray, num_shards: int) -> np.ndarray:
         >>> shard_of("user", np.array([1, 2, 3], dtype=np.int64), 4).tolist()  # doctest: +SKIP
         [3, 0, 2]
     """
+    return shard_of_tables([table], ids, np.array([len(ids)], dtype=np.int64), num_shards)
+
+
+def shard_of_tables(
+    tables: Sequence[str], ids: np.ndarray, ends: np.ndarray, num_shards: int
+) -> np.ndarray:
+    """The shard that owns each id, where ``ids[ends[t-1]:ends[t]]`` belong to ``tables[t]``:
+    the ids of several tables routed in one pass."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     if num_shards == 1:
         return np.zeros(len(ids), dtype=np.int64)
     id_batch = id_tensor(ids)
     if native_backend_for(id_batch):  # the same function in one native pass
-        salt = int(name_salt(table).view(np.int64))
-        return torch.ops.ember.shard_of(id_batch, salt, num_shards).numpy()
-    # Multiply-shift range reduction of the high 32 bits: no division, unbiased
-    # to within num_shards / 2^32.
-    high = route_hash(table, ids) >> np.uint64(32)
+        salts = np.array([name_salt(table) for table in tables], dtype=np.uint64).view(np.int64)
+        ends_batch = torch.from_numpy(np.ascontiguousarray(ends, dtype=np.int64))
+        return torch.ops.ember.shard_of(
+            id_batch, ends_batch, torch.from_numpy(salts), num_shards
+        ).numpy()
+    if len(tables) != len(ends) or (len(ends) and ends[-1] != len(ids)):
+        raise ValueError(f"ends must finish at the {len(ids)} ids, one per table")
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    # Multiply-shift range reduction of the high 32 bits: no division, unbiased to
+    # within num_shards / 2^32.
+    high = np.concatenate(
+        [route_hash(t, ids[a:b]) for t, a, b in zip(tables, starts, ends)] or [[]]
+    ).astype(np.uint64) >> np.uint64(32)
     return ((high * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
+
+
+class ShardPart(NamedTuple):
+    """The ids of several tables that one shard owns.
+
+    Attributes:
+        positions: ascending positions into the concatenation of the tables' ids.
+        segments: ``(table index, lo, hi)`` per table with ids here: its ids are
+            ``positions[lo:hi]``, in table order.
+    """
+
+    positions: np.ndarray
+    segments: list[tuple[int, int, int]]
+
+
+def split_by_shard(
+    tables: Sequence[str], ids: np.ndarray, ends: np.ndarray, num_shards: int
+) -> list[ShardPart]:
+    """Per shard, which of the concatenated ids of ``tables`` it owns (``ids[ends[t-1]:
+    ends[t]]`` belong to ``tables[t]``), grouped by table."""
+    parts = []
+    for group in positions_by_shard(shard_of_tables(tables, ids, ends, num_shards), num_shards):
+        cuts = np.searchsorted(group, ends).tolist()
+        segments = [(t, lo, hi) for t, (lo, hi) in enumerate(zip([0, *cuts], cuts)) if hi > lo]
+        parts.append(ShardPart(group, segments))
+    return parts
 
 
 def positions_by_shard(shards: np.ndarray, num_shards: int) -> list[np.ndarray]:

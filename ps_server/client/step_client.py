@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from ember.kernels.rows import scatter_rows
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
-from ember.ps_server.routing import positions_by_shard, shard_of
+from ember.ps_server.routing import positions_by_shard, shard_of, split_by_shard
 from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
 from ember.ps_server.wire.messages import encode_ids, pb
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -151,40 +150,46 @@ class StepClient:
                 wire dtype.
         """
         clock_view = self._clock(clock) if clock is not None else None
-        out: dict[str, torch.Tensor] = {}
-        per_shard: list[list[tuple[str, np.ndarray]]] = [[] for _ in range(self.client.num_shards)]
-        for table, ids in requests.items():
-            id_array = as_id_array(ids)
-            out[table] = torch.empty(len(id_array), self.client.dim(table), dtype=torch.float32)
-            for shard, positions in enumerate(self._route(table, id_array)):
-                if len(positions):
-                    per_shard[shard].append((table, positions, id_array[positions]))
+        tables = list(requests)
+        arrays = [as_id_array(ids) for ids in requests.values()]
+        ends = np.cumsum([len(array) for array in arrays], dtype=np.int64)
+        all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+        out = {
+            table: torch.empty(len(array), self.client.dim(table), dtype=torch.float32)
+            for table, array in zip(tables, arrays)
+        }
+        targets = [out[table].numpy() for table in tables]
         calls, entries = [], []
-        for shard, items in enumerate(per_shard):
-            if items:
-                tables = [
-                    (table, encode_ids(ids), self.wire_dtype(table)) for table, _, ids in items
-                ]
-                request = encode_lookup_request(tables, clock_view, self._trailer)
-                wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
-                calls.append(
-                    ShardCall(
-                        shard, "Lookup", request, wait_s, len(items), frame_clock,
-                        frame_dtype(dtype for _, _, dtype in tables),
-                    )
-                )  # fmt: skip
-                entries.append((shard, items))
+        wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
+        parts = split_by_shard(tables, all_ids, ends, self.client.num_shards)
+        for shard, part in enumerate(parts):
+            if not part.segments:
+                continue
+            ids = all_ids[part.positions]
+            dtypes = [self.wire_dtype(tables[t]) for t, _, _ in part.segments]
+            request = encode_lookup_request(
+                [(tables[t], ids[lo:hi], dtype) for (t, lo, hi), dtype in zip(part.segments, dtypes)],
+                clock_view, self._trailer,
+            )  # fmt: skip
+            calls.append(
+                ShardCall(
+                    shard, "Lookup", request, wait_s, len(part.segments), frame_clock,
+                    frame_dtype(dtypes),
+                )
+            )  # fmt: skip
+            entries.append((shard, part))
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
+        starts = ends - [len(array) for array in arrays]
 
         def place(index: int, reply: LookupResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
-            shard, items = entries[index]
-            for (table, positions, _), values in zip(items, reply.values, strict=True):
-                rows = self._received_rows(shard, table, values, len(positions), "lookup")
-                scatter_rows(out[table], torch.from_numpy(positions), rows)
+            shard, part = entries[index]
+            for (t, lo, hi), values in zip(part.segments, reply.values, strict=True):
+                rows = self._received_rows(shard, tables[t], values, hi - lo, "lookup")
+                targets[t][part.positions[lo:hi] - starts[t]] = rows
 
         self.client.shard_rpc.run(calls, on_reply=place)
         return out, min(watermarks, default=-1 if clock is None else clock)
@@ -279,14 +284,16 @@ class StepClient:
                     )  # fmt: skip
                 rows = self._received_rows(shard, table, values, len(where), "refresh", dtype)
                 refreshed[table][0].append(positions[where])
-                refreshed[table][1].append(rows.clone())
+                refreshed[table][1].append(np.array(rows))
 
         self.client.shard_rpc.run(calls, on_reply=collect)
         self.flush_request = max(flush_requests)  # a shard that asks, if any does
         result = {
             table: (
                 torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),
-                torch.cat(rows) if rows else torch.empty(0, self.client.dim(table)),
+                torch.from_numpy(np.concatenate(rows))
+                if rows
+                else torch.empty(0, self.client.dim(table)),
             )
             for table, (found, rows) in refreshed.items()
         }
@@ -326,7 +333,7 @@ class StepClient:
         num_rows: int,
         what: str,
         dtype: int | None = None,
-    ) -> torch.Tensor:
+    ) -> np.ndarray:
         """A reply's float32 rows of ``table`` (a read-only view when they came as float32),
         in ``dtype`` (the .proto's number; None: the table's wire dtype).
 

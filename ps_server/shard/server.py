@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,11 +23,10 @@ from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     InvalidArgumentError,
     MessageTooLargeError,
-    NotOwnedError,
     TableExistsError,
     TableNotFoundError,
 )
-from ember.ps_server.routing import shard_of
+from ember.ps_server.shard.ownership import check_owned
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
@@ -244,11 +244,22 @@ class ParameterServer:
 
         ``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats.
         """
-        target = self._table(table)
-        id_array = decode_ids(ids)
-        self._check_reply_size(table, len(id_array), target.spec.dim + words_per_row)
-        self._check_owned(table, id_array)
-        return target, id_array
+        return self.checked_reads([(table, ids)], words_per_row)[0]
+
+    def checked_reads(
+        self, entries: Sequence[tuple[str, bytes | memoryview]], words_per_row: int = 2
+    ) -> list[tuple[Table, np.ndarray]]:
+        """:meth:`checked_read` of several ``(table, ids)``, their ownership in one pass."""
+        reads = []
+        for table, ids in entries:
+            target = self._table(table)
+            id_array = decode_ids(ids)
+            self._check_reply_size(table, len(id_array), target.spec.dim + words_per_row)
+            reads.append((target, id_array))
+        check_owned(
+            self.shard, self.num_shards, [table for table, _ in entries], [i for _, i in reads]
+        )
+        return reads
 
     def push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
@@ -298,7 +309,7 @@ class ParameterServer:
         """
         target = self._table(table)
         id_array = decode_ids(ids)
-        grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads").numpy()
+        grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
         grad_rows.flags.writeable = False  # a view of the request's bytes when float32
         self._check_owned(table, id_array)
         if not np.isfinite(grad_rows).all():
@@ -424,14 +435,4 @@ class ParameterServer:
         return table
 
     def _check_owned(self, table: str, ids: np.ndarray) -> None:
-        if self.num_shards == 1 or len(ids) == 0:
-            return
-        owners = shard_of(table, ids, self.num_shards)
-        foreign = np.flatnonzero(owners != self.shard)
-        if len(foreign):
-            first = int(foreign[0])
-            raise NotOwnedError(
-                f"{len(foreign)} of {len(ids)} ids of table {table!r} belong to other shards "
-                f"(id {int(ids[first])} belongs to shard {int(owners[first])}, this is shard "
-                f"{self.shard} of {self.num_shards}); check the client's endpoint list"
-            )
+        check_owned(self.shard, self.num_shards, [table], [ids])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.steps import wire_row_bytes, write_wire_rows
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
@@ -33,8 +34,12 @@ class StepHandlers:
 
     def lookup(self, request: LookupRequestView, trailer: bytes = b"") -> bytes:
         """The serialised LookupResponse (then ``trailer``)."""
-        rows, watermark = self.server.steps.lookup(request)
-        return encode_lookup_response(rows, watermark, trailer)
+        reads, watermark = self.server.steps.lookup(request)
+        return encode_lookup_response(
+            [wire_row_bytes(read) for read in reads],
+            lambda index, view: write_wire_rows(reads[index], view),
+            watermark, trailer,
+        )  # fmt: skip
 
     def update(self, request: UpdateRequestView, trailer: bytes = b"") -> bytes:
         """The serialised UpdateResponse (then ``trailer``)."""

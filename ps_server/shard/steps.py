@@ -28,6 +28,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.proto_wire import bytes_view
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
 from ember.ps_server.wire.step_codec import (
@@ -56,15 +57,12 @@ class StepService:
         self.clocks = StepClocks()
         self.replicas = ReplicaFlushes()
 
-    def lookup(self, request: LookupRequestView) -> tuple[list[np.ndarray], int]:
-        """Rows of every table of ``request`` in order, as each entry's dtype carries them,
-        once its clock is reached.
+    def lookup(self, request: LookupRequestView) -> tuple[list[TableRead], int]:
+        """The validated reads of every table of ``request``, in order, once its clock is
+        reached (each read's rows are written by :func:`write_wire_rows`).
 
         Returns:
-            ``(rows per table, the job's watermark or -1)``.
-
-        Raises:
-            OutOfRangeError: a row the requested dtype cannot hold (nothing answered).
+            ``(reads, the job's watermark or -1)``.
         """
         self._server.fault.check()
         reads = self._checked_reads(request.tables, "lookup")
@@ -81,7 +79,7 @@ class StepService:
                     f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
                 )  # fmt: skip
                 watermark = job.watermark
-        return [_wire_rows(target, ids, dtype) for target, ids, dtype in reads], watermark
+        return reads, watermark
 
     def update(
         self, request: UpdateRequestView
@@ -293,10 +291,9 @@ class StepService:
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:
         _distinct_tables(entries, what)
-        return [
-            (*self._server.checked_read(e.table, e.ids), RowDtype.from_wire(e.dtype))
-            for e in entries
-        ]
+        dtypes = [RowDtype.from_wire(e.dtype) for e in entries]
+        reads = self._server.checked_reads([(e.table, e.ids) for e in entries])
+        return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")
@@ -309,9 +306,28 @@ class StepService:
         ]
 
 
-def _wire_rows(target: Table, ids: np.ndarray, dtype: RowDtype) -> np.ndarray:
-    """The rows of ``ids`` as ``dtype`` carries them (see :func:`rows_to_wire`)."""
-    return rows_to_wire(target.read_weights(ids), dtype, f"table {target.spec.name!r}", ids)
+def wire_row_bytes(read: TableRead) -> int:
+    """The bytes of ``read``'s rows as its dtype carries them."""
+    target, ids, dtype = read
+    return len(ids) * target.spec.dim * dtype.itemsize
+
+
+def write_wire_rows(read: TableRead, view: memoryview) -> None:
+    """Write ``read``'s rows into ``view`` (:func:`wire_row_bytes` long) as its dtype carries
+    them: float32 rows are gathered straight into it.
+
+    Raises:
+        OutOfRangeError: a row the dtype cannot hold (``view`` is partly written).
+    """
+    target, ids, dtype = read
+    if not len(ids):
+        return
+    if dtype is RowDtype.FLOAT32:
+        out = torch.frombuffer(view, dtype=torch.float32).view(len(ids), target.spec.dim)
+        target.read_weights(ids, out)
+    else:
+        rows = target.read_weights(ids)
+        view[:] = bytes_view(rows_to_wire(rows, dtype, f"table {target.spec.name!r}", ids))
 
 
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:

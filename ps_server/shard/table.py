@@ -59,10 +59,12 @@ class Table:
             self.counters.rows_pulled += len(ids)
             return rows
 
-    def read_weights(self, ids: np.ndarray) -> torch.Tensor:
+    def read_weights(self, ids: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """The weights of ``ids`` in order (duplicates allowed), initial rows where absent:
-        :meth:`pull` without versions or state, the read of a step lookup."""
-        out = torch.empty(len(ids), self.spec.dim, dtype=torch.float32)
+        :meth:`pull` without versions or state, the read of a step lookup. Written into
+        ``out`` (float32 [len(ids), dim]) when given, e.g. a slot of the reply."""
+        if out is None:
+            out = torch.empty(len(ids), self.spec.dim, dtype=torch.float32)
         with self._lock:
             absent = self.store.fetch_weights(ids, out) if len(ids) else np.empty(0, np.int64)
             self.counters.pull_requests += 1

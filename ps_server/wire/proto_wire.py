@@ -21,6 +21,8 @@ _TAG_AND_LENGTH_BYTES = 5  # protobuf reads tags and lengths as 32-bit varints
 
 def varint(value: int) -> bytes:
     """The varint encoding of a non-negative ``value``."""
+    if value < 128:
+        return _ONE_BYTE[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -30,6 +32,9 @@ def varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+_ONE_BYTE = [bytes([value]) for value in range(128)]
 
 
 def _malformed(what: str) -> InvalidArgumentError:
@@ -107,6 +112,29 @@ def uint32(value: int) -> int:
 
 def len_field(number: int, payload_length: int) -> bytes:
     return varint((number << 3) | LEN) + varint(payload_length)
+
+
+def aligned_len_field(number: int, payload_length: int, offset: int, alignment: int = 4) -> bytes:
+    """The tag and length of a LEN field written at ``offset``, padded so that its payload
+    starts at a multiple of ``alignment`` (at most 4): the tag's and the length's varints
+    take continuation bytes (an overlong varint means the same number to protobuf's parsers
+    and to :func:`read_varint`, up to 5 bytes each), so native code can read the payload's
+    rows in place."""
+    if not 0 < alignment <= 4:
+        raise ValueError(f"alignment must be in 1..4, got {alignment}")
+    tag, length = varint((number << 3) | LEN), varint(payload_length)
+    pad = -(offset + len(tag) + len(length)) % alignment
+    grow_length = min(pad, _TAG_AND_LENGTH_BYTES - len(length))
+    if len(tag) + pad - grow_length > _TAG_AND_LENGTH_BYTES:  # field numbers >= 2^11 only
+        raise ValueError(f"field {number} of {payload_length} bytes cannot be aligned")
+    return _overlong(tag, pad - grow_length) + _overlong(length, grow_length)
+
+
+def _overlong(encoded: bytes, extra: int) -> bytes:
+    """The varint ``encoded`` written in ``extra`` more bytes."""
+    if not extra:
+        return encoded
+    return encoded[:-1] + bytes([encoded[-1] | 0x80]) + b"\x80" * (extra - 1) + b"\x00"
 
 
 EMPTY = memoryview(b"")

@@ -43,9 +43,9 @@ def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str, ids: np.ndarray
 
 def rows_from_wire(
     buffer: bytes | memoryview, dtype: RowDtype, num_rows: int, dim: int, what: str
-) -> torch.Tensor:
-    """The float32 rows [num_rows, dim] of a received ``buffer``: a read-only view of it for
-    float32 (callers must not write to it), else a new tensor.
+) -> np.ndarray:
+    """The float32 rows [num_rows, dim] of a received ``buffer``: a view of it for float32
+    (read-only when the buffer is), else a new array.
 
     Raises:
         InvalidArgumentError: the byte length is not ``num_rows * dim`` elements.
@@ -56,8 +56,10 @@ def rows_from_wire(
             f"{what} must hold {num_rows} ids x dim {dim} {dtype.name.lower()} = {expected} "
             f"bytes, got {len(buffer)}"
         )
-    rows = readonly_tensor(buffer, TORCH_DTYPES[dtype]).view(num_rows, dim)
-    return rows if dtype is RowDtype.FLOAT32 else unpack_rows(rows)
+    if dtype is RowDtype.FLOAT32:
+        return np.frombuffer(buffer, dtype="<f4").reshape(num_rows, dim)
+    packed = readonly_tensor(buffer, TORCH_DTYPES[dtype]).view(num_rows, dim)
+    return unpack_rows(packed).numpy()
 
 
 def _beyond(row: torch.Tensor, dtype: RowDtype) -> str:

@@ -12,14 +12,17 @@ field, as protobuf merges it); the tests compare both ways.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from ember.ps_server.wire.new_bytes import fill_new_bytes
 from ember.ps_server.wire.proto_wire import (
     EMPTY,
     LEN,
     VARINT,
     Buffer,
+    aligned_len_field,
     bytes_view,
     fields,
     int64,
@@ -130,9 +133,10 @@ def _message(number: int, parts: list[bytes | memoryview]) -> list[bytes | memor
     return [len_field(number, sum(len(part) for part in parts)), *parts]
 
 
-def _string(number: int, text: str) -> list[bytes]:
+@functools.lru_cache(maxsize=4096)  # table names and job names repeat every step
+def _string(number: int, text: str) -> tuple[bytes, ...]:
     data = text.encode()
-    return [len_field(number, len(data)), data] if data else []
+    return (len_field(number, len(data)), data) if data else ()
 
 
 def _payload(number: int, buffer: Buffer) -> list[bytes | memoryview]:
@@ -203,10 +207,33 @@ def encode_update_request(
     return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), trailer])
 
 
-def encode_lookup_response(values: Sequence[Buffer], watermark: int, trailer: bytes = b"") -> bytes:
-    """Serialise a LookupResponse, then ``trailer``."""
-    parts = [part for rows in values for part in _len_entry(1, rows)]
-    return b"".join([*parts, *_scalar(2, watermark, int64_varint), trailer])
+def encode_lookup_response(
+    row_bytes: Sequence[int],
+    fill_rows: Callable[[int, memoryview], None],
+    watermark: int,
+    trailer: bytes = b"",
+) -> bytes:
+    """Serialise a LookupResponse, then ``trailer``, in one pass: entry ``i`` of ``values``
+    holds ``row_bytes[i]`` bytes, written in place by ``fill_rows(i, view)`` (which must
+    write all of them and keep no reference to the view). Each entry's rows start at a
+    multiple of 4 bytes from the message's start."""
+    headers, offset = [], 0  # each table's rows start 4-byte aligned (see aligned_len_field)
+    for size in row_bytes:
+        headers.append(aligned_len_field(1, size, offset))
+        offset += len(headers[-1]) + size
+    tail = b"".join([*_scalar(2, watermark, int64_varint), trailer])
+    total = offset + len(tail)
+
+    def fill(view: memoryview) -> None:
+        pos = 0
+        for index, (header, size) in enumerate(zip(headers, row_bytes)):
+            view[pos : pos + len(header)] = header
+            pos += len(header)
+            fill_rows(index, view[pos : pos + size])
+            pos += size
+        view[pos:] = tail
+
+    return fill_new_bytes(total, fill)
 
 
 def encode_update_response(

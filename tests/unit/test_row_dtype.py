@@ -30,8 +30,8 @@ def test_rows_travel_as_tensor_to_rounds_them_and_come_back_exactly(dtype):
     wire = rows_to_wire(rows, dtype, "rows", np.arange(37))
     assert wire.shape == (37, 5) and wire.nbytes == 37 * 5 * dtype.itemsize
     back = rows_from_wire(wire.tobytes(), dtype, 37, 5, "rows")
-    assert back.dtype == torch.float32
-    assert torch.equal(back, rows.to(TORCH_DTYPES[dtype]).float())
+    assert back.dtype == np.float32
+    assert torch.equal(torch.from_numpy(back), rows.to(TORCH_DTYPES[dtype]).float())
 
 
 def test_a_value_beyond_the_type_is_refused_naming_its_id():

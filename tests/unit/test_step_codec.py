@@ -35,6 +35,25 @@ clocks = st.none() | st.builds(
 )
 
 
+def _lookup_response(values, watermark):
+    """``encode_lookup_response`` of given rows, copied into place."""
+    views = [memoryview(v).cast("B") if memoryview(v).nbytes else b"" for v in values]
+
+    def fill(index, view):
+        view[:] = views[index]
+
+    return encode_lookup_response([len(v) for v in views], fill, watermark)
+
+
+def test_large_lookup_responses_are_written_in_place_and_match_the_generated_code():
+    # Over fill_new_bytes' threshold the rows are written into the new bytes object itself.
+    values = [np.arange(3000, dtype="<f4").tobytes(), b"", bytes(range(256)) * 40]
+    encoded = _lookup_response(values, 12)
+    assert isinstance(encoded, bytes) and len(encoded) > 4096
+    parsed = pb.LookupResponse.FromString(encoded)
+    assert list(parsed.values) == values and parsed.watermark == 12
+
+
 def _pb_clock(clock):
     if clock is None:
         return None
@@ -118,7 +137,7 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
 def test_responses_match_the_generated_code_both_ways(
     values, watermark, duplicate, refreshed, flush
 ):
-    parsed = pb.LookupResponse.FromString(encode_lookup_response(values, watermark))
+    parsed = pb.LookupResponse.FromString(_lookup_response(values, watermark))
     assert list(parsed.values) == values and parsed.watermark == watermark
     view = decode_lookup_response(
         pb.LookupResponse(values=values, watermark=watermark).SerializeToString()
@@ -161,7 +180,7 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
          pb.LookupRequest),
         (encode_update_request([("a", ids, grads)], clock, [("a", ids)], replica=True),
          decode_update_request, pb.UpdateRequest),
-        (encode_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
+        (_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
         (encode_update_response(True, [(ids, grads, 1)], 3, "ckpt-1"), decode_update_response,
          pb.UpdateResponse),
     ]  # fmt: skip

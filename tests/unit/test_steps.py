@@ -7,11 +7,13 @@ import pytest
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_request,
+    decode_lookup_response,
     decode_update_request,
     encode_lookup_request,
     encode_update_request,
@@ -48,8 +50,8 @@ def lookup(server, ids, step=None, rank=0, **kwargs):
     request = encode_lookup_request(
         [("emb", np.asarray(ids, "<i8"))], None if step is None else clock(step, rank, **kwargs)
     )
-    rows, watermark = server.steps.lookup(decode_lookup_request(request))
-    return rows[0], watermark
+    reply = decode_lookup_response(StepHandlers(server).lookup(decode_lookup_request(request)))
+    return np.frombuffer(reply.values[0], "<f4").reshape(len(ids), -1), reply.watermark
 
 
 def in_thread(work, *args, **kwargs):

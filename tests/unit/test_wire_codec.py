@@ -1,6 +1,7 @@
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.proto_wire import aligned_len_field, len_field, read_varint
 from ember.ps_server.wire.pull_push_codec import (
     decode_pull_reply,
     decode_push_request,
@@ -112,3 +113,25 @@ def test_well_formed_unknown_groups_are_skipped_as_protobuf_skips_them():
 def test_dim_reads_as_protobuf_reads_a_uint32():
     too_wide = bytes([3 << 3]) + b"\xff" * 9 + b"\x01"  # 2^64 - 1 as a varint
     assert pb.PullResponse.FromString(too_wide).dim == decode_pull_reply(too_wide).dim == 2**32 - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    offset=st.integers(0, 64),
+    length=st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1)),
+    number=st.integers(1, 2**11 - 1),  # tags of up to 2 bytes: always room for 3 more
+)
+def test_aligned_len_fields_align_the_payload_and_read_as_the_same_field(offset, length, number):
+    header = aligned_len_field(number, length, offset)
+    assert (offset + len(header)) % 4 == 0
+    assert len(header) <= len(len_field(number, length)) + 3
+    tag, pos = read_varint(memoryview(header), 0, 5)
+    size, end = read_varint(memoryview(header), pos, 5)
+    assert (tag, size, end) == ((number << 3) | 2, length, len(header))
+
+
+@pytest.mark.parametrize("offset", range(4))
+def test_generated_code_reads_aligned_len_fields(offset):
+    payload = bytes(range(200))
+    message = aligned_len_field(1, len(payload), offset) + payload  # LookupResponse.values
+    assert list(pb.LookupResponse.FromString(message).values) == [payload]
