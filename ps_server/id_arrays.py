@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from ember.kernels.dedup import unique_inverse
 from ember.kernels.rows import scatter_add_rows
 
 
@@ -59,14 +58,22 @@ def id_tensor(ids: np.ndarray) -> torch.Tensor:
 
 
 def sum_duplicates(ids: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-    """Distinct ids (in order of first occurrence) and the summed gradient rows of each.
+    """Ascending distinct ids and the summed gradient rows of each (summed in order of
+    occurrence).
 
-    Ids that are already strictly increasing (as a client sends them) skip the
-    deduplication and the summation.
+    Ids already strictly increasing (as clients send them) pass through as they are;
+    distinct ids out of order are sorted with their rows.
     """
     if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, grads
-    unique_ids, inverse, _ = unique_inverse(id_tensor(ids))
-    summed = torch.zeros(len(unique_ids), grads.shape[1], dtype=grads.dtype)
-    scatter_add_rows(summed, inverse, grads.contiguous())
-    return unique_ids.numpy(), summed
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    first = np.empty(len(ids), dtype=bool)
+    first[0], first[1:] = True, ordered[1:] != ordered[:-1]
+    if bool(first.all()):
+        return ordered, grads[torch.from_numpy(order)]
+    inverse = np.empty(len(ids), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    summed = torch.zeros(int(first.sum()), grads.shape[1], dtype=grads.dtype)
+    scatter_add_rows(summed, torch.from_numpy(inverse), grads.contiguous())
+    return ordered[first], summed

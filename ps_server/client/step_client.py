@@ -21,9 +21,9 @@ from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
-from ember.ps_server.routing import positions_by_shard, shard_of, split_by_shard
+from ember.ps_server.routing import split_by_shard
 from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
-from ember.ps_server.wire.messages import encode_ids, pb
+from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_from_wire, rows_to_wire
 from ember.ps_server.wire.step_codec import (
@@ -152,8 +152,6 @@ class StepClient:
         clock_view = self._clock(clock) if clock is not None else None
         tables = list(requests)
         arrays = [as_id_array(ids) for ids in requests.values()]
-        ends = np.cumsum([len(array) for array in arrays], dtype=np.int64)
-        all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
         out = {
             table: torch.empty(len(array), self.client.dim(table), dtype=torch.float32)
             for table, array in zip(tables, arrays)
@@ -161,35 +159,33 @@ class StepClient:
         targets = [out[table].numpy() for table in tables]
         calls, entries = [], []
         wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
-        parts = split_by_shard(tables, all_ids, ends, self.client.num_shards)
-        for shard, part in enumerate(parts):
-            if not part.segments:
+        for shard, items in enumerate(self._by_shard(tables, arrays)):
+            if not items:
                 continue
-            ids = all_ids[part.positions]
-            dtypes = [self.wire_dtype(tables[t]) for t, _, _ in part.segments]
+            dtypes = [self.wire_dtype(tables[t]) for t, _, _ in items]
             request = encode_lookup_request(
-                [(tables[t], ids[lo:hi], dtype) for (t, lo, hi), dtype in zip(part.segments, dtypes)],
+                [(tables[t], ids, dtype) for (t, _, ids), dtype in zip(items, dtypes)],
                 clock_view, self._trailer,
             )  # fmt: skip
             calls.append(
                 ShardCall(
-                    shard, "Lookup", request, wait_s, len(part.segments), frame_clock,
+                    shard, "Lookup", request, wait_s, len(items), frame_clock,
                     frame_dtype(dtypes),
                 )
             )  # fmt: skip
-            entries.append((shard, part))
+            entries.append((shard, items))
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
-        starts = ends - [len(array) for array in arrays]
 
         def place(index: int, reply: LookupResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
-            shard, part = entries[index]
-            for (t, lo, hi), values in zip(part.segments, reply.values, strict=True):
-                rows = self._received_rows(shard, tables[t], values, hi - lo, "lookup")
-                targets[t][part.positions[lo:hi] - starts[t]] = rows
+            shard, items = entries[index]
+            for (t, positions, _), values in zip(items, reply.values, strict=True):
+                targets[t][positions] = self._received_rows(
+                    shard, tables[t], values, len(positions), "lookup"
+                )
 
         self.client.shard_rpc.run(calls, on_reply=place)
         return out, min(watermarks, default=-1 if clock is None else clock)
@@ -221,31 +217,36 @@ class StepClient:
                 ranks (DEADLINE_EXCEEDED, naming them).
         """
         clock_view = self._clock(clock)
-        per_shard_updates: list[list] = [[] for _ in range(self.client.num_shards)]
+        tables, unique_ids, wire_rows = list(updates), [], []
         for table, (ids, grads) in updates.items():
             id_array = as_id_array(ids)
             dim = self.client.dim(table)
-            unique_ids, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
-            dtype = self.wire_dtype(table)
-            wire_rows = rows_to_wire(summed, dtype, f"gradients of table {table!r}", unique_ids)
-            for shard, positions in enumerate(self._route(table, unique_ids)):
-                if len(positions):
-                    per_shard_updates[shard].append(
-                        (table, encode_ids(unique_ids[positions]), wire_rows[positions], dtype)
-                    )
-        per_shard_refresh: list[list] = [[] for _ in range(self.client.num_shards)]
-        refreshed: dict[str, tuple[list, list]] = {}
-        for table, ids in (refresh or {}).items():
-            id_array = as_id_array(ids)
-            refreshed[table] = ([], [])
-            for shard, positions in enumerate(self._route(table, id_array)):
-                if len(positions):
-                    per_shard_refresh[shard].append((table, positions, id_array[positions]))
+            distinct, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
+            unique_ids.append(distinct)
+            wire_rows.append(
+                rows_to_wire(
+                    summed, self.wire_dtype(table), f"gradients of table {table!r}", distinct
+                )
+            )
+        per_shard_updates = [
+            [
+                (tables[t], ids, wire_rows[t][positions], self.wire_dtype(tables[t]))
+                for t, positions, ids in items
+            ]
+            for items in self._by_shard(tables, unique_ids)
+        ]
+        refresh_tables = list(refresh or {})
+        per_shard_refresh = [
+            [(refresh_tables[t], positions, ids) for t, positions, ids in items]
+            for items in self._by_shard(
+                refresh_tables, [as_id_array(i) for i in (refresh or {}).values()]
+            )
+        ]
+        refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
         calls = []
         for shard in range(self.client.num_shards):
             refresh_entries = [
-                (table, encode_ids(ids), self.wire_dtype(table))
-                for table, _, ids in per_shard_refresh[shard]
+                (table, ids, self.wire_dtype(table)) for table, _, ids in per_shard_refresh[shard]
             ]
             request = encode_update_request(
                 per_shard_updates[shard], clock_view, refresh_entries,
@@ -352,10 +353,22 @@ class StepClient:
     def _trailer(self) -> bytes:
         return self.client.shard_rpc.data_plane.trailer
 
-    def _route(self, table: str, ids: np.ndarray) -> list[np.ndarray]:
-        return positions_by_shard(
-            shard_of(table, ids, self.client.num_shards), self.client.num_shards
-        )
+    def _by_shard(
+        self, tables: list[str], arrays: list[np.ndarray]
+    ) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
+        """Per shard, ``(table index, positions into its ids, those ids)`` of every table with
+        ids there (``arrays[t]``: the ids of ``tables[t]``), routed in one pass."""
+        lengths = [len(array) for array in arrays]
+        ends = np.cumsum(lengths, dtype=np.int64)
+        starts = ends - lengths
+        all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+        per_shard = []
+        for part in split_by_shard(tables, all_ids, ends, self.client.num_shards):
+            ids = all_ids[part.positions]
+            per_shard.append(
+                [(t, part.positions[lo:hi] - starts[t], ids[lo:hi]) for t, lo, hi in part.segments]
+            )
+        return per_shard
 
     def _clock(self, step: int) -> StepClockView:
         if self.job is None:

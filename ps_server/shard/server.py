@@ -307,18 +307,30 @@ class ParameterServer:
         Raises:
             InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
         """
-        target = self._table(table)
-        id_array = decode_ids(ids)
-        grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
-        grad_rows.flags.writeable = False  # a view of the request's bytes when float32
-        self._check_owned(table, id_array)
-        if not np.isfinite(grad_rows).all():
-            bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
-            raise InvalidArgumentError(
-                f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
-                f"{int(id_array[bad])}); nothing was applied"
-            )
-        return target, id_array, grad_rows
+        return self.checked_writes([(table, ids, grads, dtype)])[0]
+
+    def checked_writes(
+        self, entries: Sequence[tuple[str, bytes | memoryview, bytes | memoryview, RowDtype]]
+    ) -> list[tuple[Table, np.ndarray, np.ndarray]]:
+        """:meth:`checked_grads` of several ``(table, ids, grads, dtype)``, their ownership in
+        one pass."""
+        writes = []
+        for table, ids, grads, dtype in entries:
+            target = self._table(table)
+            id_array = decode_ids(ids)
+            grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
+            grad_rows.flags.writeable = False  # a view of the request's bytes when float32
+            if not np.isfinite(grad_rows).all():
+                bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
+                raise InvalidArgumentError(
+                    f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
+                    f"{int(id_array[bad])}); nothing was applied"
+                )
+            writes.append((target, id_array, grad_rows))
+        check_owned(
+            self.shard, self.num_shards, [entry[0] for entry in entries], [w[1] for w in writes]
+        )
+        return writes
 
     def assign(
         self,

@@ -297,13 +297,10 @@ class StepService:
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")
-        return [
-            (target, ids.copy(), grads.copy())
-            for target, ids, grads in (
-                self._server.checked_grads(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype))
-                for e in entries
-            )
-        ]
+        writes = self._server.checked_writes(
+            [(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype)) for e in entries]
+        )
+        return [(target, ids.copy(), grads.copy()) for target, ids, grads in writes]
 
 
 def wire_row_bytes(read: TableRead) -> int:
