@@ -71,7 +71,7 @@ def sum_duplicates(ids: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, to
     first = np.empty(len(ids), dtype=bool)
     first[0], first[1:] = True, ordered[1:] != ordered[:-1]
     if bool(first.all()):
-        return ordered, grads[torch.from_numpy(order)]
+        return ordered, torch.index_select(grads, 0, torch.from_numpy(order))
     inverse = np.empty(len(ids), dtype=np.int64)
     inverse[order] = np.cumsum(first) - 1
     summed = torch.zeros(int(first.sum()), grads.shape[1], dtype=grads.dtype)

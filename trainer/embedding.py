@@ -21,7 +21,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from ember.kernels.dedup import unique_inverse
 from ember.trainer.data.batch import JaggedIds
 from ember.trainer.traffic import CountingClient
 from torch import nn
@@ -56,7 +55,8 @@ class _Lookup:
 
 @dataclasses.dataclass
 class _Plan:
-    """A batch's distinct ids per table, with the inverse index of each table's features."""
+    """A batch's distinct ids per table (ascending), with the inverse index of each table's
+    features."""
 
     features: Sequence[JaggedIds]
     unique: dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -151,8 +151,12 @@ class PSEmbeddingBagCollection(nn.Module):
 
     def _plan(self, features: Sequence[JaggedIds]) -> _Plan:
         _check_features(features, len(self.feature_tables))
+        # Ascending distinct ids: the order in which the shards and the client's checks
+        # take them without sorting again.
         unique = {
-            table: unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))[:2]
+            table: torch.unique(
+                torch.cat([features[f].values.cpu() for f in fs]), sorted=True, return_inverse=True
+            )
             for table, fs in self._members.items()
         }
         return _Plan(features, unique)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -22,17 +21,14 @@ from ember.ps_server.durability.shard_checkpoint import ShardCheckpoints
 from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     InvalidArgumentError,
-    MessageTooLargeError,
     TableExistsError,
-    TableNotFoundError,
 )
-from ember.ps_server.shard.ownership import check_owned
+from ember.ps_server.shard.request_checks import RequestChecks
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.wire.messages import (
-    ROW_BYTES_PER_ELEMENT,
     decode_ids,
     decode_rows,
     decode_versions,
@@ -40,14 +36,11 @@ from ember.ps_server.wire.messages import (
 )
 from ember.ps_server.wire.pull_push_codec import push_log_record
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.row_packing import rows_from_wire
 from ember.ps_server.wire.stats import TableStats
 from ember.ps_server.wire.table_spec import TableSpec
 
 log = logging.getLogger(__name__)
 
-# Room for the reply's field tags and lengths next to its packed payload.
-_REPLY_OVERHEAD_BYTES = 1024
 # 4-byte words a conditional pull's reply row carries beside its floats: position and version.
 _STALE_WORDS_PER_ROW = 4
 
@@ -116,6 +109,7 @@ class ParameterServer:
         self.store_url = store
         self._tables: dict[str, Table] = {}
         self._tables_lock = threading.Lock()
+        self.checks = RequestChecks(self._tables, shard, num_shards, max_message_bytes)
         self.fault = ShardFault()
         self.store_marker = open_marker(store, shard, num_shards, self.fault, accept_empty_store)
         self.gate = WriteGate()
@@ -182,9 +176,9 @@ class ParameterServer:
         self.fault.check()
         validated = []
         for table, ids, with_state in requests:
-            words = 2 + (self._table(table).store.state_width if with_state else 0)
-            validated.append((*self.checked_read(table, ids, words), words, with_state))
-        self.check_reply_size(
+            words = 2 + (self.checks.table(table).store.state_width if with_state else 0)
+            validated.append((*self.checks.reads([(table, ids)], words)[0], words, with_state))
+        self.checks.replies_fit(
             [(target, len(ids), target.spec.dim + words) for target, ids, words, _ in validated]
         )
         replies = []
@@ -217,11 +211,11 @@ class ParameterServer:
         self.fault.check()
         validated = []
         for table, ids, held_versions, bound in requests:
-            target, id_array = self.checked_read(table, ids, words_per_row=_STALE_WORDS_PER_ROW)
+            target, id_array = self.checks.reads([(table, ids)], _STALE_WORDS_PER_ROW)[0]
             validated.append(
                 (target, id_array, decode_versions(held_versions, len(id_array)), bound)
             )
-        self.check_reply_size(
+        self.checks.replies_fit(
             [(t, len(ids), t.spec.dim + _STALE_WORDS_PER_ROW) for t, ids, _, _ in validated]
         )
         replies = []
@@ -236,30 +230,6 @@ class ParameterServer:
                 )
             )
         return replies
-
-    def checked_read(
-        self, table: str, ids: bytes | memoryview, words_per_row: int = 2
-    ) -> tuple[Table, np.ndarray]:
-        """The table and ids of a read, validated (ids, reply size, ownership); nothing read.
-
-        ``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats.
-        """
-        return self.checked_reads([(table, ids)], words_per_row)[0]
-
-    def checked_reads(
-        self, entries: Sequence[tuple[str, bytes | memoryview]], words_per_row: int = 2
-    ) -> list[tuple[Table, np.ndarray]]:
-        """:meth:`checked_read` of several ``(table, ids)``, their ownership in one pass."""
-        reads = []
-        for table, ids in entries:
-            target = self._table(table)
-            id_array = decode_ids(ids)
-            self._check_reply_size(table, len(id_array), target.spec.dim + words_per_row)
-            reads.append((target, id_array))
-        check_owned(
-            self.shard, self.num_shards, [table for table, _ in entries], [i for _, i in reads]
-        )
-        return reads
 
     def push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
@@ -292,45 +262,7 @@ class ParameterServer:
     ) -> tuple[Table, np.ndarray, np.ndarray, str]:
         if not request_id:
             raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
-        return (*self.checked_grads(table, ids, grads), request_id)
-
-    def checked_grads(
-        self,
-        table: str,
-        ids: bytes | memoryview,
-        grads: bytes | memoryview,
-        dtype: RowDtype = RowDtype.FLOAT32,
-    ) -> tuple[Table, np.ndarray, np.ndarray]:
-        """The table, ids and float32 gradient rows (read-only) of a write whose gradients
-        travel as ``dtype``, validated (nothing applied).
-
-        Raises:
-            InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
-        """
-        return self.checked_writes([(table, ids, grads, dtype)])[0]
-
-    def checked_writes(
-        self, entries: Sequence[tuple[str, bytes | memoryview, bytes | memoryview, RowDtype]]
-    ) -> list[tuple[Table, np.ndarray, np.ndarray]]:
-        """:meth:`checked_grads` of several ``(table, ids, grads, dtype)``, their ownership in
-        one pass."""
-        writes = []
-        for table, ids, grads, dtype in entries:
-            target = self._table(table)
-            id_array = decode_ids(ids)
-            grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
-            grad_rows.flags.writeable = False  # a view of the request's bytes when float32
-            if not np.isfinite(grad_rows).all():
-                bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
-                raise InvalidArgumentError(
-                    f"grads for table {table!r} contain NaN or Inf (first at row {bad}, id "
-                    f"{int(id_array[bad])}); nothing was applied"
-                )
-            writes.append((target, id_array, grad_rows))
-        check_owned(
-            self.shard, self.num_shards, [entry[0] for entry in entries], [w[1] for w in writes]
-        )
-        return writes
+        return (*self.checks.writes([(table, ids, grads, RowDtype.FLOAT32)])[0], request_id)
 
     def assign(
         self,
@@ -344,7 +276,7 @@ class ParameterServer:
         """Overwrite rows (their optimizer state when ``state`` is not empty, their versions when
         ``versions`` is not empty, else each version + 1); returns duplicate."""
         self.fault.check()
-        target = self._table(table)
+        target = self.checks.table(table)
         if not request_id:
             raise InvalidArgumentError(
                 "assign needs a non-empty request_id for retry deduplication"
@@ -363,7 +295,7 @@ class ParameterServer:
         version_array = decode_versions(versions, len(id_array)) if len(versions) else None
         if version_array is not None and len(version_array) and version_array.min() < 0:
             raise InvalidArgumentError(f"versions must be >= 0, got {int(version_array.min())}")
-        self._check_owned(table, id_array)
+        self.checks.owned([table], [id_array])
         if len(id_array) == 0:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())
@@ -410,41 +342,3 @@ class ParameterServer:
             tables = list(self._tables.values())
         for table in tables:
             table.flush()
-
-    def _check_reply_size(self, table: str, rows: int, words_per_row: int) -> None:
-        reply_bytes = rows * words_per_row * ROW_BYTES_PER_ELEMENT + _REPLY_OVERHEAD_BYTES
-        if reply_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(
-                f"pull of {rows} ids from table {table!r} needs up to a {reply_bytes}-byte reply, "
-                f"over this shard's limit of {self.max_message_bytes}; split the ids into smaller requests"
-            )
-
-    def check_reply_size(self, parts: list[tuple[Table, int, int]]) -> None:
-        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit.
-
-        Raises:
-            MessageTooLargeError: they do (a single reply is checked by :meth:`checked_read`).
-        """
-        if len(parts) < 2:
-            return
-        reply_bytes = _REPLY_OVERHEAD_BYTES + sum(
-            rows * words * ROW_BYTES_PER_ELEMENT + _REPLY_OVERHEAD_BYTES for _, rows, words in parts
-        )
-        if reply_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(
-                f"a batch of {len(parts)} pulls ({sum(rows for _, rows, _ in parts)} ids) needs up "
-                f"to a {reply_bytes}-byte reply, over this shard's limit of "
-                f"{self.max_message_bytes}; split it into smaller batches"
-            )
-
-    def _table(self, name: str) -> Table:
-        table = self._tables.get(name)
-        if table is None:
-            known = ", ".join(sorted(self._tables)) or "none"
-            raise TableNotFoundError(
-                f"table {name!r} does not exist (tables: {known}); create it first"
-            )
-        return table
-
-    def _check_owned(self, table: str, ids: np.ndarray) -> None:
-        check_owned(self.shard, self.num_shards, [table], [ids])

@@ -66,7 +66,7 @@ class StepService:
         """
         self._server.fault.check()
         reads = self._checked_reads(request.tables, "lookup")
-        self._server.check_reply_size([(t, len(ids), t.spec.dim) for t, ids, _ in reads])
+        self._server.checks.replies_fit([(t, len(ids), t.spec.dim) for t, ids, _ in reads])
         watermark = -1
         if request.clock is not None:
             needed = request.clock.clock
@@ -100,7 +100,7 @@ class StepService:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
         updates = self._checked_updates(request.tables)
         refresh = self._checked_reads(request.refresh, "refresh")
-        self._server.check_reply_size([(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh])
+        self._server.checks.replies_fit([(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh])
         job = self.clocks.job(clock)
         rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
         if request.replica:
@@ -178,7 +178,9 @@ class StepService:
                 f"the log record of job {c.job!r} clock {c.clock} holds gradients that are not "
                 "float32; a shard logs float32 only"
             )
-        updates = [self._server.checked_grads(t.table, t.ids, t.grads) for t in record.tables]
+        updates = self._server.checks.writes(
+            [(t.table, t.ids, t.grads, RowDtype.FLOAT32) for t in record.tables]
+        )
         if record.replica:
             self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
@@ -292,12 +294,12 @@ class StepService:
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:
         _distinct_tables(entries, what)
         dtypes = [RowDtype.from_wire(e.dtype) for e in entries]
-        reads = self._server.checked_reads([(e.table, e.ids) for e in entries])
+        reads = self._server.checks.reads([(e.table, e.ids) for e in entries])
         return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")
-        writes = self._server.checked_writes(
+        writes = self._server.checks.writes(
             [(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype)) for e in entries]
         )
         return [(target, ids.copy(), grads.copy()) for target, ids, grads in writes]

@@ -155,6 +155,18 @@ def test_unknown_table_names_the_known_ones():
         _server().pull("nope", b"")
 
 
+def test_unknown_table_error_stays_short_however_many_tables_and_however_long_the_name():
+    # gRPC fails a call whose error details pass its 8 KiB metadata limit with
+    # RESOURCE_EXHAUSTED instead of the error's own code.
+    server = ParameterServer(shard=0, num_shards=1)
+    for n in range(200):
+        server.create_table(TableSpec(f"{n:03d}" + "x" * 125, dim=1))
+    with pytest.raises(TableNotFoundError) as info:
+        server.pull("y" * 100_000, b"")
+    message = str(info.value)
+    assert len(message) < 2048 and message.endswith("and 190 more); create it first")
+
+
 def test_foreign_ids_are_refused_before_any_row_is_created():
     server = ParameterServer(shard=1, num_shards=4)
     server.create_table(SPEC)

@@ -1,0 +1,160 @@
+"""What a shard checks before it reads or writes: the table, the ids, the reply's size and
+which ids it owns. Nothing is read or applied until every part of a request passes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from ember.ps_server.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotOwnedError,
+    TableNotFoundError,
+)
+from ember.ps_server.routing import shard_of_tables
+from ember.ps_server.wire.messages import ROW_BYTES_PER_ELEMENT, decode_ids
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_from_wire
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard.table import Table
+
+# Room for the reply's field tags and lengths next to its packed payload.
+REPLY_OVERHEAD_BYTES = 1024
+
+Bytes = bytes | memoryview
+# Table names a not-found error lists (128 characters at most each): the error fits in gRPC's
+# 8 KiB of trailing metadata however many tables a shard holds.
+_NAMES_LISTED = 10
+
+
+class RequestChecks:
+    """The checks of shard ``shard`` of ``num_shards`` over ``tables`` (the live registry).
+
+    Args:
+        tables: the shard's tables by name (read, never changed, here).
+        shard: this shard's index.
+        num_shards: shards in the cluster.
+        max_message_bytes: the largest reply the shard sends.
+    """
+
+    def __init__(
+        self, tables: Mapping[str, Table], shard: int, num_shards: int, max_message_bytes: int
+    ) -> None:
+        self._tables = tables
+        self.shard, self.num_shards = shard, num_shards
+        self.max_message_bytes = max_message_bytes
+
+    def table(self, name: str) -> Table:
+        """The table called ``name``.
+
+        Raises:
+            TableNotFoundError: there is none, naming those there are.
+        """
+        table = self._tables.get(name)
+        if table is None:
+            names = sorted(self._tables)
+            known = ", ".join(names[:_NAMES_LISTED]) or "none"
+            if len(names) > _NAMES_LISTED:  # the message must fit gRPC's metadata limit
+                known += f" and {len(names) - _NAMES_LISTED} more"
+            raise TableNotFoundError(
+                f"table {name[:256]!r} does not exist (tables: {known}); create it first"
+            )
+        return table
+
+    def reads(
+        self, entries: Sequence[tuple[str, Bytes]], words_per_row: int = 2
+    ) -> list[tuple[Table, np.ndarray]]:
+        """The table and ids of each read ``(table, packed ids)``: ids, each reply's size
+        (``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats) and
+        ownership checked, the last in one pass over every entry."""
+        reads = []
+        for name, ids in entries:
+            target = self.table(name)
+            id_array = decode_ids(ids)
+            reply_bytes = (
+                len(id_array) * (target.spec.dim + words_per_row) * ROW_BYTES_PER_ELEMENT
+                + REPLY_OVERHEAD_BYTES
+            )
+            if reply_bytes > self.max_message_bytes:
+                raise MessageTooLargeError(
+                    f"pull of {len(id_array)} ids from table {name!r} needs up to a "
+                    f"{reply_bytes}-byte reply, over this shard's limit of "
+                    f"{self.max_message_bytes}; split the ids into smaller requests"
+                )
+            reads.append((target, id_array))
+        self.owned([name for name, _ in entries], [ids for _, ids in reads])
+        return reads
+
+    def writes(
+        self, entries: Sequence[tuple[str, Bytes, Bytes, RowDtype]]
+    ) -> list[tuple[Table, np.ndarray, np.ndarray]]:
+        """The table, ids and float32 gradient rows (read-only) of each write ``(table, packed
+        ids, packed gradients, their dtype)``: ids, rows (finite, one per id) and ownership
+        checked, the last in one pass over every entry.
+
+        Raises:
+            InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
+        """
+        writes = []
+        for name, ids, grads, dtype in entries:
+            target = self.table(name)
+            id_array = decode_ids(ids)
+            grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
+            grad_rows.flags.writeable = False  # a view of the request's bytes when float32
+            if not np.isfinite(grad_rows).all():
+                bad = int(np.flatnonzero(~np.isfinite(grad_rows).all(axis=1))[0])
+                raise InvalidArgumentError(
+                    f"grads for table {name!r} contain NaN or Inf (first at row {bad}, id "
+                    f"{int(id_array[bad])}); nothing was applied"
+                )
+            writes.append((target, id_array, grad_rows))
+        self.owned([entry[0] for entry in entries], [write[1] for write in writes])
+        return writes
+
+    def replies_fit(self, parts: Sequence[tuple[Table, int, int]]) -> None:
+        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit
+        (each alone is checked by :meth:`reads`).
+
+        Raises:
+            MessageTooLargeError: they do.
+        """
+        if len(parts) < 2:
+            return
+        reply_bytes = REPLY_OVERHEAD_BYTES + sum(
+            rows * words * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES for _, rows, words in parts
+        )
+        if reply_bytes > self.max_message_bytes:
+            raise MessageTooLargeError(
+                f"a batch of {len(parts)} pulls ({sum(rows for _, rows, _ in parts)} ids) needs up "
+                f"to a {reply_bytes}-byte reply, over this shard's limit of "
+                f"{self.max_message_bytes}; split it into smaller batches"
+            )
+
+    def owned(self, tables: Sequence[str], ids: Sequence[np.ndarray]) -> None:
+        """Refuse ids this shard does not own; ``ids[t]`` are ids of ``tables[t]``, every
+        table's routed in one pass.
+
+        Raises:
+            NotOwnedError: naming the first foreign id's table, id and owner.
+        """
+        if self.num_shards == 1:
+            return
+        ends = np.cumsum([len(array) for array in ids], dtype=np.int64)
+        if not len(ends) or not ends[-1]:
+            return
+        owners = shard_of_tables(tables, np.concatenate(ids), ends, self.num_shards)
+        foreign = np.flatnonzero(owners != self.shard)
+        if not len(foreign):
+            return
+        first = int(foreign[0])
+        t = int(np.searchsorted(ends, first, side="right"))
+        start = int(ends[t]) - len(ids[t])
+        count = int(np.count_nonzero(owners[start : ends[t]] != self.shard))
+        raise NotOwnedError(
+            f"{count} of {len(ids[t])} ids of table {tables[t]!r} belong to other shards (id "
+            f"{int(ids[t][first - start])} belongs to shard {int(owners[first])}, this is shard "
+            f"{self.shard} of {self.num_shards}); check the client's endpoint list"
+        )
