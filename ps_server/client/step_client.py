@@ -335,7 +335,7 @@ class StepClient:
         what: str,
         dtype: int | None = None,
     ) -> np.ndarray:
-        """A reply's float32 rows of ``table`` (a read-only view when they came as float32),
+        """A reply's float32 rows of ``table`` (a view of the reply when they came as float32),
         in ``dtype`` (the .proto's number; None: the table's wire dtype).
 
         Raises:

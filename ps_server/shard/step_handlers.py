@@ -33,7 +33,11 @@ class StepHandlers:
         self.server = server
 
     def lookup(self, request: LookupRequestView, trailer: bytes = b"") -> bytes:
-        """The serialised LookupResponse (then ``trailer``)."""
+        """The serialised LookupResponse (then ``trailer``).
+
+        Raises:
+            OutOfRangeError: a row its entry's dtype cannot hold (nothing answered).
+        """
         reads, watermark = self.server.steps.lookup(request)
         return encode_lookup_response(
             [wire_row_bytes(read) for read in reads],

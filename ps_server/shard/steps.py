@@ -28,7 +28,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.wire.messages import pb
-from ember.ps_server.wire.proto_wire import bytes_view
+from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
 from ember.ps_server.wire.step_codec import (
@@ -313,7 +313,7 @@ def wire_row_bytes(read: TableRead) -> int:
 
 def write_wire_rows(read: TableRead, view: memoryview) -> None:
     """Write ``read``'s rows into ``view`` (:func:`wire_row_bytes` long) as its dtype carries
-    them: float32 rows are gathered straight into it.
+    them: float32 rows are gathered straight into it when it is 4-byte aligned.
 
     Raises:
         OutOfRangeError: a row the dtype cannot hold (``view`` is partly written).
@@ -321,7 +321,7 @@ def write_wire_rows(read: TableRead, view: memoryview) -> None:
     target, ids, dtype = read
     if not len(ids):
         return
-    if dtype is RowDtype.FLOAT32:
+    if dtype is RowDtype.FLOAT32 and is_aligned(view, 4):
         out = torch.frombuffer(view, dtype=torch.float32).view(len(ids), target.spec.dim)
         target.read_weights(ids, out)
     else:
@@ -340,7 +340,9 @@ def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:
 def _distinct_tables(entries: list, what: str) -> None:
     names = [entry.table for entry in entries]
     if len(set(names)) != len(names):
-        raise InvalidArgumentError(f"a {what} names a table more than once: {sorted(names)}")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        shown = ", ".join(repr(name[:128]) for name in repeated[:10])  # fits gRPC's metadata
+        raise InvalidArgumentError(f"a {what} names a table more than once: {shown}")
 
 
 def _deadline(clock: StepClockView) -> float:

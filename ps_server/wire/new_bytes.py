@@ -18,8 +18,12 @@ _new_bytes.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
 _bytes_address = ctypes.pythonapi.PyBytes_AsString
 _bytes_address.restype = ctypes.c_void_p
 _bytes_address.argtypes = (ctypes.py_object,)
+_writable_view = ctypes.pythonapi.PyMemoryView_FromMemory
+_writable_view.restype = ctypes.py_object
+_writable_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PYBUF_WRITE = 0x200
 
-# Below this a copy is cheaper than the calls (and CPython may share objects of 0 or 1 byte).
+# Below this a copy is cheaper than the calls (and CPython shares the empty bytes object).
 _IN_PLACE_BYTES = 4096
 
 
@@ -32,6 +36,9 @@ def fill_new_bytes(size: int, fill: Callable[[memoryview], None]) -> bytes:
         fill(memoryview(buffer))
         return bytes(buffer)
     data = _new_bytes(None, size)
-    view = memoryview((ctypes.c_char * size).from_address(_bytes_address(data))).cast("B")
-    fill(view)
+    view = _writable_view(_bytes_address(data), size, _PYBUF_WRITE)
+    try:
+        fill(view)
+    finally:
+        view.release()  # the view holds no reference to ``data``: it ends here
     return data

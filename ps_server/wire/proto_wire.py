@@ -21,8 +21,10 @@ _TAG_AND_LENGTH_BYTES = 5  # protobuf reads tags and lengths as 32-bit varints
 
 def varint(value: int) -> bytes:
     """The varint encoding of a non-negative ``value``."""
-    if value < 128:
+    if 0 <= value < 128:
         return _ONE_BYTE[value]
+    if value < 0:
+        raise ValueError(f"a varint encodes a non-negative number, got {value}")
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -115,19 +117,17 @@ def len_field(number: int, payload_length: int) -> bytes:
 
 
 def aligned_len_field(number: int, payload_length: int, offset: int, alignment: int = 4) -> bytes:
-    """The tag and length of a LEN field written at ``offset``, padded so that its payload
-    starts at a multiple of ``alignment`` (at most 4): the tag's and the length's varints
-    take continuation bytes (an overlong varint means the same number to protobuf's parsers
-    and to :func:`read_varint`, up to 5 bytes each), so native code can read the payload's
-    rows in place."""
+    """The tag and length of a LEN field written at ``offset``, its length's varint padded
+    with continuation bytes (up to 5 bytes, which every protobuf parser and
+    :func:`read_varint` read as the same number; the tag is never padded: the pure-Python
+    protobuf matches tags by their bytes) so that the payload starts at a multiple of
+    ``alignment`` (at most 4) where that room suffices: always below 16 KiB of payload, else
+    not always (see :func:`is_aligned`)."""
     if not 0 < alignment <= 4:
         raise ValueError(f"alignment must be in 1..4, got {alignment}")
     tag, length = varint((number << 3) | LEN), varint(payload_length)
     pad = -(offset + len(tag) + len(length)) % alignment
-    grow_length = min(pad, _TAG_AND_LENGTH_BYTES - len(length))
-    if len(tag) + pad - grow_length > _TAG_AND_LENGTH_BYTES:  # field numbers >= 2^11 only
-        raise ValueError(f"field {number} of {payload_length} bytes cannot be aligned")
-    return _overlong(tag, pad - grow_length) + _overlong(length, grow_length)
+    return tag + _overlong(length, min(pad, _TAG_AND_LENGTH_BYTES - len(length)))
 
 
 def _overlong(encoded: bytes, extra: int) -> bytes:
@@ -139,6 +139,11 @@ def _overlong(encoded: bytes, extra: int) -> bytes:
 
 EMPTY = memoryview(b"")
 Buffer = bytes | memoryview | np.ndarray
+
+
+def is_aligned(view: memoryview, alignment: int) -> bool:
+    """Whether ``view``'s first byte sits at a multiple of ``alignment`` in memory."""
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data % alignment == 0
 
 
 def bytes_view(buffer: Buffer) -> memoryview:

@@ -213,11 +213,12 @@ def encode_lookup_response(
     watermark: int,
     trailer: bytes = b"",
 ) -> bytes:
-    """Serialise a LookupResponse, then ``trailer``, in one pass: entry ``i`` of ``values``
+    """Serialise a LookupResponse, then ``trailer``, in one pass: its ``values`` entry ``i``
     holds ``row_bytes[i]`` bytes, written in place by ``fill_rows(i, view)`` (which must
-    write all of them and keep no reference to the view). Each entry's rows start at a
-    multiple of 4 bytes from the message's start."""
-    headers, offset = [], 0  # each table's rows start 4-byte aligned (see aligned_len_field)
+    write all of them and keep no reference to the view; what it raises goes on, and
+    nothing is returned). Entries start 4-byte aligned from the message's start where
+    :func:`aligned_len_field` has room (fillers must not rely on it)."""
+    headers, offset = [], 0
     for size in row_bytes:
         headers.append(aligned_len_field(1, size, offset))
         offset += len(headers[-1]) + size
@@ -251,12 +252,6 @@ def encode_update_response(
             2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
         )
     return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
-
-
-def _len_entry(number: int, buffer: Buffer) -> list[bytes | memoryview]:
-    """A repeated bytes entry: written even when empty (it holds a place in the list)."""
-    view = bytes_view(buffer)
-    return [len_field(number, len(view)), view]
 
 
 # ---- decoding -----------------------------------------------------------------

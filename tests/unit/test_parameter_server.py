@@ -387,3 +387,19 @@ def test_assign_sets_versions_when_given_and_refuses_bad_ones():
         with pytest.raises(InvalidArgumentError, match=message):
             server.assign("adam", ids, values, b"", "c", bad)
     assert server.pull("adam", ids).versions.tolist() == [8, 41]
+
+
+def test_a_foreign_id_is_named_with_its_own_table_when_several_are_checked_together():
+    server = ParameterServer(shard=0, num_shards=3)
+    for name in ("a", "b", "c"):
+        server.create_table(TableSpec(name, dim=2))
+    ids = np.arange(200, dtype=np.int64)
+    mine = {name: ids[shard_of(name, ids, 3) == 0] for name in "abc"}
+    foreign = int(ids[shard_of("c", ids, 3) == 2][0])
+    entries = [("a", encode_ids(mine["a"])), ("b", b""), ("c", encode_ids([*mine["c"], foreign]))]
+    with pytest.raises(
+        NotOwnedError,
+        match=f"1 of {len(mine['c']) + 1} ids of table 'c' .*id {foreign} belongs to shard 2",
+    ):
+        server.checks.reads(entries)
+    assert [len(ids) for _, ids in server.checks.reads(entries[:2])] == [len(mine["a"]), 0]

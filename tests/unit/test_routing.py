@@ -1,7 +1,15 @@
+import contextlib
+
 import numpy as np
 import pytest
 from ember.kernels.loader import reference_backend
-from ember.ps_server.routing import mix64, positions_by_shard, shard_of
+from ember.ps_server.routing import (
+    mix64,
+    positions_by_shard,
+    shard_of,
+    shard_of_tables,
+    split_by_shard,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +95,29 @@ def test_native_routing_equals_the_reference(ids, shards):
     native = shard_of("t", array, shards)
     with reference_backend():
         assert np.array_equal(native, shard_of("t", array, shards))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    shards=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_tables_routed_together_land_where_each_alone_does(sizes, shards, seed):
+    rng = np.random.default_rng(seed)
+    tables = [f"t{n}" for n in range(len(sizes))]
+    arrays = [rng.integers(0, 2**62, size).astype(np.int64) for size in sizes]
+    ends = np.cumsum(sizes, dtype=np.int64)
+    alone = np.concatenate([shard_of(t, a, shards) for t, a in zip(tables, arrays)])
+    for backend in (contextlib.nullcontext(), reference_backend()):
+        with backend:
+            together = shard_of_tables(tables, np.concatenate(arrays), ends, shards)
+        assert together.tolist() == alone.tolist()
+    parts = split_by_shard(tables, np.concatenate(arrays), ends, shards)
+    for shard, part in enumerate(parts):
+        assert (alone[part.positions] == shard).all()
+        for t, lo, hi in part.segments:
+            assert (
+                (part.positions[lo:hi] >= ends[t] - sizes[t]) & (part.positions[lo:hi] < ends[t])
+            ).all()
+    assert sorted(np.concatenate([p.positions for p in parts]).tolist()) == list(range(sum(sizes)))

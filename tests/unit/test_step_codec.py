@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 """The step codecs match the generated classes both ways, and reject what protobuf rejects."""
 
 import random
@@ -201,3 +205,23 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
             assert accepted == expected, (message.__name__, data.hex())
             outcomes.add(accepted)
         assert outcomes == {True, False}
+
+
+def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path):
+    # Its parser matches tags by their bytes: a padded tag would drop the entry silently.
+    values = [bytes([n]) * size for n, size in enumerate([20_001, 3, 70_000, 2_100_003, 5])]
+    path = tmp_path / "reply.bin"
+    path.write_bytes(_lookup_response(values, 7))
+    script = (
+        "import sys; from ember.v1 import parameter_server_pb2 as pb; "
+        "from google.protobuf.internal import api_implementation as api; "
+        "m = pb.LookupResponse.FromString(open(sys.argv[1], 'rb').read()); "
+        "print(api.Type(), m.watermark, [(len(v), v[:1].hex()) for v in m.values])"
+    )
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
+        check=True,
+    ).stdout.split(" ", 2)  # fmt: skip
+    assert out[:2] == ["python", "7"]
+    assert out[2].strip() == str([(len(v), v[:1].hex()) for v in values])

@@ -4,11 +4,13 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.proto_wire import aligned_len_field
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (
     StepClockView,
@@ -254,3 +256,39 @@ def test_a_forgotten_job_comes_back_with_its_clocks_and_its_world():
     with pytest.raises(InvalidArgumentError, match="runs 2 rank"):
         clocks.job(clock(0, world=3))  # refused, and the retired clocks stay
     assert clocks.job(clock(0, world=2)).applied == [7, 7]
+
+
+def test_a_lookup_of_tables_with_other_dims_and_dtypes_answers_each_in_its_own():
+    # Odd-sized float16 entries shift the entries after them: rows land where the reply says.
+    server = shard()
+    ids = np.arange(1500, dtype=np.int64)
+    request = encode_lookup_request(
+        [("other", ids[:701], RowDtype.FLOAT16), ("emb", ids, RowDtype.FLOAT32),
+         ("big", ids[:3], RowDtype.BFLOAT16)],
+        None,
+    )  # fmt: skip
+    server.create_table(TableSpec("big", dim=5))
+    reply = decode_lookup_response(StepHandlers(server).lookup(decode_lookup_request(request)))
+    expected = [
+        (np.float16, 701, initial_rows(OTHER, ids[:701]).half()),
+        (np.float32, 1500, initial_rows(ADAM, ids)),
+        (None, 3, initial_rows(TableSpec("big", dim=5), ids[:3]).bfloat16()),
+    ]
+    for values, (dtype, count, rows) in zip(reply.values, expected, strict=True):
+        if dtype is None:  # bfloat16: the upper halves of float32 bit patterns
+            got = torch.from_numpy(np.frombuffer(values, "<i2").copy()).view(torch.bfloat16)
+        else:
+            got = torch.from_numpy(np.frombuffer(values, dtype).copy())
+        assert torch.equal(got.view(count, -1), rows)
+
+
+def test_rows_that_cannot_start_aligned_are_copied_into_the_reply():
+    # Over 2 MiB a length varint has room for one byte of padding: this entry starts
+    # unaligned, and its rows are gathered apart and copied in.
+    server = shard()
+    ids = np.arange(180_000, dtype=np.int64)
+    assert len(aligned_len_field(1, len(ids) * 3 * 4, 0)) % 4
+    request = encode_lookup_request([("emb", ids)], None)
+    reply = decode_lookup_response(StepHandlers(server).lookup(decode_lookup_request(request)))
+    rows = np.frombuffer(reply.values[0], "<f4").reshape(len(ids), 3)
+    assert np.array_equal(rows, initial_rows(ADAM, ids).numpy())
