@@ -77,30 +77,40 @@ def shard_of_tables(
     return ((high * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
 
 
-class ShardPart(NamedTuple):
-    """The ids of several tables that one shard owns.
+class TablePart(NamedTuple):
+    """The ids of one table that one shard owns.
 
     Attributes:
-        positions: ascending positions into the concatenation of the tables' ids.
-        segments: ``(table index, lo, hi)`` per table with ids here: its ids are
-            ``positions[lo:hi]``, in table order.
+        table: index of the table in the routed list.
+        positions: ascending positions into that table's ids.
+        ids: the ids at those positions.
     """
 
+    table: int
     positions: np.ndarray
-    segments: list[tuple[int, int, int]]
+    ids: np.ndarray
 
 
-def split_by_shard(
-    tables: Sequence[str], ids: np.ndarray, ends: np.ndarray, num_shards: int
-) -> list[ShardPart]:
-    """Per shard, which of the concatenated ids of ``tables`` it owns (``ids[ends[t-1]:
-    ends[t]]`` belong to ``tables[t]``), grouped by table."""
-    parts = []
-    for group in positions_by_shard(shard_of_tables(tables, ids, ends, num_shards), num_shards):
+def route_tables(
+    tables: Sequence[str], arrays: Sequence[np.ndarray], num_shards: int
+) -> list[list[TablePart]]:
+    """Per shard, the part of each table's ids (``arrays[t]`` belong to ``tables[t]``) it owns,
+    in table order, tables without ids there left out; routed in one pass."""
+    lengths = [len(array) for array in arrays]
+    ends = np.cumsum(lengths, dtype=np.int64)
+    starts = ends - lengths
+    all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+    per_shard = []
+    for group in positions_by_shard(shard_of_tables(tables, all_ids, ends, num_shards), num_shards):
         cuts = np.searchsorted(group, ends).tolist()
-        segments = [(t, lo, hi) for t, (lo, hi) in enumerate(zip([0, *cuts], cuts)) if hi > lo]
-        parts.append(ShardPart(group, segments))
-    return parts
+        per_shard.append(
+            [
+                TablePart(t, group[lo:hi] - starts[t], all_ids[group[lo:hi]])
+                for t, (lo, hi) in enumerate(zip([0, *cuts], cuts))
+                if hi > lo
+            ]
+        )
+    return per_shard
 
 
 def positions_by_shard(shards: np.ndarray, num_shards: int) -> list[np.ndarray]:

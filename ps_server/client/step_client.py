@@ -21,7 +21,7 @@ from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
-from ember.ps_server.routing import split_by_shard
+from ember.ps_server.routing import route_tables
 from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -159,7 +159,7 @@ class StepClient:
         targets = [out[table].numpy() for table in tables]
         calls, entries = [], []
         wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
-        for shard, items in enumerate(self._by_shard(tables, arrays)):
+        for shard, items in enumerate(route_tables(tables, arrays, self.client.num_shards)):
             if not items:
                 continue
             dtypes = [self.wire_dtype(tables[t]) for t, _, _ in items]
@@ -233,13 +233,15 @@ class StepClient:
                 (tables[t], ids, wire_rows[t][positions], self.wire_dtype(tables[t]))
                 for t, positions, ids in items
             ]
-            for items in self._by_shard(tables, unique_ids)
+            for items in route_tables(tables, unique_ids, self.client.num_shards)
         ]
         refresh_tables = list(refresh or {})
         per_shard_refresh = [
             [(refresh_tables[t], positions, ids) for t, positions, ids in items]
-            for items in self._by_shard(
-                refresh_tables, [as_id_array(i) for i in (refresh or {}).values()]
+            for items in route_tables(
+                refresh_tables,
+                [as_id_array(i) for i in (refresh or {}).values()],
+                self.client.num_shards,
             )
         ]
         refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
@@ -352,23 +354,6 @@ class StepClient:
     @property
     def _trailer(self) -> bytes:
         return self.client.shard_rpc.data_plane.trailer
-
-    def _by_shard(
-        self, tables: list[str], arrays: list[np.ndarray]
-    ) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
-        """Per shard, ``(table index, positions into its ids, those ids)`` of every table with
-        ids there (``arrays[t]``: the ids of ``tables[t]``), routed in one pass."""
-        lengths = [len(array) for array in arrays]
-        ends = np.cumsum(lengths, dtype=np.int64)
-        starts = ends - lengths
-        all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
-        per_shard = []
-        for part in split_by_shard(tables, all_ids, ends, self.client.num_shards):
-            ids = all_ids[part.positions]
-            per_shard.append(
-                [(t, part.positions[lo:hi] - starts[t], ids[lo:hi]) for t, lo, hi in part.segments]
-            )
-        return per_shard
 
     def _clock(self, step: int) -> StepClockView:
         if self.job is None:

@@ -6,9 +6,9 @@ from ember.kernels.loader import reference_backend
 from ember.ps_server.routing import (
     mix64,
     positions_by_shard,
+    route_tables,
     shard_of,
     shard_of_tables,
-    split_by_shard,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,11 +113,12 @@ def test_tables_routed_together_land_where_each_alone_does(sizes, shards, seed):
         with backend:
             together = shard_of_tables(tables, np.concatenate(arrays), ends, shards)
         assert together.tolist() == alone.tolist()
-    parts = split_by_shard(tables, np.concatenate(arrays), ends, shards)
-    for shard, part in enumerate(parts):
-        assert (alone[part.positions] == shard).all()
-        for t, lo, hi in part.segments:
-            assert (
-                (part.positions[lo:hi] >= ends[t] - sizes[t]) & (part.positions[lo:hi] < ends[t])
-            ).all()
-    assert sorted(np.concatenate([p.positions for p in parts]).tolist()) == list(range(sum(sizes)))
+    seen = [[] for _ in sizes]
+    for shard, parts in enumerate(route_tables(tables, arrays, shards)):
+        assert [part.table for part in parts] == sorted({part.table for part in parts})
+        for part in parts:
+            assert len(part.positions) > 0 and (np.diff(part.positions) > 0).all()
+            assert (alone[ends[part.table] - sizes[part.table] + part.positions] == shard).all()
+            assert part.ids.tolist() == arrays[part.table][part.positions].tolist()
+            seen[part.table].extend(part.positions.tolist())
+    assert [sorted(s) for s in seen] == [list(range(n)) for n in sizes]
