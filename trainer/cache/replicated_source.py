@@ -29,7 +29,7 @@ import logging
 
 import torch
 import torch.distributed as dist
-from ember.kernels.optim import apply_rows, state_width
+from ember.kernels.optim import fused_row_update, state_width
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.pipeline import PipelinedRowSource
@@ -287,12 +287,12 @@ class ReplicatedRowSource:
             )
 
     def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        weights, state = self.weights[table][rows], self.state[table][rows]
-        self.steps[table][rows] += 1
+        """One optimizer step of the distinct hot ``rows`` in place, as the shard steps a row."""
         self.dirty[table][rows] = True
-        apply_rows(self.specs[table].optimizer, weights, state, grads, self.steps[table][rows])
-        self.weights[table][rows] = weights
-        self.state[table][rows] = state
+        fused_row_update(
+            self.specs[table].optimizer, self.weights[table], self.state[table],
+            self.steps[table], rows, grads.contiguous(),
+        )  # fmt: skip
 
     def _locate(self, table: str, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hot_ids = self.hot_ids.get(table)
