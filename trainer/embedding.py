@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from ember.trainer.data.batch import JaggedIds
+from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient
 from torch import nn
 
@@ -44,6 +45,11 @@ class RowSource(Protocol):
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation: as :meth:`rows`, outside the training steps."""
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds the calling thread has spent blocked on the shards or on other ranks: the
+        PS wait a step is exposed to (embedding work on this rank is not in it)."""
 
 
 @dataclasses.dataclass
@@ -213,11 +219,20 @@ class PSRowSource:
     def __init__(self, client: Any) -> None:
         self.client = CountingClient(client)
         self.traffic = self.client.traffic
+        self._blocked = Timer()
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds spent in calls to the shards (every call here is one)."""
+        return self._blocked.seconds
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {table: rows for table, (rows, _) in self.client.pull_many(requests).items()}
+        with self._blocked:
+            pulled = self.client.pull_many(requests)
+        return {table: rows for table, (rows, _) in pulled.items()}
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.client.push_many(updates)
+        with self._blocked:
+            self.client.push_many(updates)
 
     read = rows

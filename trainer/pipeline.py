@@ -117,6 +117,11 @@ class PipelinedRowSource:
         return dataclasses.replace(payload, bytes_control=max(0, control))
 
     @property
+    def blocked_s(self) -> float:
+        """Seconds the calling thread waited for lookups and updates (see RowSource)."""
+        return self.timing.exposed_wait
+
+    @property
     def last_clock(self) -> int:
         """The clock of the last update sent (-1 before the first)."""
         return self._step - 1

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from ember.trainer.config import TrainConfig
 from ember.trainer.data.criteo import CriteoTSVReader
-from ember.trainer.sources import RowSourceKind, pipeline_timing
+from ember.trainer.sources import TimedSource, pipeline_timing
 from ember.trainer.telemetry import bytes_per_sample, hit_rate
 
 
@@ -19,17 +19,20 @@ def run_report(
     device: torch.device,
     losses: list[float],
     wall: float,
-    source: RowSourceKind,
-    exposed_wait: float,
+    timed: TimedSource,
     reader: CriteoTSVReader,
 ) -> dict:
     """The report's training fields (evaluation adds its own).
 
-    ``exposed_wait`` is the time the steps spent inside the row source: waiting on the
-    shards, or on the hot rows' all-reduce. A pipeline's lookups and updates also run in the
-    background; ``ps_overlapped_s`` is the part of their time the steps did not wait for.
+    ``ps_wait_s`` is the exposed PS wait: the time the steps were blocked on the shards, or
+    on other ranks in the hot rows' all-reduce. ``embedding_work_s`` is the rest of their
+    time in the row source: this rank's own embedding work (hot rows' lookup and optimizer,
+    splitting, placing rows), part of ``compute_s``. A pipeline's lookups and updates also
+    run in the background; ``ps_overlapped_s`` is the part of their time the steps did not
+    wait for.
     """
     samples = len(losses) * config.batch_size
+    source, ps_wait = timed.inner, timed.ps_wait_s
     timing = pipeline_timing(source)
     return {
         "rank": rank,
@@ -48,9 +51,10 @@ def run_report(
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "train_losses": losses,
         "wall_s": wall,
-        "ps_wait_s": exposed_wait,
+        "ps_wait_s": ps_wait,
+        "embedding_work_s": max(0.0, timed.inside.seconds - ps_wait),
         "ps_overlapped_s": timing.overlapped if timing else 0.0,
-        "compute_s": wall - exposed_wait,
+        "compute_s": wall - ps_wait,
         "rows_to_update_s_per_step": timing.rows_to_update_per_step if timing else 0.0,
         "max_clock_lag": timing.max_lag if timing else 0,
         "clock_lags": timing.lags if timing else [],

@@ -167,6 +167,7 @@ def write_summary(run_dir: Path, images: list[Path]) -> Path:
             f"{c.replace('_', ' ')} {report[f'bytes_{c}_per_sample']:,.0f}" for c in BYTE_CATEGORIES
         )),
         ("exposed PS wait", f"{report['ps_wait_s']:.1f} s of {wall:.1f} s ({report['ps_wait_s'] / wall if wall else 0:.0%})"),
+        ("embedding work on this rank", f"{report.get('embedding_work_s', 0.0):.1f} s"),
         ("max clock lag", f"{report['max_clock_lag']}"),
         ("data path", f"{report['data_path']} over {report.get('transport', 'grpc')}"),
     ]  # fmt: skip

@@ -9,10 +9,8 @@ step's push.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -36,6 +34,7 @@ from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import SyntheticCriteo
 from ember.trainer.embedding import PSRowSource
 from ember.trainer.pipeline import PipelinedRowSource, PipelineTiming
+from ember.trainer.timer import Timer
 
 log = logging.getLogger(__name__)
 
@@ -43,39 +42,38 @@ PROFILE_FIRST_BATCH = 1 << 40  # synthetic profile samples: far past any run's b
 RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedRowSource
 
 
-@dataclasses.dataclass
-class Timer:
-    """Seconds spent inside ``with`` blocks of this timer."""
-
-    seconds: float = 0.0
-
-    def __enter__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds += time.perf_counter() - self._start
-
-
 class TimedSource:
-    """A row source that also accounts the time the trainer spends inside its calls: the
-    PS wait the step is exposed to (a pipeline's background work is not in it)."""
+    """A row source that also accounts where the step's time in it goes.
+
+    ``inside``: time the training thread spent in the source's calls: the embedding work
+    on this rank (hot rows' lookup and optimizer, routing, deduplication) and waiting.
+    :attr:`ps_wait_s`: the part of it blocked on the shards or on other ranks (collectives);
+    the exposed PS wait. A pipeline's background lookups and updates are in neither.
+    """
 
     def __init__(self, inner: RowSourceKind) -> None:
         self.inner = inner
-        self.wait = Timer()
+        self.inside = Timer()
+        self._blocked_before = inner.blocked_s  # taking hot rows over is setup, not a step
+
+    @property
+    def ps_wait_s(self) -> float:
+        """Seconds the training thread was blocked on the shards or other ranks since this
+        wrapper was made."""
+        return self.inner.blocked_s - self._blocked_before
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        with self.wait:
+        with self.inside:
             return self.inner.rows(requests)
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         prefetch = getattr(self.inner, "prefetch", None)
         if prefetch is not None:
-            with self.wait:
+            with self.inside:
                 prefetch(requests)
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        with self.wait:
+        with self.inside:
             self.inner.apply_gradients(updates)
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -56,8 +56,8 @@ def step_snapshot(
         "samples_per_s": samples * world / elapsed,
         "hit_rate": hit_rate(source.inner),
         "bytes_per_sample": bytes_per_sample(source.inner, samples),
-        "ps_wait_share": source.wait.seconds / elapsed,
-        "ps_wait_s": source.wait.seconds,
+        "ps_wait_share": source.ps_wait_s / elapsed,
+        "ps_wait_s": source.ps_wait_s,
         "overlapped_share": timing.overlapped / elapsed if timing else 0.0,
         "clock_lag": timing.lags[-1] if timing and timing.lags else 0,
     }

@@ -109,20 +109,18 @@ def train(config: TrainConfig) -> dict:
                 ebc.step()
                 losses.append(_mean_over_ranks(loss.detach(), world))
                 if _write_back_due(config, len(losses)):
-                    with source.wait:
+                    with source.inside:
                         flush(inner)  # bounds what a crashed trainer loses of its replicas
                 telemetry.step(len(losses), losses[-1], source, time.perf_counter() - start)
             flush_started = time.perf_counter()
-            with source.wait:
+            with source.inside:
                 flush(inner, last=True)
             final_flush = time.perf_counter() - flush_started
         except BaseException:
             release(inner)  # checkpoints stop waiting for this job's replicas
             raise
         wall = time.perf_counter() - start
-        report = run_report(
-            config, rank, world, device, losses, wall, inner, source.wait.seconds, reader
-        )
+        report = run_report(config, rank, world, device, losses, wall, source, reader)
         report["cpu_s"] = time.process_time() - cpu_start  # this process, all its threads
         # The last write-back of the replicas (and wait for the updates in flight): a cost
         # per run, in wall_s; steady-state steps take (wall_s - final_flush_s) / steps.

@@ -100,7 +100,7 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
             dense_opt.step()
             ebc.step()
             steps.append(_Step(share, *_gathered(seconds, loss.item(), world, device)))
-        with source.wait:
+        with source.inside:
             flush(inner)
         wall = time.perf_counter() - start
         if len(steps) < config.steps:
@@ -108,7 +108,7 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
                 "the data ran out after %d of %d steps (%s)",
                 len(steps), config.steps, config.interactions_path,
             )  # fmt: skip
-        report = _report(config, steps, wall, source.wait.seconds, cost, data)
+        report = _report(config, steps, wall, source.ps_wait_s, cost, data)
         report.update(rank=rank, world_size=world, config=dataclasses.asdict(config))
         report["dense_checksums"] = _checksums(model, world, device)
         if rank == 0:

@@ -107,7 +107,8 @@ def print_summary(report: dict) -> None:
     )
     wall = report["wall_s"]
     print(
-        f"wall {wall:.1f} s = compute {report['compute_s']:.1f} s + exposed PS wait "
+        f"wall {wall:.1f} s = compute {report['compute_s']:.1f} s (embedding work on this "
+        f"rank {report['embedding_work_s']:.1f} s) + exposed PS wait "
         f"{report['ps_wait_s']:.1f} s ({report['ps_wait_s'] / wall if wall else 0:.0%}); "
         f"PS time overlapped {report['ps_overlapped_s']:.1f} s; max clock lag "
         f"{report['max_clock_lag']}"

@@ -79,9 +79,10 @@ def test_demo_trains_on_two_ranks_and_writes_the_report(tmp_path):
     assert report["bytes_hot_allreduce_per_sample"] > 0
     assert 0.55 < report["heldout_auc"] < 1.0  # the planted model is learnable
     assert report["compute_s"] + report["ps_wait_s"] == pytest.approx(report["wall_s"])
+    assert 0 <= report["embedding_work_s"] <= report["compute_s"]
     assert report["config"]["batch_size"] == 256
     assert "held-out AUC" in result.stdout and "shards stopped cleanly" in result.stdout
-    assert "exposed PS wait" in result.stdout
+    assert "exposed PS wait" in result.stdout and "embedding work on this rank" in result.stdout
     # The demo ends by naming its run report: the plots and the summary.
     assert f"run report: {tmp_path / 'run' / 'summary.md'}" in result.stdout
     assert len(list((tmp_path / "run").glob("*.png"))) == 5

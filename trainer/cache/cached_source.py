@@ -17,6 +17,7 @@ import torch
 from ember.ps_server.client.ps_client import PSClient
 from ember.trainer.cache.hot_cache import HotEmbeddingCache
 from ember.trainer.pipeline import same_requests
+from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient
 
 
@@ -46,13 +47,21 @@ class CachedRowSource:
         self._background = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="ember-cache"
         )
+        self._blocked = Timer()
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds the calling thread waited for pulls and pushes (see RowSource)."""
+        return self._blocked.seconds
 
     def warm(self) -> None:
         """Load the static hot sets into their caches."""
         hot = {
             t: c.hot_ids for t, c in self.caches.items() if c.hot_ids is not None and len(c.hot_ids)
         }
-        for table, (rows, versions) in self.client.pull_many(hot).items():
+        with self._blocked:
+            pulled = self.client.pull_many(hot)
+        for table, (rows, versions) in pulled.items():
             self.caches[table].insert(hot[table], rows, versions)
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
@@ -65,7 +74,8 @@ class CachedRowSource:
         """
         if not self.overlap:
             return
-        self._settle(self._next)
+        with self._blocked:
+            self._settle(self._next)
         self._next = None
         slots = self._lookup_slots(requests)
         queries = self._queries(requests, slots)
@@ -84,12 +94,17 @@ class CachedRowSource:
         """
         planned, self._next = self._next, None
         if planned is not None and same_requests(planned.requests, requests):
-            replies = planned.merged(planned.early_replies.result(), self._late_replies(planned))
-            return self._resolve(requests, planned.slots, planned.queries, replies)
-        self._settle(planned)
+            with self._blocked:
+                early, late = planned.early_replies.result(), self._late_replies(planned)
+            return self._resolve(
+                requests, planned.slots, planned.queries, planned.merged(early, late)
+            )
+        with self._blocked:
+            self._settle(planned)
         slots = self._lookup_slots(requests)
         queries = self._queries(requests, slots)
-        replies = self.client.pull_stale_many([q.pull for q in queries]) if queries else []
+        with self._blocked:
+            replies = self._pull([q.pull for q in queries])
         return self._resolve(requests, slots, queries, replies)
 
     def _lookup_slots(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -163,10 +178,12 @@ class CachedRowSource:
             pushes[table] = (torch.cat(push_ids), torch.cat(push_grads))
         pushes = self._with_write_backs(pushes)
         if self._next is None:
-            self.client.push_many(pushes)
+            with self._blocked:
+                self.client.push_many(pushes)
             return
         if self._next.behind_push is not None:  # a second push before the planned step
-            self._next.behind_push.result()
+            with self._blocked:
+                self._next.behind_push.result()
         late = self._next.late_pulls()
         self._next.behind_push = self._background.submit(self._push_then_pull, pushes, late)
 
@@ -207,10 +224,12 @@ class CachedRowSource:
 
     def flush(self) -> None:
         """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
-        self._settle(self._next)
+        with self._blocked:
+            self._settle(self._next)
         self._next = None
-        drained = {table: cache.drain() for table, cache in self.caches.items()}
-        self.client.push_many(self._with_write_backs(drained))
+        drained = self._with_write_backs({t: cache.drain() for t, cache in self.caches.items()})
+        with self._blocked:
+            self.client.push_many(drained)
 
     def _with_write_backs(
         self, pushes: dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -33,6 +33,7 @@ from ember.kernels.optim import fused_row_update, state_width
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.pipeline import PipelinedRowSource
+from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient, TrafficStats
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ReplicatedRowSource:
             )
         self.client = CountingClient(client)
         self.cold = cold
+        self._blocked = Timer()  # on the shards or other ranks, besides the cold pipeline
         self._flushed_for = ""  # the last flush id this rank reported
         self.allreduce_bytes = 0
         self.specs = specs
@@ -109,6 +111,11 @@ class ReplicatedRowSource:
         # rows() neither searches again nor hands the cold source different tensors.
         self._located: dict[str, tuple[torch.Tensor, ...]] = {}
 
+    @property
+    def blocked_s(self) -> float:
+        """Seconds blocked on the cold pipeline, the hot rows' all-reduces and write-backs."""
+        return self.cold.blocked_s + self._blocked.seconds
+
     def hit_rate(self) -> float:
         """Lookups served by replicated rows over all lookups."""
         return self.hits / self.lookups if self.lookups else 0.0
@@ -122,7 +129,8 @@ class ReplicatedRowSource:
         """Take the hot rows over: their weights, optimizer state and versions."""
         for table, ids in self.hot_ids.items():
             if len(ids):
-                rows, state, versions = self.client.pull_with_state(table, ids)
+                with self._blocked:
+                    rows, state, versions = self.client.pull_with_state(table, ids)
                 self.weights[table] = rows.to(self.device)
                 self.state[table] = state.to(self.device)
                 self.steps[table] = versions.to(self.device)
@@ -211,7 +219,8 @@ class ReplicatedRowSource:
         for table, (rows, _) in hot_grads.items():
             touched[self._offsets[table] + rows] = 1
         touched[-1] = int(flush)
-        dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+        with self._blocked:
+            dist.all_reduce(touched, op=dist.ReduceOp.MAX)
         flush = bool(touched[-1])
         union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
         parts = {}
@@ -224,7 +233,8 @@ class ReplicatedRowSource:
                 sums[torch.searchsorted(rows, mine)] = grads
             parts[table] = (rows, sums)
         flat = torch.cat([sums.reshape(-1) for _, sums in parts.values()])
-        dist.all_reduce(flat)
+        with self._blocked:
+            dist.all_reduce(flat)
         self.allreduce_bytes += touched.numel() + 4 * flat.numel()
         summed, start = {}, 0
         for table, (rows, sums) in parts.items():
@@ -250,23 +260,25 @@ class ReplicatedRowSource:
             for table, ids in self.hot_ids.items():
                 rows = self.dirty[table].nonzero().squeeze(1)
                 if self.writer and len(rows):
-                    self.client.assign(
-                        table,
-                        ids[rows.cpu()],
-                        self.weights[table][rows].cpu(),
-                        self.state[table][rows].cpu(),
-                        versions=self.steps[table][rows].cpu(),
-                    )
+                    with self._blocked:
+                        self.client.assign(
+                            table,
+                            ids[rows.cpu()],
+                            self.weights[table][rows].cpu(),
+                            self.state[table][rows].cpu(),
+                            versions=self.steps[table][rows].cpu(),
+                        )
                 self.dirty[table][rows] = False
         except Exception as error:  # noqa: BLE001 - raised after both barriers, which every rank meets
             failure = error
-        _barrier()  # every rank's updates are applied (async mode: each rank's own)
-        if failure is None and self.writer and (flush_id or last):
-            try:
-                self._report(flush_id, last)
-            except Exception as error:  # noqa: BLE001 - raised after the second barrier
-                failure = error
-        _barrier()  # no rank steps (or reads the shards) before the write-back is reported
+        with self._blocked:
+            _barrier()  # every rank's updates are applied (async mode: each rank's own)
+            if failure is None and self.writer and (flush_id or last):
+                try:
+                    self._report(flush_id, last)
+                except Exception as error:  # noqa: BLE001 - raised after the second barrier
+                    failure = error
+            _barrier()  # no rank steps (or reads the shards) before the write-back is reported
         if failure is not None:
             raise failure
 
