@@ -62,10 +62,12 @@ class _Lookup:
 @dataclasses.dataclass
 class _Plan:
     """A batch's distinct ids per table (ascending), with the inverse index of each table's
-    features."""
+    features, and which features have exactly one id in every bag (pooling them is a gather).
+    """
 
     features: Sequence[JaggedIds]
     unique: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    one_id_bags: list[bool]
 
     @property
     def requests(self) -> dict[str, torch.Tensor]:
@@ -145,18 +147,19 @@ class PSEmbeddingBagCollection(nn.Module):
             start = 0
             for f in self._members[table]:
                 count = len(features[f].values)
-                pooled[f] = F.embedding_bag(
-                    inverse[start : start + count],
-                    rows,
-                    features[f].offsets.to(self.device),
-                    mode=self.pooling,
-                    include_last_offset=True,
-                )
+                where = inverse[start : start + count]
+                if plan.one_id_bags[f]:  # sum and mean of one row: the row (cheaper backward)
+                    pooled[f] = rows.index_select(0, where)
+                else:
+                    pooled[f] = F.embedding_bag(
+                        where, rows, features[f].offsets.to(self.device), mode=self.pooling,
+                        include_last_offset=True,
+                    )  # fmt: skip
                 start += count
         return pooled
 
     def _plan(self, features: Sequence[JaggedIds]) -> _Plan:
-        _check_features(features, len(self.feature_tables))
+        one_id_bags = _check_features(features, len(self.feature_tables))
         # Ascending distinct ids: the order in which the shards and the client's checks
         # take them without sorting again.
         unique = {
@@ -165,7 +168,7 @@ class PSEmbeddingBagCollection(nn.Module):
             )
             for table, fs in self._members.items()
         }
-        return _Plan(features, unique)
+        return _Plan(features, unique, one_id_bags)
 
     def step(self) -> None:
         """Hand the row gradients of the last training forward to the source (every step,
@@ -179,9 +182,12 @@ class PSEmbeddingBagCollection(nn.Module):
         self._pending = []
 
 
-def _check_features(features: Sequence[JaggedIds], expected: int) -> None:
+def _check_features(features: Sequence[JaggedIds], expected: int) -> list[bool]:
+    """Raise ValueError naming the first malformed feature; returns, per feature, whether
+    every bag holds exactly one id."""
     if len(features) != expected:
         raise ValueError(f"expected {expected} sparse features, got {len(features)}")
+    one_id_bags = []
     for f, feature in enumerate(features):
         values, offsets = feature.values, feature.offsets
         if values.dtype != torch.int64 or offsets.dtype != torch.int64:
@@ -192,12 +198,12 @@ def _check_features(features: Sequence[JaggedIds], expected: int) -> None:
             raise ValueError(f"feature {f}: ids and offsets must be 1-D with at least one offset")
         if len(values) and int(values.min()) < 0:
             raise ValueError(f"feature {f}: ids must be >= 0, got {int(values.min())}")
-        if (
-            int(offsets[0]) != 0
-            or int(offsets[-1]) != len(values)
-            or bool((offsets[1:] < offsets[:-1]).any())
-        ):
+        smallest_bag = int(offsets.diff().min()) if len(offsets) > 1 else 0
+        if int(offsets[0]) != 0 or int(offsets[-1]) != len(values) or smallest_bag < 0:
             raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(values)}")
+        # n ids in n bags, none empty: one in each
+        one_id_bags.append(smallest_bag == 1 and len(values) == len(offsets) - 1)
+    return one_id_bags
 
 
 def _check_batch_sizes(features: Sequence[JaggedIds]) -> None:
