@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,16 @@ from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient, TrafficStats
 
 log = logging.getLogger(__name__)
+
+
+class _Split(NamedTuple):
+    """Where one table's distinct ids of a step are: ``hot_at`` and ``cold_at`` their
+    positions among the ids (ascending), ``replica_rows`` the replica row of each hot one
+    (on the replicas' device)."""
+
+    hot_at: torch.Tensor
+    cold_at: torch.Tensor
+    replica_rows: torch.Tensor
 
 
 class ReplicatedRowSource:
@@ -106,9 +117,9 @@ class ReplicatedRowSource:
         self._offsets = dict(zip(self.hot_ids, itertools.accumulate([0, *sizes[:-1]])))
         self._hot_rows_total = sum(sizes)
         self.hits = self.lookups = 0
-        self._positions: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        # The next step's ids as prefetch located them (ids, position, hot mask, cold ids), so
-        # rows() neither searches again nor hands the cold source different tensors.
+        self._splits: dict[str, _Split] = {}  # the last rows() call's, for its gradients
+        # The next step's ids as prefetch located them (ids, split, cold ids), so rows()
+        # neither searches again nor hands the cold source different tensors.
         self._located: dict[str, tuple[torch.Tensor, ...]] = {}
 
     @property
@@ -157,31 +168,32 @@ class ReplicatedRowSource:
         """Let the cold source start fetching the next step's cold rows."""
         self._located = {}
         for table, ids in requests.items():
-            position, hot = self._locate(table, ids)
-            self._located[table] = (ids, position, hot, ids[~hot])
-        self.cold.prefetch({table: located[3] for table, located in self._located.items()})
+            split = self._locate(table, ids)
+            self._located[table] = (ids, split, ids.index_select(0, split.cold_at))
+        self.cold.prefetch({table: located[2] for table, located in self._located.items()})
 
     def _hot_rows(
         self, requests: dict[str, torch.Tensor], remember: bool
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Rows with the hot ones filled in, the cold ids and the hot mask of each table."""
-        cold, out, masks = {}, {}, {}
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, _Split]]:
+        """Rows with the hot ones filled in, and each table's cold ids and split."""
+        cold, out, splits = {}, {}, {}
         for table, ids in requests.items():
             located = self._located.pop(table, None) if remember else None
             if located is not None and located[0] is ids:
-                _, position, hot, cold[table] = located
+                _, split, cold[table] = located
             else:
-                position, hot = self._locate(table, ids)
-                cold[table] = ids[~hot]
+                split = self._locate(table, ids)
+                cold[table] = ids.index_select(0, split.cold_at)
             if remember:
-                self._positions[table] = (position, hot)
-                self.hits += int(hot.sum())
+                self._splits[table] = split
+                self.hits += len(split.hot_at)
                 self.lookups += len(ids)
             rows = torch.empty(len(ids), self.specs[table].dim)
-            if bool(hot.any()):
-                rows[hot] = self.weights[table][position[hot].to(self.device)].cpu()
-            out[table], masks[table] = rows, hot
-        return out, cold, masks
+            if len(split.hot_at):
+                hot_rows = self.weights[table].index_select(0, split.replica_rows)
+                rows.index_copy_(0, split.hot_at, hot_rows.cpu())
+            out[table], splits[table] = rows, split
+        return out, cold, splits
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Apply the hot rows' gradients (summed over ranks) on every replica; hand cold ones on.
@@ -194,10 +206,13 @@ class ReplicatedRowSource:
         """
         hot_grads, cold = {}, {}
         for table, (ids, grads) in updates.items():
-            position, hot = self._positions.pop(table)
-            if table in self.hot_ids and bool(hot.any()):
-                hot_grads[table] = (position[hot].to(self.device), grads[hot].to(self.device))
-            cold[table] = (ids[~hot], grads[~hot])
+            split = self._splits.pop(table)
+            if table in self.hot_ids and len(split.hot_at):
+                hot_grads[table] = (
+                    split.replica_rows,
+                    grads.index_select(0, split.hot_at).to(self.device),
+                )
+            cold[table] = (ids.index_select(0, split.cold_at), grads.index_select(0, split.cold_at))
         asked = self.cold.steps.flush_request if self.writer else ""
         flush = asked not in ("", self._flushed_for)
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -306,12 +321,18 @@ class ReplicatedRowSource:
             self.steps[table], rows, grads.contiguous(),
         )  # fmt: skip
 
-    def _locate(self, table: str, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _locate(self, table: str, ids: torch.Tensor) -> _Split:
         hot_ids = self.hot_ids.get(table)
         if hot_ids is None or not len(hot_ids):
-            return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), dtype=torch.bool)
-        position = torch.searchsorted(hot_ids, ids).clamp(max=len(hot_ids) - 1)
-        return position, hot_ids[position] == ids
+            none = torch.empty(0, dtype=torch.int64)
+            return _Split(none, torch.arange(len(ids)), none.to(self.device))
+        position = torch.searchsorted(hot_ids, ids).clamp_(max=len(hot_ids) - 1)
+        hot = hot_ids.index_select(0, position) == ids
+        hot_at = hot.nonzero().squeeze(1)
+        return _Split(
+            hot_at, hot.logical_not_().nonzero().squeeze(1),
+            position.index_select(0, hot_at).to(self.device),
+        )  # fmt: skip
 
 
 def _barrier() -> None:
@@ -320,10 +341,10 @@ def _barrier() -> None:
 
 
 def _with_cold(
-    out: dict[str, torch.Tensor], hot: dict[str, torch.Tensor], cold_rows: dict[str, torch.Tensor]
+    out: dict[str, torch.Tensor], splits: dict[str, _Split], cold_rows: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """``out`` with each table's cold rows placed where its ids are not hot."""
     for table, rows in cold_rows.items():
         if len(rows):
-            out[table][~hot[table]] = rows
+            out[table].index_copy_(0, splits[table].cold_at, rows)
     return out
