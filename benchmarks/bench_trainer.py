@@ -11,7 +11,8 @@ One run, same data, model and batch size, 1 trainer and 2 shards:
   (c1) again with its step calls over UCX (shards started with --ucx; UCX_TLS=tcp), and
        with its cold rows and gradients as bfloat16 on the wire.
 Each network section runs (a) too, so every ratio compares runs made at the same time; (a)
-runs with all cores' threads and with one, and the faster counts. The trainer of the Ember
+runs with all cores' threads and with one, and the faster counts; the one-thread run
+is shown too, as (a1): the thread budget of the Ember runs' trainer. The trainer of the Ember
 runs uses one thread (its shards share the cores).
 The shaped section puts the shards in a network namespace behind a veth pair limited by
 tc HTB (needs root; otherwise it says why and only loopback runs).
@@ -86,14 +87,18 @@ class RunResult:
         return sum(self.bytes_per_sample.values())
 
 
-def best_reference_run(config: TrainConfig) -> RunResult:
-    """(a) with every core's threads and with one, whichever is faster (the baseline at its
-    best; the Ember runs use one, as their shards share the cores)."""
-    runs = []
+REFERENCE, ONE_THREAD = "(a) reference, no PS", "(a1) reference, one thread"
+
+
+def reference_runs(config: TrainConfig) -> dict[str, RunResult]:
+    """(a) with every core's threads and with one: the faster is the baseline at its best;
+    the one-thread run, shown beside it, has the thread budget of the Ember runs' trainer
+    (their shards share the cores)."""
+    runs = {}
     for threads in (os.cpu_count() or 1, 1):
         torch.set_num_threads(threads)
-        runs.append(reference_run(config))
-    return max(runs, key=lambda r: r.samples_per_s)
+        runs[threads] = reference_run(config)
+    return {REFERENCE: max(runs.values(), key=lambda r: r.samples_per_s), ONE_THREAD: runs[1]}
 
 
 def reference_run(config: TrainConfig) -> RunResult:
@@ -159,7 +164,7 @@ def run_section(
     base: TrainConfig, cluster_args: dict, label: str, bound: int
 ) -> dict[str, RunResult]:
     """(a) and every Ember run against one cluster of 2 shards."""
-    results = {"(a) reference, no PS": best_reference_run(base)}
+    results = reference_runs(base)
     no_ucx = ucx_missing()
     with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
         pids = [p.pid for p in cluster.processes]
@@ -177,7 +182,7 @@ def run_section(
 
 
 def print_section(title: str, results: dict[str, RunResult]) -> None:
-    reference, serial = results["(a) reference, no PS"], results["(b) serial, no cache"]
+    reference, serial = results[REFERENCE], results["(b) serial, no cache"]
     print(f"\n{title}")
     print(
         f"{'run':<32} {'samples/s':>9} {'/(a)':>5} {'/(b)':>5} {'B/sample':>8} {'/(b)':>5} "
@@ -199,7 +204,7 @@ def print_section(title: str, results: dict[str, RunResult]) -> None:
 
 def targets(loopback: dict[str, RunResult], shaped: dict[str, RunResult] | None) -> list:
     """``(target, measured, goal, ">=" or "<=")`` for each of the issue's targets."""
-    a, b = loopback["(a) reference, no PS"], loopback["(b) serial, no cache"]
+    a, b = loopback[REFERENCE], loopback["(b) serial, no cache"]
     c0, c1 = loopback["(c0) pipeline s=0"], loopback["(c1) pipeline s=1, hot replica"]
     rows = [
         ("loopback (c1)/(a) >= 0.7", c1.samples_per_s / a.samples_per_s, 0.7, ">="),
@@ -284,6 +289,12 @@ def main() -> int:
     for name, value, goal, op in checks:
         met = value >= goal if op == ">=" else value <= goal
         print(f"  {name:<44} measured {value:6.2f}  {'met' if met else 'MISSED'}")
+    loop = sections["loopback"]
+    print(
+        f"  context: (a) on one thread is {loop[ONE_THREAD].samples_per_s / loop[REFERENCE].samples_per_s:.2f}"
+        f" of (a); (c1) is {loop['(c1) pipeline s=1, hot replica'].samples_per_s / loop[ONE_THREAD].samples_per_s:.2f}"
+        " of (a) on one thread, the Ember trainer's thread budget here"
+    )
     figures = Figures()
     for name, value, goal, op in checks:
         figures.add(name, value, **{"at_least" if op == ">=" else "at_most": goal})
