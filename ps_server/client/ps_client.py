@@ -7,7 +7,6 @@ order. Sending, retrying and batching live in :mod:`ember.ps_server.client.shard
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import uuid
 from collections.abc import Mapping, Sequence
@@ -25,19 +24,8 @@ from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
 from ember.ps_server.wire.pull_push_codec import PullReplyView, encode_push_request
-from ember.ps_server.wire.stats import DataPlaneAddress, TableStats
+from ember.ps_server.wire.stats import ShardStats
 from ember.ps_server.wire.table_spec import TableSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardStats:
-    """What one shard reports about itself."""
-
-    endpoint: str
-    shard: int
-    num_shards: int
-    tables: list[TableStats]
-    data_planes: list[DataPlaneAddress] = dataclasses.field(default_factory=list)
 
 
 class PSClient:
@@ -348,7 +336,7 @@ class PSClient:
         """Stats of every shard, in shard order (rows and bytes 0 unless ``sizes``)."""
         request = pb.StatsRequest(without_sizes=not sizes)
         replies = self._rpc.run([ShardCall(k, "Stats", request) for k in range(self.num_shards)])
-        return [_shard_stats(self.endpoints[k], reply) for k, reply in enumerate(replies)]
+        return [ShardStats.from_proto(self.endpoints[k], reply) for k, reply in enumerate(replies)]
 
     def checkpoint(
         self,
@@ -417,9 +405,3 @@ def _push_request(
     return pb.PushRequest(
         table=table, ids=encode_ids(ids), grads=grads.tobytes(), request_id=request_id
     )
-
-
-def _shard_stats(endpoint: str, reply: pb.StatsResponse) -> ShardStats:
-    tables = [TableStats.from_proto(t) for t in reply.tables]
-    planes = [DataPlaneAddress.from_proto(plane) for plane in reply.data_planes]
-    return ShardStats(endpoint, reply.shard, reply.num_shards, tables, planes)

@@ -16,6 +16,7 @@ from typing import Self
 from ember.ps_server.errors import DurableFileCorruptError
 
 _READ_CHUNK = 1 << 22
+_MAX_WRITEV_PARTS = 512  # under every platform's IOV_MAX
 
 
 FLUSH_BYTES = 64 << 20
@@ -153,6 +154,18 @@ def write_durably(path: Path, data: bytes) -> str:
         writer.write(data)
         writer.commit()
         return writer.sha256
+
+
+def write_all(fd: int, parts: list[memoryview]) -> None:
+    """``writev`` every byte of ``parts`` to ``fd`` (retrying short writes); no fsync."""
+    pending = [part for part in parts if part.nbytes]
+    while pending:
+        written = os.writev(fd, pending[:_MAX_WRITEV_PARTS])
+        while pending and written >= pending[0].nbytes:
+            written -= pending[0].nbytes
+            pending.pop(0)
+        if written:
+            pending[0] = pending[0][written:]
 
 
 def fsync_directory(directory: Path) -> None:

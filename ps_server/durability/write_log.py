@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ember.ps_server.durability.durable_files import fsync_directory, write_durably
+from ember.ps_server.durability.durable_files import fsync_directory, write_all, write_durably
 from ember.ps_server.durability.log_ownership import check_shard_count, lock_shard_log
 from ember.ps_server.durability.log_records import FRAMING, TRAILER, header, segment_records
 from ember.ps_server.durability.shard_fault import ShardFault
@@ -51,7 +51,6 @@ from ember.ps_server.wire.proto_wire import Buffer
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("always", "interval")
-_MAX_WRITEV_PARTS = 512
 
 
 class WriteLog:
@@ -204,7 +203,7 @@ class WriteLog:
             self.fault.check()
             start = self._segment_bytes
             try:
-                _write_all(self._fd, [head, *parts, memoryview(TRAILER)])
+                write_all(self._fd, [head, *parts, memoryview(TRAILER)])
             except OSError as error:
                 self._cut_back(start)
                 self._fail(
@@ -389,15 +388,3 @@ def _close_quietly(fd: int, path: Path) -> None:
         os.close(fd)
     except OSError as error:
         log.error("closing %s: %s", path, error)
-
-
-def _write_all(fd: int, parts: list[memoryview]) -> None:
-    """``writev`` every byte of ``parts`` to ``fd`` (retrying short writes)."""
-    pending = [part for part in parts if part.nbytes]
-    while pending:
-        written = os.writev(fd, pending[:_MAX_WRITEV_PARTS])
-        while pending and written >= pending[0].nbytes:
-            written -= pending[0].nbytes
-            pending.pop(0)
-        if written:
-            pending[0] = pending[0][written:]

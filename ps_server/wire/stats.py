@@ -78,3 +78,21 @@ class DataPlaneAddress:
     def from_proto(cls, message: pb.DataPlane) -> DataPlaneAddress:
         """The address ``message`` carries."""
         return cls(message.transport, message.host, message.port, message.max_message_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardStats:
+    """What one shard reports about itself."""
+
+    endpoint: str
+    shard: int
+    num_shards: int
+    tables: list[TableStats]
+    data_planes: list[DataPlaneAddress] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def from_proto(cls, endpoint: str, reply: pb.StatsResponse) -> ShardStats:
+        """The stats of the shard at ``endpoint`` from its Stats reply."""
+        tables = [TableStats.from_proto(t) for t in reply.tables]
+        planes = [DataPlaneAddress.from_proto(plane) for plane in reply.data_planes]
+        return cls(endpoint, reply.shard, reply.num_shards, tables, planes)

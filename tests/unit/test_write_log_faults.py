@@ -1,0 +1,176 @@
+"""The write-ahead log under faults: a full disk, failing fsyncs and rotations, and faults
+elsewhere in the shard. Durability fails closed: no record is acknowledged before an fsync
+covers it."""
+
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+from ember.ps_server.durability import write_log
+from ember.ps_server.durability.write_log import WriteLog
+from ember.ps_server.errors import (
+    ShardFailedError,
+)
+
+from tests.support.write_logs import open_log
+
+
+def _failing(error_number: int, keep_bytes: int = 0):
+    """A stand-in for an os call that fails; as writev, it first writes ``keep_bytes``."""
+
+    def fail(fd, *rest):
+        if keep_bytes:
+            os.write(fd, b"".join(bytes(part) for part in rest[0])[:keep_bytes])
+        raise OSError(error_number, os.strerror(error_number))
+
+    return fail
+
+
+@pytest.mark.parametrize("cut_back", [True, False], ids=["cut-back", "cut-back-fails"])
+def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whole_record(
+    tmp_path, monkeypatch, cut_back
+):
+    log = open_log(tmp_path)
+    for payload in (b"one", b"two"):
+        log.sync(log.append(payload))
+    monkeypatch.setattr(write_log.os, "writev", _failing(errno.ENOSPC, keep_bytes=7))
+    if not cut_back:
+        monkeypatch.setattr(write_log.os, "ftruncate", _failing(errno.EIO))
+    with pytest.raises(ShardFailedError, match="No space left.*restart the shard"):
+        log.append(b"three-never-acknowledged")
+    assert log.fault.reason is not None
+    monkeypatch.undo()  # the disk has room again, but the log stays failed
+    with pytest.raises(ShardFailedError):
+        log.append(b"four")
+    with pytest.raises(ShardFailedError):
+        log.sync(10**9)
+    log.close()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]
+
+
+def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkeypatch):
+    log = open_log(tmp_path, fsync="always")
+    log.sync(log.append(b"durable"))
+    ticket = log.append(b"not-durable")
+    monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
+    with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error"):
+        log.sync(ticket)
+    monkeypatch.undo()  # a later fsync would succeed: it must not be tried
+    with pytest.raises(ShardFailedError):
+        log.sync(ticket)
+    with pytest.raises(ShardFailedError):
+        log.append(b"after")
+    log.close()
+
+
+def test_a_failed_fsync_in_the_interval_thread_stops_acknowledgements(tmp_path, monkeypatch):
+    log = WriteLog(tmp_path, 1, 3, fsync="interval", interval_s=0.01)
+    tripped = threading.Event()
+    log.fault.on_trip(lambda reason: tripped.set())
+    log.open()
+    monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
+    ticket = log.append(b"record")
+    assert tripped.wait(30), "the fsync thread died without tripping the fault"
+    assert "fsync" in log.fault.reason and "Input/output error" in log.fault.reason
+    with pytest.raises(ShardFailedError):
+        log.sync(ticket)
+    with pytest.raises(ShardFailedError):
+        log.append(b"next")
+    log.close()
+
+
+def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_record(
+    tmp_path, monkeypatch
+):
+    """Crash tests cannot see a missing fsync (the page cache outlives the process): record
+    every fsync with the log size it made durable, and the acknowledgement."""
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.wire.messages import encode_ids
+    from ember.ps_server.wire.table_spec import TableSpec
+
+    server = ParameterServer(0, 1)
+    server.create_table(TableSpec("t", dim=4))
+    log = WriteLog(tmp_path, 0, 1, fsync="always")
+    log.open()
+    server.journal.log = log
+    events = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        events.append(("fsync", os.fstat(fd).st_size))
+
+    monkeypatch.setattr(write_log.os, "fsync", recording_fsync)
+    for n in range(3):
+        server.push(
+            "t", encode_ids(np.array([n, n + 10])), np.ones((2, 4), np.float32).tobytes(), f"r{n}"
+        )
+        (segment,) = tmp_path.glob("*.wal")
+        events.append(("ack", segment.stat().st_size))
+    log.close()
+    for position, (kind, record_end) in enumerate(events):
+        if kind == "ack":
+            synced = [size for k, size in events[:position] if k == "fsync"]
+            assert synced and max(synced) >= record_end, events
+
+
+def test_a_rotation_that_cannot_create_the_next_segment_fails_alone(tmp_path, monkeypatch):
+    """Out of file descriptors: the checkpoint that rotates fails, the log goes on in its
+    current segment (never through a closed descriptor)."""
+    log = open_log(tmp_path)
+    log.sync(log.append(b"before"))
+    real_open = os.open
+
+    def no_more_files(path, flags, *rest, **kwargs):
+        if str(path).endswith(".wal"):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, *rest, **kwargs)
+
+    monkeypatch.setattr(write_log.os, "open", no_more_files)
+    with pytest.raises(OSError, match="Too many open files"):
+        log.rotate()
+    monkeypatch.undo()
+    assert log.fault.reason is None
+    log.sync(log.append(b"after"))
+    assert log.rotate() == 2
+    log.sync(log.append(b"rotated"))
+    log.close()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"before", b"after", b"rotated"]
+    assert WriteLog(tmp_path, 1, 3).segments() == [1, 2]
+
+
+def test_a_fault_elsewhere_in_the_shard_still_lets_acknowledged_records_become_durable(
+    tmp_path, monkeypatch
+):
+    log = open_log(tmp_path, fsync="interval")
+    log.append(b"acknowledged under interval")
+    log.fault.trip("redis lost this shard's marker")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(write_log.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    log.close()
+    assert synced  # the final fsync ran
+    with pytest.raises(ShardFailedError):
+        log.append(b"refused after the fault")
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"acknowledged under interval"]
+
+
+def test_the_interval_thread_keeps_syncing_after_a_fault_elsewhere_in_the_shard(
+    tmp_path, monkeypatch
+):
+    log = WriteLog(tmp_path, 1, 3, fsync="interval", interval_s=0.01)
+    synced = threading.Event()
+    real_fsync = os.fsync
+
+    def recording(fd):
+        real_fsync(fd)
+        synced.set()
+
+    log.open()
+    log.append(b"acknowledged under interval")
+    log.fault.trip("redis lost this shard's marker")
+    monkeypatch.setattr(write_log.os, "fsync", recording)
+    assert synced.wait(30), "the fsync thread stopped with the shard's fault"
+    log.close()
