@@ -134,10 +134,9 @@ def reference_run(config: TrainConfig) -> RunResult:
 def _pooled(bag: torch.nn.EmbeddingBag, feature: JaggedIds) -> torch.Tensor:
     """A feature's pooled rows: a gather where every bag holds one id (the cheaper op Ember's
     collection uses there too), else the bag's own pooling."""
-    values, offsets = feature.values, feature.offsets
-    if len(values) == len(offsets) - 1 and bool((offsets.diff() == 1).all()):
-        return F.embedding(values, bag.weight, sparse=True)
-    return bag(values, offsets)
+    if feature.one_id_per_bag():
+        return F.embedding(feature.values, bag.weight, sparse=True)
+    return bag(feature.values, feature.offsets)
 
 
 def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:

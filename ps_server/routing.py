@@ -94,8 +94,22 @@ class TablePart(NamedTuple):
 def route_tables(
     tables: Sequence[str], arrays: Sequence[np.ndarray], num_shards: int
 ) -> list[list[TablePart]]:
-    """Per shard, the part of each table's ids (``arrays[t]`` belong to ``tables[t]``) it owns,
-    in table order, tables without ids there left out; routed in one pass."""
+    """Per shard, the part of each table's ids that it owns, routed in one pass.
+
+    Args:
+        tables: table names.
+        arrays: ``arrays[t]``, the int64 ids of ``tables[t]``.
+        num_shards: shards in the cluster.
+
+    Returns:
+        ``num_shards`` lists (shard k's at index k) of :class:`TablePart`, in table order;
+        a table with no id on a shard has no part there.
+
+    Example:
+        >>> parts = route_tables(["user"], [np.array([5, 9, 5])], 2)  # doctest: +SKIP
+        >>> [[(p.table, p.positions.tolist()) for p in shard] for shard in parts]
+        [[(0, [0, 2])], [(0, [1])]]
+    """
     lengths = [len(array) for array in arrays]
     ends = np.cumsum(lengths, dtype=np.int64)
     starts = ends - lengths

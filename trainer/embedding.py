@@ -2,7 +2,8 @@
 
 Forward: per table, the ids of all its features are deduplicated, the distinct
 rows are fetched (from the parameter servers through a row source), and each
-feature is pooled with ``embedding_bag``. The fetched rows are autograd leaves;
+feature is pooled with ``embedding_bag`` (a feature with one id in every bag is a
+gather of its rows). The fetched rows are autograd leaves;
 after ``backward()``, :meth:`step` hands each table's row gradients (summed
 over every occurrence, scaled by ``grad_scale``) back to the row source, which
 pushes them to the shards where the server-side optimizer applies them.
@@ -148,8 +149,8 @@ class PSEmbeddingBagCollection(nn.Module):
             for f in self._members[table]:
                 count = len(features[f].values)
                 where = inverse[start : start + count]
-                if plan.one_id_bags[f]:  # sum and mean of one row: the row (cheaper backward)
-                    pooled[f] = rows.index_select(0, where)
+                if plan.one_id_bags[f]:  # sum and mean of one row: the row itself
+                    pooled[f] = _gather(rows, where)
                 else:
                     pooled[f] = F.embedding_bag(
                         where, rows, features[f].offsets.to(self.device), mode=self.pooling,
@@ -182,6 +183,13 @@ class PSEmbeddingBagCollection(nn.Module):
         self._pending = []
 
 
+def _gather(rows: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """``rows[where]`` with a backward that sums each row's gradients: on the host
+    index_select (cheaper than embedding_bag's), on a GPU embedding (whose backward is
+    deterministic; index_select's adds atomically)."""
+    return rows.index_select(0, where) if rows.device.type == "cpu" else F.embedding(where, rows)
+
+
 def _check_features(features: Sequence[JaggedIds], expected: int) -> list[bool]:
     """Raise ValueError naming the first malformed feature; returns, per feature, whether
     every bag holds exactly one id."""
@@ -198,11 +206,10 @@ def _check_features(features: Sequence[JaggedIds], expected: int) -> list[bool]:
             raise ValueError(f"feature {f}: ids and offsets must be 1-D with at least one offset")
         if len(values) and int(values.min()) < 0:
             raise ValueError(f"feature {f}: ids must be >= 0, got {int(values.min())}")
-        smallest_bag = int(offsets.diff().min()) if len(offsets) > 1 else 0
+        smallest_bag = feature.smallest_bag()
         if int(offsets[0]) != 0 or int(offsets[-1]) != len(values) or smallest_bag < 0:
             raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(values)}")
-        # n ids in n bags, none empty: one in each
-        one_id_bags.append(smallest_bag == 1 and len(values) == len(offsets) - 1)
+        one_id_bags.append(feature.one_id_per_bag(smallest_bag))
     return one_id_bags
 
 

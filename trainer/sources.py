@@ -45,10 +45,11 @@ RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedR
 class TimedSource:
     """A row source that also accounts where the step's time in it goes.
 
-    ``inside``: time the training thread spent in the source's calls: the embedding work
-    on this rank (hot rows' lookup and optimizer, routing, deduplication) and waiting.
-    :attr:`ps_wait_s`: the part of it blocked on the shards or on other ranks (collectives);
-    the exposed PS wait. A pipeline's background lookups and updates are in neither.
+    ``inside``: time the training thread spent in the source's calls: waiting, and the
+    embedding work on this rank (hot rows' lookups and optimizer steps, splitting hot from
+    cold ids, placing rows). :attr:`ps_wait_s`: the part of it blocked on the shards or on
+    other ranks (collectives); the exposed PS wait. A pipeline's background lookups and
+    updates are in neither.
     """
 
     def __init__(self, inner: RowSourceKind) -> None:
@@ -77,7 +78,8 @@ class TimedSource:
             self.inner.apply_gradients(updates)
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.inner.read(requests)
+        with self.inside:  # whatever it waits for is in ps_wait_s too
+            return self.inner.read(requests)
 
 
 def build_row_source(

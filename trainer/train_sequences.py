@@ -108,7 +108,7 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
                 "the data ran out after %d of %d steps (%s)",
                 len(steps), config.steps, config.interactions_path,
             )  # fmt: skip
-        report = _report(config, steps, wall, source.ps_wait_s, cost, data)
+        report = _report(config, steps, wall, source, cost, data)
         report.update(rank=rank, world_size=world, config=dataclasses.asdict(config))
         report["dense_checksums"] = _checksums(model, world, device)
         if rank == 0:
@@ -313,7 +313,9 @@ def calibrated_cost(model: SASRec, config: TrainConfig, device: torch.device) ->
     return calibrate_cost(lengths, seconds) if len(lengths) >= 3 else SampleCost()
 
 
-def _report(config: TrainConfig, steps: list[_Step], wall: float, wait: float, cost, data) -> dict:
+def _report(
+    config: TrainConfig, steps: list[_Step], wall: float, source: TimedSource, cost, data
+) -> dict:
     seconds = np.array([step.seconds for step in steps]) if steps else np.zeros((0, 1))
     measured = [straggler_ratio(step.seconds) for step in steps]
     predicted = [straggler_ratio(step.share.predicted_costs) for step in steps]
@@ -323,7 +325,8 @@ def _report(config: TrainConfig, steps: list[_Step], wall: float, wait: float, c
         "steps": len(steps),
         "samples_per_s": sum(s.share.global_size for s in steps) / wall if wall else 0.0,
         "wall_s": wall,
-        "ps_wait_s": wait,
+        "ps_wait_s": source.ps_wait_s,
+        "embedding_work_s": source.inside.seconds - source.ps_wait_s,
         "train_losses": losses,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "balancer": config.balancer,

@@ -37,29 +37,44 @@ FEATURES = {
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
-def test_pooled_rows_and_their_gradients_match_embedding_bag(pooling):
+@pytest.mark.parametrize(
+    "feature_tables",
+    [["t0", "t1", "t2"], ["shared", "shared", "shared"], ["t0", "shared", "shared"]],
+    ids=["a-table-each", "one-shared-table", "mixed"],
+)
+def test_pooled_rows_and_their_gradients_match_embedding_bag(pooling, feature_tables):
+    """Features sharing a table pool from one deduplicated set of its rows, and its row
+    gradients sum over all of them."""
     table = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(1))
     features = [_feature(bags) for bags in FEATURES.values()]
-    names = [f"t{n}" for n in range(len(features))]
     source = TableRows(table)
-    ebc = PSEmbeddingBagCollection(source, names, pooling=pooling)
+    ebc = PSEmbeddingBagCollection(source, feature_tables, pooling=pooling)
     pooled = ebc(features)
     upstream = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(2))
     (pooled * upstream).sum().backward()
     ebc.step()
 
-    for f, (name, feature) in enumerate(zip(names, features)):
-        weight = table.clone().requires_grad_(True)
+    weights = {name: table.clone().requires_grad_(True) for name in set(feature_tables)}
+    for f, (name, feature) in enumerate(zip(feature_tables, features)):
         expected = F.embedding_bag(
-            feature.values, weight, feature.offsets, mode=pooling, include_last_offset=True
-        )
+            feature.values, weights[name], feature.offsets, mode=pooling,
+            include_last_offset=True,
+        )  # fmt: skip
         torch.testing.assert_close(pooled[:, f].detach(), expected.detach())
         (expected * upstream[:, f]).sum().backward()
+    for name, weight in weights.items():
         ids, grads = source.updates[name]
         torch.testing.assert_close(grads, weight.grad[ids])
         untouched = torch.ones(ROWS, dtype=torch.bool)
         untouched[ids] = False
         assert not weight.grad[untouched].any()  # no row outside the batch has a gradient
+
+
+def test_a_feature_without_samples_pools_to_nothing():
+    ebc = PSEmbeddingBagCollection(TableRows(torch.ones(ROWS, DIM)), ["a", "b"])
+    empty = JaggedIds(torch.empty(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    pooled = ebc.lookup([_feature([[1], [2]]), empty])
+    assert pooled[0].shape == (2, DIM) and pooled[1].shape == (0, DIM)
 
 
 def test_only_bags_of_exactly_one_id_take_the_gather():

@@ -120,7 +120,7 @@ class ReplicatedRowSource:
         self._splits: dict[str, _Split] = {}  # the last rows() call's, for its gradients
         # The next step's ids as prefetch located them (ids, split, cold ids), so rows()
         # neither searches again nor hands the cold source different tensors.
-        self._located: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._located: dict[str, tuple[torch.Tensor, _Split, torch.Tensor]] = {}
 
     @property
     def blocked_s(self) -> float:
@@ -156,13 +156,13 @@ class ReplicatedRowSource:
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the cold source."""
-        out, cold, hot = self._hot_rows(requests, remember=True)
-        return _with_cold(out, hot, self.cold.rows(cold))
+        out, cold, splits = self._hot_rows(requests, remember=True)
+        return _with_cold(out, splits, self.cold.rows(cold))
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation, hot and cold alike."""
-        out, cold, hot = self._hot_rows(requests, remember=False)
-        return _with_cold(out, hot, self.cold.read(cold))
+        out, cold, splits = self._hot_rows(requests, remember=False)
+        return _with_cold(out, splits, self.cold.read(cold))
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Let the cold source start fetching the next step's cold rows."""
@@ -203,6 +203,8 @@ class ReplicatedRowSource:
         request to flush), then the gradients of the rows any rank touched (their union,
         identical on every rank), so the bytes follow the rows a step touches, not the
         size of the hot set. When a checkpoint asked, every rank flushes after this step.
+        The ids of each table are distinct (as the RowSource contract says): each hot row
+        takes one optimizer step.
         """
         hot_grads, cold = {}, {}
         for table, (ids, grads) in updates.items():
@@ -234,9 +236,9 @@ class ReplicatedRowSource:
         for table, (rows, _) in hot_grads.items():
             touched[self._offsets[table] + rows] = 1
         touched[-1] = int(flush)
-        with self._blocked:
+        with self._blocked:  # reading the result waits for every rank (NCCL queues it)
             dist.all_reduce(touched, op=dist.ReduceOp.MAX)
-        flush = bool(touched[-1])
+            flush = bool(touched[-1])
         union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
         parts = {}
         for table, offset in self._offsets.items():
@@ -250,6 +252,8 @@ class ReplicatedRowSource:
         flat = torch.cat([sums.reshape(-1) for _, sums in parts.values()])
         with self._blocked:
             dist.all_reduce(flat)
+            if flat.is_cuda:  # queued, not done: wait here, where it counts as PS wait
+                torch.cuda.current_stream(flat.device).synchronize()
         self.allreduce_bytes += touched.numel() + 4 * flat.numel()
         summed, start = {}, 0
         for table, (rows, sums) in parts.items():
