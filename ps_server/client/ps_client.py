@@ -2,7 +2,8 @@
 
 Validates input before anything is sent, routes ids to shards by hash, splits
 batches below the gRPC message limit and assembles replies in the caller's
-order. Sending, retrying and batching live in :mod:`ember.ps_server.client.shard_rpc`.
+order. Sending, retrying and batching live in :mod:`ember.ps_server.client.shard_rpc`,
+version-checked pulls in :mod:`ember.ps_server.client.stale_pulls`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ember.kernels.optim import state_width
 from ember.kernels.rows import scatter_rows
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.shard_rpc import REQUEST_OVERHEAD_BYTES, ShardCall, ShardRPC
+from ember.ps_server.client.stale_pulls import pull_stale_many
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
@@ -162,7 +164,7 @@ class PSClient:
             )
             results[table] = rows
             row_bytes = 4 * (spec.dim + width) + 8
-            for shard, chunk in self._chunks(table, id_array, bytes_per_row=row_bytes):
+            for shard, chunk in self.message_chunks(table, id_array, bytes_per_row=row_bytes):
                 request = pb.PullRequest(
                     table=table, ids=encode_ids(id_array[chunk]), with_state=with_state
                 )
@@ -204,56 +206,7 @@ class PSClient:
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """:meth:`pull_stale` for each ``(table, ids, held_versions, bound)``, in one round trip
         per shard. A held version of -1 always counts as stale, so misses can ride along."""
-        calls: list[ShardCall] = []
-        sizes: list[int] = []
-        targets: list[tuple[int, np.ndarray]] = []
-        dims = []
-        for number, (table, ids, held_versions, bound) in enumerate(requests):
-            id_array = as_id_array(ids)
-            held = np.ascontiguousarray(
-                torch.as_tensor(held_versions).cpu().numpy(), dtype=np.int64
-            )
-            if held.shape != id_array.shape:
-                raise ValueError(
-                    f"held_versions must have shape {id_array.shape}, got {held.shape}"
-                )
-            if bound < 0:
-                raise ValueError(f"bound must be >= 0, got {bound}")
-            dims.append(self.dim(table))
-            for shard, chunk in self._chunks(table, id_array, bytes_per_row=4 * dims[-1] + 24):
-                request = pb.PullStaleRequest(
-                    table=table,
-                    ids=encode_ids(id_array[chunk]),
-                    held_versions=held[chunk].tobytes(),
-                    bound=bound,
-                )
-                calls.append(ShardCall(shard, "PullStale", request))
-                targets.append((number, chunk))
-                sizes.append(len(chunk) * (4 * dims[-1] + 32))
-        parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in requests]
-        replies = self._rpc.run_packed(calls, sizes, single_table=len(requests) == 1)
-        for (number, chunk), reply in zip(targets, replies):
-            parts[number].append(
-                (
-                    chunk[np.frombuffer(reply.positions, dtype=np.int64)],
-                    np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dims[number]),
-                    np.frombuffer(reply.versions, dtype=np.int64),
-                )
-            )
-        results = []
-        for dim, pieces in zip(dims, parts):
-            positions = np.concatenate([p for p, _, _ in pieces] or [np.empty(0, np.int64)])
-            rows = np.concatenate([r for _, r, _ in pieces] or [np.empty((0, dim), np.float32)])
-            versions = np.concatenate([v for _, _, v in pieces] or [np.empty(0, np.int64)])
-            order = np.argsort(positions, kind="stable")
-            results.append(
-                (
-                    torch.from_numpy(positions[order]),
-                    torch.from_numpy(rows[order]),
-                    torch.from_numpy(versions[order]),
-                )
-            )
-        return results
+        return pull_stale_many(self, requests)
 
     def push(self, table: str, ids: Any, grads: Any) -> None:
         """Send gradients [len(ids), dim]; duplicate ids are summed before sending.
@@ -280,7 +233,7 @@ class PSClient:
         calls, sizes = [], []
         for table, dim, unique_ids, summed in prepared:
             for number, (shard, chunk) in enumerate(
-                self._chunks(table, unique_ids, bytes_per_row=4 * dim + 8)
+                self.message_chunks(table, unique_ids, bytes_per_row=4 * dim + 8)
             ):
                 sub_id = f"{request_id}:{table}:{shard}:{number}"
                 # One table: the zero-copy encoding; several: entries of a PushBatch.
@@ -327,7 +280,7 @@ class PSClient:
                 ),
             )
             for number, (shard, chunk) in enumerate(
-                self._chunks(table, id_array, bytes_per_row=4 * (dim + width) + 16)
+                self.message_chunks(table, id_array, bytes_per_row=4 * (dim + width) + 16)
             )
         ]
         self._rpc.run(calls)
@@ -383,7 +336,7 @@ class PSClient:
         self._rpc.connect_data_plane([stats.data_planes for stats in shards])
         self._topology_checked = True
 
-    def _chunks(
+    def message_chunks(
         self, table: str, ids: np.ndarray, bytes_per_row: int
     ) -> list[tuple[int, np.ndarray]]:
         """(shard, positions into ids) pairs, each small enough for one message."""
