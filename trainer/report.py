@@ -52,7 +52,7 @@ def run_report(
         "train_losses": losses,
         "wall_s": wall,
         "ps_wait_s": ps_wait,
-        "embedding_work_s": timed.inside.seconds - ps_wait,
+        "embedding_work_s": timed.embedding_work_s,
         "ps_overlapped_s": timing.overlapped if timing else 0.0,
         "compute_s": wall - ps_wait,
         "rows_to_update_s_per_step": timing.rows_to_update_per_step if timing else 0.0,

@@ -63,6 +63,12 @@ class TimedSource:
         wrapper was made."""
         return self.inner.blocked_s - self._blocked_before
 
+    @property
+    def embedding_work_s(self) -> float:
+        """Seconds of the training thread's time in the source that were not wait: this
+        rank's own embedding work."""
+        return self.inside.seconds - self.ps_wait_s
+
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         with self.inside:
             return self.inner.rows(requests)

@@ -326,7 +326,7 @@ def _report(
         "samples_per_s": sum(s.share.global_size for s in steps) / wall if wall else 0.0,
         "wall_s": wall,
         "ps_wait_s": source.ps_wait_s,
-        "embedding_work_s": source.inside.seconds - source.ps_wait_s,
+        "embedding_work_s": source.embedding_work_s,
         "train_losses": losses,
         "final_train_loss": float(np.mean(losses[-10:])) if losses else float("nan"),
         "balancer": config.balancer,

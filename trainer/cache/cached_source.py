@@ -74,8 +74,7 @@ class CachedRowSource:
         """
         if not self.overlap:
             return
-        with self._blocked:
-            self._settle(self._next)
+        self._settle(self._next)
         self._next = None
         slots = self._lookup_slots(requests)
         queries = self._queries(requests, slots)
@@ -99,8 +98,7 @@ class CachedRowSource:
             return self._resolve(
                 requests, planned.slots, planned.queries, planned.merged(early, late)
             )
-        with self._blocked:
-            self._settle(planned)
+        self._settle(planned)
         slots = self._lookup_slots(requests)
         queries = self._queries(requests, slots)
         with self._blocked:
@@ -214,18 +212,19 @@ class CachedRowSource:
         return pushed
 
     def _settle(self, planned: _Planned | None) -> None:
-        """Wait for a plan's background work (its push must land even if it is not used)."""
+        """Wait for a plan's background work (its push must land even if it is not used); on
+        the training thread only, where the wait counts as blocked."""
         if planned is not None:
-            planned.early_replies.result()
-            if planned.behind_push is not None:
-                planned.behind_push.result()
+            with self._blocked:
+                planned.early_replies.result()
+                if planned.behind_push is not None:
+                    planned.behind_push.result()
 
     read = rows  # evaluation reads through the caches
 
     def flush(self) -> None:
         """Push every cached row's unpushed updates (end of training, before a checkpoint)."""
-        with self._blocked:
-            self._settle(self._next)
+        self._settle(self._next)
         self._next = None
         drained = self._with_write_backs({t: cache.drain() for t, cache in self.caches.items()})
         with self._blocked:
