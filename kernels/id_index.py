@@ -9,6 +9,8 @@ rehashes when live ids plus tombstones pass the load factor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_gather_rows, hash_insert
 
@@ -68,6 +70,16 @@ class IdIndex:
         hash_insert(self._keys, self._slots, ids, slots.to(torch.int64))
         self._size += len(ids)
         self._used += len(ids)
+
+    def insert_with(self, count: int, insert: Callable[[torch.Tensor, torch.Tensor], int]) -> int:
+        """Run ``insert(keys, slots)``, a native op that adds at most ``count`` distinct ids
+        to the buckets and returns how many it added; the buckets are sized for ``count``
+        first. Returns that number."""
+        self._reserve(self._used + count)
+        added = insert(self._keys, self._slots)
+        self._size += added
+        self._used += added
+        return added
 
     def reserve(self, count: int) -> None:
         """Size the buckets for ``count`` ids in all: no rehash until more are added."""

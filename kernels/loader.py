@@ -42,9 +42,13 @@ CPU_SOURCES = (
     "pack.cpp",
     "route.cpp",
     "init.cpp",
+    "table_update.cpp",
 )
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
-HEADERS = (CSRC / "checks.h", CUDA_SRC / "cuda_checks.cuh")
+HEADERS = (
+    *(CSRC / name for name in ("checks.h", "hash_map.h", "init_rows.h", "optim_step.h")),
+    CUDA_SRC / "cuda_checks.cuh",
+)
 OPS = (
     "hash_find",
     "hash_insert",
@@ -59,9 +63,10 @@ OPS = (
     "unpack_rows",
     "shard_of",
     "uniform_rows",
+    "upsert_row_update",
 )
 # Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
-CPU_ONLY_OPS = ("hash_gather_rows", "shard_of", "uniform_rows")
+CPU_ONLY_OPS = ("hash_gather_rows", "shard_of", "uniform_rows", "upsert_row_update")
 MODES = ("auto", "native", "reference")
 
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "hash_map.h"
 
 namespace ember {
 namespace {
@@ -36,11 +37,9 @@ void check_cpu_map(const at::Tensor& keys, const at::Tensor& slots, const at::Te
 
 // Visits the bucket of every id (or -1), prefetching the buckets of later ids.
 template <typename Visit>
-void for_each_bucket(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids, Visit visit) {
-  const Probe probe{keys.data_ptr<int64_t>(), static_cast<uint64_t>(keys.size(0) - 1)};
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t n = ids.size(0);
+void for_each_bucket(const int64_t* key, const int64_t* slot, uint64_t mask, const int64_t* id, int64_t n,
+                     Visit visit) {
+  const Probe probe{key, mask};
   for (int64_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(probe.key + probe.home(id[i]));
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
@@ -52,47 +51,23 @@ void for_each_bucket(const at::Tensor& keys, const at::Tensor& slots, const at::
   }
 }
 
-at::Tensor hash_find(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids) {
-  check_cpu_map(keys, slots, ids);
-  at::Tensor out = at::empty({ids.size(0)}, ids.options());
-  int64_t* result = out.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) { result[i] = pos < 0 ? -1 : slot[pos]; });
-  return out;
+template <typename Visit>
+void for_each_bucket(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids, Visit visit) {
+  for_each_bucket(keys.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), static_cast<uint64_t>(keys.size(0) - 1),
+                  ids.data_ptr<int64_t>(), ids.size(0), visit);
 }
 
-at::Tensor hash_erase(at::Tensor keys, at::Tensor slots, const at::Tensor& ids) {
-  check_cpu_map(keys, slots, ids);
-  at::Tensor out = at::empty({ids.size(0)}, ids.options());
-  int64_t* result = out.data_ptr<int64_t>();
-  int64_t* key = keys.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
-    result[i] = pos < 0 ? -1 : slot[pos];
-    if (pos >= 0) key[pos] = kTombstone;
-  });
-  return out;
+}  // namespace
+
+void find_slots(const int64_t* key, const int64_t* slot, uint64_t mask, const int64_t* id, int64_t n, int64_t* out) {
+  for_each_bucket(key, slot, mask, id, n, [&](int64_t i, int64_t pos) { out[i] = pos < 0 ? -1 : slot[pos]; });
 }
 
-// Inserts distinct absent ids. All-or-nothing: on a duplicate or a full map the
-// ids inserted so far are located and emptied again in reverse order (each is
-// then the last insert, at the end of its probe chain), which restores the exact
-// previous layout, before the error is raised.
-void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const at::Tensor& new_slots) {
-  check_cpu_map(keys, slots, ids);
-  check_ids(new_slots, "new_slots");
-  check_device(new_slots, at::kCPU, "new_slots");
-  TORCH_CHECK(ids.size(0) == new_slots.size(0), "ids and new_slots must have equal length, got ", ids.size(0),
-              " and ", new_slots.size(0));
-  const int64_t n = ids.size(0);
-  const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
-  int64_t* key = keys.data_ptr<int64_t>();
-  int64_t* slot = slots.data_ptr<int64_t>();
-  const int64_t* value = new_slots.data_ptr<int64_t>();
-  const uint64_t mask = static_cast<uint64_t>(keys.size(0) - 1);
+void insert_distinct(int64_t* key, int64_t* slot, uint64_t mask, const int64_t* id, const int64_t* value, int64_t n) {
   const Probe probe{key, mask};
   int64_t i = 0;
+  // Each id inserted is the last insert of its probe chain when undone in reverse order,
+  // so emptying its bucket restores the exact previous layout.
   auto fail = [&](const std::string& why) {
     for (int64_t j = i - 1; j >= 0; --j) key[probe.locate(id[j])] = kEmpty;
     TORCH_CHECK(false, why);
@@ -111,6 +86,43 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
     key[pos] = id[i];
     slot[pos] = value[i];
   }
+}
+
+namespace {
+
+at::Tensor hash_find(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids) {
+  check_cpu_map(keys, slots, ids);
+  at::Tensor out = at::empty({ids.size(0)}, ids.options());
+  find_slots(keys.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), static_cast<uint64_t>(keys.size(0) - 1),
+             ids.data_ptr<int64_t>(), ids.size(0), out.data_ptr<int64_t>());
+  return out;
+}
+
+at::Tensor hash_erase(at::Tensor keys, at::Tensor slots, const at::Tensor& ids) {
+  check_cpu_map(keys, slots, ids);
+  at::Tensor out = at::empty({ids.size(0)}, ids.options());
+  int64_t* result = out.data_ptr<int64_t>();
+  int64_t* key = keys.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
+    result[i] = pos < 0 ? -1 : slot[pos];
+    if (pos >= 0) key[pos] = kTombstone;
+  });
+  return out;
+}
+
+// Inserts distinct absent ids (see insert_distinct).
+void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const at::Tensor& new_slots) {
+  check_cpu_map(keys, slots, ids);
+  check_ids(new_slots, "new_slots");
+  check_device(new_slots, at::kCPU, "new_slots");
+  TORCH_CHECK(ids.size(0) == new_slots.size(0), "ids and new_slots must have equal length, got ", ids.size(0),
+              " and ", new_slots.size(0));
+  const int64_t n = ids.size(0);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
+  insert_distinct(keys.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), static_cast<uint64_t>(keys.size(0) - 1),
+                  id, new_slots.data_ptr<int64_t>(), n);
 }
 
 // out[i] = src[slot of ids[i]] for every id in the map, in one pass (the read path of a

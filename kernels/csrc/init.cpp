@@ -8,12 +8,26 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "init_rows.h"
 
 namespace ember {
 namespace {
 
 constexpr uint64_t kStream = 0xD1B54A32D192ED03ull;
 constexpr double kInv2To24 = 1.0 / static_cast<double>(1 << 24);
+
+}  // namespace
+
+void fill_uniform_row(int64_t id, uint64_t name_salt, uint64_t seed_key, int64_t dim, double scale, float* out) {
+  const uint64_t row_key = mix64(mix64(static_cast<uint64_t>(id) ^ name_salt) ^ seed_key);
+  for (int64_t c = 0; c < dim; ++c) {
+    const uint64_t bits = mix64(row_key + static_cast<uint64_t>(c + 1) * kStream);
+    const double u = (static_cast<double>(bits >> 40) + 0.5) * kInv2To24;
+    out[c] = static_cast<float>((2.0 * u - 1.0) * scale);
+  }
+}
+
+namespace {
 
 at::Tensor uniform_rows(const at::Tensor& ids, int64_t name_salt, int64_t seed_key, int64_t dim,
                         double scale) {
@@ -24,15 +38,9 @@ at::Tensor uniform_rows(const at::Tensor& ids, int64_t name_salt, int64_t seed_k
   at::Tensor out = at::empty({n, dim}, ids.options().dtype(at::kFloat));
   const int64_t* id = ids.data_ptr<int64_t>();
   float* value = out.data_ptr<float>();
-  const uint64_t salt = static_cast<uint64_t>(name_salt);
-  const uint64_t seed = static_cast<uint64_t>(seed_key);
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t row_key = mix64(mix64(static_cast<uint64_t>(id[i]) ^ salt) ^ seed);
-    for (int64_t c = 0; c < dim; ++c) {
-      const uint64_t bits = mix64(row_key + static_cast<uint64_t>(c + 1) * kStream);
-      const double u = (static_cast<double>(bits >> 40) + 0.5) * kInv2To24;
-      value[i * dim + c] = static_cast<float>((2.0 * u - 1.0) * scale);
-    }
+    fill_uniform_row(id[i], static_cast<uint64_t>(name_salt), static_cast<uint64_t>(seed_key), dim, scale,
+                     value + i * dim);
   }
   return out;
 }

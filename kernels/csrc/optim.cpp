@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "optim_step.h"
 
 namespace ember {
 namespace {
@@ -89,23 +90,28 @@ __attribute__((target("fma"))) void step_rows_fused(int64_t kind, const Optimize
   step_rows<true>(kind, h, w, s, version, grad, slot, n, dim, width);
 }
 
+}  // namespace
+
+void step_table_rows(int64_t kind, const OptimizerHyper& h, float* w, float* s, int64_t* version, const float* grad,
+                     const int64_t* slot, int64_t n, int64_t dim, int64_t width) {
+  if (__builtin_cpu_supports("fma")) {
+    step_rows_fused(kind, h, w, s, version, grad, slot, n, dim, width);
+  } else {
+    step_rows<false>(kind, h, w, s, version, grad, slot, n, dim, width);
+  }
+}
+
+namespace {
+
 void fused_row_update(at::Tensor weights, at::Tensor state, at::Tensor versions, const at::Tensor& slots,
                       const at::Tensor& grads, int64_t kind, double lr, double eps, double beta1, double beta2,
                       double weight_decay) {
   const int64_t width = check_fused_update(weights, state, versions, slots, grads, kind, at::kCPU);
   const int64_t dim = weights.size(1);
   check_index_range(slots, weights.size(0), "slots");
-  const OptimizerHyper h = make_hyper(lr, eps, beta1, beta2, weight_decay);
-  float* w = weights.data_ptr<float>();
-  float* s = state.data_ptr<float>();
-  int64_t* version = versions.data_ptr<int64_t>();
-  const float* grad = grads.data_ptr<float>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  if (__builtin_cpu_supports("fma")) {
-    step_rows_fused(kind, h, w, s, version, grad, slot, slots.size(0), dim, width);
-  } else {
-    step_rows<false>(kind, h, w, s, version, grad, slot, slots.size(0), dim, width);
-  }
+  step_table_rows(kind, make_hyper(lr, eps, beta1, beta2, weight_decay), weights.data_ptr<float>(),
+                  state.data_ptr<float>(), versions.data_ptr<int64_t>(), grads.data_ptr<float>(),
+                  slots.data_ptr<int64_t>(), slots.size(0), dim, width);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import torch
 from ember.kernels.loader import native_backend_for
+from ember.kernels.upsert import HashedInit
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.routing import mix64, name_salt
 from ember.ps_server.wire.table_spec import InitKind, TableSpec
@@ -39,6 +40,16 @@ def _signed(word: np.uint64) -> int:
     return int(word.view(np.int64))
 
 
+def hashed_init(spec: TableSpec) -> HashedInit | None:
+    """The native ops' form of ``spec``'s initializer, None where they have none (normal)."""
+    init = spec.initializer
+    if init.kind is InitKind.ZEROS:
+        return HashedInit(uniform=False)
+    if init.kind is InitKind.UNIFORM:
+        return HashedInit(True, _signed(name_salt(spec.name)), _seed_key(init.seed), init.scale)
+    return None
+
+
 def initial_rows(spec: TableSpec, ids: np.ndarray) -> torch.Tensor:
     """Initial float32 rows [len(ids), spec.dim] for int64 ``ids`` of table ``spec``.
 
@@ -52,8 +63,9 @@ def initial_rows(spec: TableSpec, ids: np.ndarray) -> torch.Tensor:
         return torch.zeros(len(ids), spec.dim, dtype=torch.float32)
     id_batch = id_tensor(ids)
     if init.kind is InitKind.UNIFORM and native_backend_for(id_batch):  # the same bits
+        hashed = hashed_init(spec)
         return torch.ops.ember.uniform_rows(
-            id_batch, _signed(name_salt(spec.name)), _seed_key(init.seed), spec.dim, init.scale
+            id_batch, hashed.name_salt, hashed.seed_key, spec.dim, hashed.scale
         )
     bits = _element_bits(spec, ids)
     u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) * _INV_2_24

@@ -8,6 +8,7 @@ applied here as one unit.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +19,9 @@ from ember.kernels.optim import state_width
 from ember.ps_server.durability.checkpoint_format import FileEntry, write_row_file
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.changed_ids import ChangedIds
-from ember.ps_server.shard.initializers import initial_rows
+from ember.ps_server.shard.initializers import hashed_init, initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
-from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, empty_batch
+from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, InitialRows, empty_batch
 from ember.ps_server.wire.stats import TableCounters
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -40,6 +41,9 @@ class Table:
         self.spec = spec
         width = state_width(spec.optimizer.kind, spec.dim)
         self.store = InMemoryStore(spec.dim, width) if store is None else store
+        self._initial_rows = InitialRows(  # the rows of ids as first written
+            functools.partial(initial_rows, spec), self.store.state_width, hashed_init(spec)
+        )
         self.counters = TableCounters()
         self.changes = ChangedIds()
         self._lock = threading.Lock()
@@ -199,14 +203,6 @@ class Table:
             self._remember(request_id)
             self.counters.rows_pushed += len(ids)
             return False, len(unique_ids)
-
-    def _initial_rows(self, new_ids: np.ndarray) -> RowBatch:
-        """The rows of distinct ``new_ids`` as first touched: initialised weights, zero state."""
-        return RowBatch(
-            weights=initial_rows(self.spec, new_ids),
-            state=torch.zeros(len(new_ids), self.store.state_width, dtype=torch.float32),
-            versions=torch.zeros(len(new_ids), dtype=torch.int64),
-        )
 
     def _create(self, new_ids: np.ndarray) -> None:
         """Initialise and store the rows of distinct ``new_ids``."""

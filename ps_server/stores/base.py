@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from ember.kernels.optim import RowOptimizer
+from ember.kernels.upsert import HashedInit
 
 
 @dataclasses.dataclass
@@ -52,6 +53,25 @@ def empty_batch(rows: int, dim: int, state_width: int) -> RowBatch:
 
 RowFactory = Callable[[np.ndarray], RowBatch]
 """Makes the initial rows of distinct ids that a store does not hold yet."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InitialRows:
+    """A :data:`RowFactory`: rows as first written, ``weights(ids)`` with zero state and
+    version 0. ``hashed``, where the native ops can make the same weights themselves,
+    lets the memory store create and step a push's rows in one pass."""
+
+    weights: Callable[[np.ndarray], torch.Tensor]
+    state_width: int
+    hashed: HashedInit | None = None
+
+    def __call__(self, ids: np.ndarray) -> RowBatch:
+        return RowBatch(
+            weights=self.weights(ids),
+            state=torch.zeros(len(ids), self.state_width, dtype=torch.float32),
+            versions=torch.zeros(len(ids), dtype=torch.int64),
+        )
+
 
 DUMP_CHUNK_ROWS = 65_536
 

@@ -14,10 +14,18 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 from ember.kernels.id_index import IdIndex
+from ember.kernels.loader import native_backend_for
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
+from ember.kernels.upsert import HashedInit, upsert_row_update
 from ember.ps_server.id_arrays import id_tensor
-from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, RowBatch, RowFactory, empty_batch
+from ember.ps_server.stores.base import (
+    DUMP_CHUNK_ROWS,
+    InitialRows,
+    RowBatch,
+    RowFactory,
+    empty_batch,
+)
 from ember.ps_server.stores.reserved_rows import ReservedRows, rows_in_memory
 
 
@@ -125,6 +133,9 @@ class InMemoryStore:
         made by ``create``; without it an absent id raises KeyError, changing
         nothing.
         """
+        if isinstance(create, InitialRows) and create.hashed and native_backend_for(self._weights):
+            self._upsert_step(id_tensor(ids), grads, optimizer, create.hashed)
+            return
         slots = self.locate(ids)
         missing = slots < 0
         if bool(missing.any()):
@@ -136,6 +147,19 @@ class InMemoryStore:
             self._scatter(new_slots, rows)
             slots[missing] = new_slots
         fused_row_update(optimizer, self._weights, self._state, self._versions, slots, grads)
+
+    def _upsert_step(
+        self, ids: torch.Tensor, grads: torch.Tensor, optimizer: RowOptimizer, init: HashedInit
+    ) -> None:
+        """:meth:`update` in one native pass: absent rows made by ``init``, every row stepped."""
+        self._grow(self._slots_used + max(0, len(ids) - len(self._free)))  # room if all are new
+        made, reused = upsert_row_update(
+            self._index, (self._weights, self._state, self._versions), ids, grads.contiguous(),
+            self._free, self._slots_used, init, optimizer,
+        )  # fmt: skip
+        self._free = self._free[: len(self._free) - reused]
+        self._slots_used += made - reused
+        self._rows += made
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows for distinct ids, adding those that are absent (upsert)."""
