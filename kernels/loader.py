@@ -55,6 +55,7 @@ OPS = (
     "hash_erase",
     "hash_gather_rows",
     "unique_inverse",
+    "sorted_unique_inverse",
     "gather_rows",
     "scatter_rows",
     "scatter_add_rows",
@@ -66,7 +67,13 @@ OPS = (
     "upsert_row_update",
 )
 # Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
-CPU_ONLY_OPS = ("hash_gather_rows", "shard_of", "uniform_rows", "upsert_row_update")
+CPU_ONLY_OPS = (
+    "hash_gather_rows",
+    "shard_of",
+    "uniform_rows",
+    "upsert_row_update",
+    "sorted_unique_inverse",
+)
 MODES = ("auto", "native", "reference")
 
 

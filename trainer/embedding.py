@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from ember.kernels.dedup import sorted_unique_inverse
 from ember.trainer.data.batch import JaggedIds
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient
@@ -164,9 +165,7 @@ class PSEmbeddingBagCollection(nn.Module):
         # Ascending distinct ids: the order in which the shards and the client's checks
         # take them without sorting again.
         unique = {
-            table: torch.unique(
-                torch.cat([features[f].values.cpu() for f in fs]), sorted=True, return_inverse=True
-            )
+            table: sorted_unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))
             for table, fs in self._members.items()
         }
         return _Plan(features, unique, one_id_bags)

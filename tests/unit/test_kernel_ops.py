@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from ember.kernels.dedup import unique_inverse, unique_inverse_reference
+from ember.kernels.dedup import sorted_unique_inverse, unique_inverse, unique_inverse_reference
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows, scatter_rows
 from hypothesis import given, settings
@@ -41,6 +41,23 @@ def test_unique_inverse_matches_reference(backend, case):
         assert got.dtype == torch.int64 and torch.equal(got, want)
     assert torch.equal(unique[inverse], ids)
     assert int(counts.sum()) == len(ids)
+
+
+@pytest.mark.parametrize("case", ID_CASES, ids=str)
+def test_sorted_unique_inverse_matches_torch_unique(backend, case):
+    ids = ID_CASES[case]
+    unique, inverse = sorted_unique_inverse(ids)
+    want_unique, want_inverse = torch.unique(ids, sorted=True, return_inverse=True)
+    assert unique.dtype == inverse.dtype == torch.int64
+    assert torch.equal(unique, want_unique) and torch.equal(inverse, want_inverse)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)), max_size=60))
+def test_sorted_unique_inverse_is_ascending_distinct_with_inverse(values):
+    ids = torch.tensor(values, dtype=torch.int64)
+    unique, inverse = sorted_unique_inverse(ids)
+    assert unique.tolist() == sorted(set(values)) and torch.equal(unique[inverse], ids)
 
 
 @settings(max_examples=60, deadline=None)
