@@ -71,15 +71,21 @@ class IdIndex:
         self._size += len(ids)
         self._used += len(ids)
 
-    def insert_with(self, count: int, insert: Callable[[torch.Tensor, torch.Tensor], int]) -> int:
-        """Run ``insert(keys, slots)``, a native op that adds at most ``count`` distinct ids
-        to the buckets and returns how many it added; the buckets are sized for ``count``
-        first. Returns that number."""
-        self._reserve(self._used + count)
-        added = insert(self._keys, self._slots)
-        self._size += added
-        self._used += added
-        return added
+    def insert_with(
+        self, insert: Callable[[torch.Tensor, torch.Tensor, int], tuple[int, bool]]
+    ) -> tuple[int, bool]:
+        """Run ``insert(keys, slots, room)``: a native op that adds distinct ids to the
+        buckets if at most ``room`` of them are new (what fits before a rehash), returning
+        ``(how many are new, whether it added them)``. Added ones are counted; where they
+        did not fit, the buckets are sized for them (call again). Returns the op's answer."""
+        room = int(len(self._keys) * self.MAX_LOAD) - self._used
+        count, added = insert(self._keys, self._slots, room)
+        if added:
+            self._size += count
+            self._used += count
+        else:
+            self._reserve(self._used + count)
+        return count, added
 
     def reserve(self, count: int) -> None:
         """Size the buckets for ``count`` ids in all: no rehash until more are added."""

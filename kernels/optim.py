@@ -65,7 +65,7 @@ def fused_row_update(
         RuntimeError / IndexError: a slot out of range (nothing is changed).
     """
     code = kind_code(spec.kind)
-    _check(code, weights, state, versions, slots, grads)
+    check_row_update(code, weights, state, versions, slots, grads)
     if native_backend_for(weights):
         torch.ops.ember.fused_row_update(
             weights, state, versions, slots, grads, code,
@@ -128,7 +128,7 @@ def _adam(
     weights.sub_(spec.lr * (m / bias1) / ((v / bias2).sqrt() + spec.eps))
 
 
-def _check(
+def check_row_update(
     code: int,
     weights: torch.Tensor,
     state: torch.Tensor,
@@ -136,6 +136,8 @@ def _check(
     slots: torch.Tensor,
     grads: torch.Tensor,
 ) -> None:
+    """Raise ValueError unless the arguments of a row update (optimizer ``code``) fit
+    together: dtypes, shapes, contiguity and one device."""
     if not (weights.dtype == state.dtype == grads.dtype == torch.float32):
         raise ValueError("weights, state and grads must be float32")
     if versions.dtype != torch.int64 or slots.dtype != torch.int64:

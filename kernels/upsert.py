@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 from ember.kernels.id_index import IdIndex
-from ember.kernels.optim import RowOptimizer, kind_code
+from ember.kernels.optim import RowOptimizer, check_row_update, kind_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +37,13 @@ def upsert_row_update(
     next_slot: int,
     init: HashedInit,
     spec: RowOptimizer,
-) -> tuple[int, int]:
-    """Step the rows of distinct ``ids`` with ``grads``, making absent ones first.
+) -> tuple[int, int, bool]:
+    """Step the rows of distinct ``ids`` with ``grads``, making absent ones first, if they fit.
 
     Args:
-        index: the table's id -> slot map (sized here for every id being new).
-        rows: the table's ``(weights, state, versions)`` storage, with room for
-            ``next_slot + len(ids)`` rows less the free slots.
-        ids: int64 [n] distinct ids >= 0.
+        index: the table's id -> slot map.
+        rows: the table's ``(weights, state, versions)`` storage.
+        ids: int64 [n] distinct ids >= 0 (a held id given twice is stepped twice).
         grads: float32 [n, dim] summed gradient of each.
         free_slots: int64 slots to reuse; absent ids take its tail first, in order.
         next_slot: the first never-used slot (absent ids past the free ones take the
@@ -53,21 +52,29 @@ def upsert_row_update(
         spec: optimizer and hyper-parameters.
 
     Returns:
-        ``(rows made, how many of them took a free slot)``.
+        ``(ids absent, how many of them take a free slot, applied)``. Not applied
+        (nothing written) where the index or the arrays lack room for the absent ids:
+        the index has then been sized for them; grow the arrays to
+        ``next_slot + absent - reused`` rows and call again.
 
     Raises:
-        RuntimeError: bad arguments, a negative or repeated id, or no room (nothing changed).
+        ValueError: arguments that do not fit together (dtypes, shapes, devices).
+        RuntimeError: a negative id, an absent id given twice, or a slot out of range
+            (nothing written; the index may have been resized).
     """
     weights, state, versions = rows
-    code, reused = kind_code(spec.kind), 0
+    code = kind_code(spec.kind)
+    check_row_update(code, weights, state, versions, ids, grads)
+    reused = 0
 
-    def insert_and_step(keys: torch.Tensor, slots: torch.Tensor) -> int:
+    def insert_and_step(keys: torch.Tensor, slots: torch.Tensor, room: int) -> tuple[int, bool]:
         nonlocal reused
-        made, reused = torch.ops.ember.upsert_row_update(
-            keys, slots, weights, state, versions, ids, grads, free_slots, next_slot,
+        absent, reused, applied = torch.ops.ember.upsert_row_update(
+            keys, slots, weights, state, versions, ids, grads, free_slots, next_slot, room,
             init.uniform, init.name_salt, init.seed_key, init.scale,
             code, spec.lr, spec.eps, spec.beta1, spec.beta2, spec.weight_decay,
         )  # fmt: skip
-        return made
+        return absent, applied
 
-    return index.insert_with(len(ids), insert_and_step), reused
+    absent, applied = index.insert_with(insert_and_step)
+    return absent, reused, applied

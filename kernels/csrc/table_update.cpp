@@ -4,10 +4,13 @@
 // first, in order (as InMemoryStore hands out reused slots), then next_slot,
 // next_slot + 1, ...; it enters the map, and its row is made as the table's
 // initializer makes it (hashed-uniform by init.cpp's rule, or zeros) with zero state
-// and version 0. Then every row takes one optimizer step (optim.cpp's). All-or-nothing:
-// the arguments, the ids and every slot are checked before anything is written, and a
-// failed insert (an id twice, a full map) is undone before its error. The caller sizes
-// the row arrays and the map first. Returns (rows made, how many took a free slot).
+// and version 0. Then every row takes one optimizer step (optim.cpp's; a held id
+// given twice is stepped twice, as there). Returns (ids absent, how many take a free
+// slot, applied). Where more ids are absent than map_room (inserts the map takes before
+// it must grow) or the arrays have rows for past next_slot, nothing is written and
+// applied is false: the caller makes room for that many and calls again. All-or-nothing:
+// the arguments, the ids and the range of every slot are checked before anything is
+// written, and a failed insert (an id twice, a full map) is undone before its error.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -22,12 +25,13 @@
 namespace ember {
 namespace {
 
-std::tuple<int64_t, int64_t> upsert_row_update(at::Tensor keys, at::Tensor map_slots, at::Tensor weights,
-                                               at::Tensor state, at::Tensor versions, const at::Tensor& ids,
-                                               const at::Tensor& grads, const at::Tensor& free_slots,
-                                               int64_t next_slot, bool uniform, int64_t name_salt, int64_t seed_key,
-                                               double scale, int64_t kind, double lr, double eps, double beta1,
-                                               double beta2, double weight_decay) {
+std::tuple<int64_t, int64_t, bool> upsert_row_update(at::Tensor keys, at::Tensor map_slots, at::Tensor weights,
+                                                     at::Tensor state, at::Tensor versions, const at::Tensor& ids,
+                                                     const at::Tensor& grads, const at::Tensor& free_slots,
+                                                     int64_t next_slot, int64_t map_room, bool uniform,
+                                                     int64_t name_salt, int64_t seed_key, double scale, int64_t kind,
+                                                     double lr, double eps, double beta1, double beta2,
+                                                     double weight_decay) {
   check_hash_map(keys, map_slots);
   check_device(keys, at::kCPU, "keys");
   const int64_t width = check_fused_update(weights, state, versions, ids, grads, kind, at::kCPU);
@@ -47,8 +51,8 @@ std::tuple<int64_t, int64_t> upsert_row_update(at::Tensor keys, at::Tensor map_s
   const int64_t missing = std::count(slot.begin(), slot.end(), int64_t{-1});
   const int64_t free_count = free_slots.size(0);
   const int64_t reused = std::min(missing, free_count);
-  TORCH_CHECK(next_slot >= 0 && next_slot + (missing - reused) <= rows, "no room for ", missing - reused,
-              " new rows from slot ", next_slot, " in ", rows, " rows; grow the arrays first");
+  TORCH_CHECK(next_slot >= 0 && next_slot <= rows, "next_slot ", next_slot, " is outside [0, ", rows, "]");
+  if (missing > map_room || next_slot + (missing - reused) > rows) return {missing, reused, false};
   const int64_t* free = free_slots.data_ptr<int64_t>() + (free_count - reused);
   std::vector<int64_t> new_ids, new_slots;
   new_ids.reserve(missing);
@@ -81,7 +85,7 @@ std::tuple<int64_t, int64_t> upsert_row_update(at::Tensor keys, at::Tensor map_s
   }
   step_table_rows(kind, make_hyper(lr, eps, beta1, beta2, weight_decay), w, s, version, grads.data_ptr<float>(),
                   slot.data(), n, dim, width);
-  return {missing, reused};
+  return {missing, reused, true};
 }
 
 }  // namespace
@@ -89,9 +93,9 @@ std::tuple<int64_t, int64_t> upsert_row_update(at::Tensor keys, at::Tensor map_s
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def(
       "upsert_row_update(Tensor(a!) keys, Tensor(b!) map_slots, Tensor(c!) weights, Tensor(d!) state, "
-      "Tensor(e!) versions, Tensor ids, Tensor grads, Tensor free_slots, int next_slot, bool uniform, "
-      "int name_salt, int seed_key, float scale, int kind, float lr, float eps, float beta1, float beta2, "
-      "float weight_decay) -> (int, int)");
+      "Tensor(e!) versions, Tensor ids, Tensor grads, Tensor free_slots, int next_slot, int map_room, "
+      "bool uniform, int name_salt, int seed_key, float scale, int kind, float lr, float eps, float beta1, "
+      "float beta2, float weight_decay) -> (int, int, bool)");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("upsert_row_update", upsert_row_update); }

@@ -151,15 +151,22 @@ class InMemoryStore:
     def _upsert_step(
         self, ids: torch.Tensor, grads: torch.Tensor, optimizer: RowOptimizer, init: HashedInit
     ) -> None:
-        """:meth:`update` in one native pass: absent rows made by ``init``, every row stepped."""
-        self._grow(self._slots_used + max(0, len(ids) - len(self._free)))  # room if all are new
-        made, reused = upsert_row_update(
-            self._index, (self._weights, self._state, self._versions), ids, grads.contiguous(),
-            self._free, self._slots_used, init, optimizer,
-        )  # fmt: skip
-        self._free = self._free[: len(self._free) - reused]
-        self._slots_used += made - reused
-        self._rows += made
+        """:meth:`update` in one native pass: absent rows made by ``init``, every row stepped.
+        Where the absent rows do not fit, the index and the arrays grow by as much as the
+        separate ops would grow them, and the pass runs again."""
+        grads = grads.contiguous()
+        for _ in range(2):
+            arrays = (self._weights, self._state, self._versions)
+            absent, reused, applied = upsert_row_update(
+                self._index, arrays, ids, grads, self._free, self._slots_used, init, optimizer
+            )
+            if applied:
+                self._free = self._free[: len(self._free) - reused]
+                self._slots_used += absent - reused
+                self._rows += absent
+                return
+            self._grow(self._slots_used + absent - reused)  # the index is sized already
+        raise AssertionError("unreachable: the second pass has room for the absent rows")
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows for distinct ids, adding those that are absent (upsert)."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 from ember.kernels.upsert import upsert_row_update
 from ember.ps_server.shard.initializers import hashed_init, initial_rows
+from ember.ps_server.stores import memory
 from ember.ps_server.stores.base import InitialRows
 from ember.ps_server.stores.memory import InMemoryStore
 from ember.ps_server.wire.table_spec import InitializerSpec, InitKind, OptimizerSpec, TableSpec
@@ -46,29 +47,62 @@ def _assert_same(a: tuple, b: tuple) -> None:
     assert a[5:] == b[5:]
 
 
+def _bookkeeping(store: InMemoryStore) -> tuple:
+    """What the store and its index count, and their buckets' layout."""
+    index = store._index
+    ids, slots = index.items()  # bucket order: equal where the index grew alike
+    return (
+        store._free.tolist(),
+        len(index),
+        index._used,
+        index.nbytes,
+        ids.tolist(),
+        slots.tolist(),
+    )
+
+
 @pytest.mark.parametrize("init", INITS, ids=lambda i: i.kind.name.lower())
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda s: s.kind.name.lower())
-def test_one_pass_equals_the_separate_ops_bit_for_bit(init, optimizer):
+def test_one_pass_equals_the_separate_ops_bit_for_bit(init, optimizer, monkeypatch):
     require_native()
-    spec = TableSpec("t", dim=DIM, optimizer=optimizer, initializer=init)
+    passes = []
+    monkeypatch.setattr(
+        memory, "upsert_row_update", lambda *a: passes.append(1) or upsert_row_update(*a)
+    )
+    spec = TableSpec("clicks", dim=DIM, optimizer=optimizer, initializer=init)
     native_store, separate_store = (
         InMemoryStore(DIM, _width(optimizer), capacity=16) for _ in "ab"
     )
     native, separate = _factories(spec, native_store.state_width)
     rng = np.random.default_rng(7)
-    for step in range(12):
-        # Mixed new and held ids, growth past the initial capacity, and from step 4 on
-        # evictions, so later pushes reuse free slots (the tail of the free stack first).
-        ids = np.sort(rng.choice(400, size=60, replace=False)).astype(np.int64)
-        grads = torch.from_numpy(rng.standard_normal((60, DIM)).astype(np.float32))
+    held = np.empty(0, dtype=np.int64)
+    for step in range(16):
+        # Mixed new and held ids with growth past the initial capacity; from step 4 on
+        # evictions, so later pushes reuse free slots (the tail of the free stack first),
+        # some with fewer new ids than free slots; a push of held ids only; an empty push.
+        if step == 10:
+            ids = np.sort(rng.choice(held, size=30, replace=False))
+        elif step == 11:
+            ids = np.empty(0, dtype=np.int64)
+        elif step >= 12:
+            fresh = np.setdiff1d(np.arange(400, 420), held)[:3]
+            ids = np.union1d(rng.choice(held, size=20, replace=False), fresh)
+        else:
+            ids = np.sort(rng.choice(400, size=60, replace=False))
+        ids = ids.astype(np.int64)
+        grads = torch.from_numpy(rng.standard_normal((len(ids), DIM)).astype(np.float32))
         native_store.update(ids, grads, optimizer, create=native)
         separate_store.update(ids, grads, optimizer, create=separate)
-        if step >= 4:
-            gone = rng.choice(ids, size=15, replace=False)
+        held = np.union1d(held, ids)
+        if 4 <= step < 12:
+            gone = rng.choice(held, size=15, replace=False)
             native_store.evict(gone)
             separate_store.evict(gone)
+            held = np.setdiff1d(held, gone)
         _assert_same(_contents(native_store), _contents(separate_store))
-    assert native_store.size() > 60 and native_store.slot_count > 16  # grew, held many
+        assert _bookkeeping(native_store) == _bookkeeping(separate_store)
+    assert len(passes) >= 16  # every push took the one-pass path (more where it grew)
+    assert native_store.size() == len(held) > 60 and native_store.slot_count > 16
 
 
 def _width(optimizer: OptimizerSpec) -> int:
@@ -88,40 +122,42 @@ def _store_with_rows() -> tuple[InMemoryStore, InitialRows, OptimizerSpec]:
 
 
 @pytest.mark.parametrize(
-    "ids, grads, match",
+    "ids, grads, error, match",
     [
-        ([1, 3, -5], (3, DIM), "must be >= 0"),
-        ([1, 7, 7], (3, DIM), "twice in ids"),  # two new ids alike: inserted ones undone
-        ([1, 3], (3, DIM), "grads must have shape"),
-        ([1, 3], (2, DIM + 1), "grads must have shape"),
+        ([1, 3, -5], (3, DIM), RuntimeError, "must be >= 0"),
+        ([1, 7, 7], (3, DIM), RuntimeError, "twice in ids"),  # inserted ones undone
+        ([1, 3], (3, DIM), ValueError, "grads must be"),
+        ([1, 3], (2, DIM + 1), ValueError, "grads must be"),
     ],
     ids=["negative-id", "repeated-new-id", "grads-rows", "grads-width"],
 )
-def test_a_refused_push_changes_nothing(ids, grads, match):
+def test_a_refused_push_changes_nothing(ids, grads, error, match):
     require_native()
     store, native, optimizer = _store_with_rows()
-    before = _contents(store)
-    with pytest.raises(RuntimeError, match=match):
+    before, counts = _contents(store), _bookkeeping(store)[:2]
+    with pytest.raises(error, match=match):
         store.update(np.array(ids, dtype=np.int64), torch.ones(grads), optimizer, native)
     _assert_same(_contents(store), before)
+    assert _bookkeeping(store)[:2] == counts  # free stack and index size (it may rehash)
     # and the store still works: the same push without the fault is applied
     store.update(np.array([1, 3], dtype=np.int64), torch.ones(2, DIM), optimizer, native)
     assert store.size() == before[5] + 2
 
 
-def test_no_room_for_new_rows_is_refused_before_any_write():
+def test_absent_rows_without_room_are_not_written_and_the_index_is_sized():
     require_native()
     store, _, optimizer = _store_with_rows()
-    before = _contents(store)
+    before, index = _contents(store), store._index
     rows = (store._weights, store._state, store._versions)
     next_slot = len(store._weights) - 1  # one row left, three needed (no free slots given)
-    with pytest.raises(RuntimeError, match="no room for 3 new rows"):
-        upsert_row_update(
-            store._index, rows, torch.tensor([1, 3, 5]), torch.ones(3, DIM),
-            torch.empty(0, dtype=torch.int64), next_slot, hashed_init(TableSpec("t", dim=DIM)),
-            optimizer,
-        )  # fmt: skip
+    ids = torch.tensor([1, 3, 5])
+    answer = upsert_row_update(
+        index, rows, ids, torch.ones(3, DIM), torch.empty(0, dtype=torch.int64), next_slot,
+        hashed_init(TableSpec("t", dim=DIM)), optimizer,
+    )  # fmt: skip
+    assert answer == (3, 0, False)
     _assert_same(_contents(store), before)
+    assert len(index) == before[5] and index._used + 3 <= len(index._keys) * index.MAX_LOAD
 
 
 def test_without_native_initial_rows_the_store_uses_the_separate_ops(monkeypatch):
