@@ -43,6 +43,7 @@ CPU_SOURCES = (
     "route.cpp",
     "init.cpp",
     "table_update.cpp",
+    "split.cpp",
 )
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
 HEADERS = (
@@ -65,6 +66,7 @@ OPS = (
     "shard_of",
     "uniform_rows",
     "upsert_row_update",
+    "split_by_sorted_keys",
 )
 # Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
 CPU_ONLY_OPS = (
@@ -73,6 +75,7 @@ CPU_ONLY_OPS = (
     "uniform_rows",
     "upsert_row_update",
     "sorted_unique_inverse",
+    "split_by_sorted_keys",
 )
 MODES = ("auto", "native", "reference")
 

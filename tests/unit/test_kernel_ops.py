@@ -1,14 +1,19 @@
 """Every native op against its pure-torch reference (and the reference against a plain definition)."""
 
+import contextlib
+
 import pytest
 import torch
+from ember.kernels import loader
 from ember.kernels.dedup import sorted_unique_inverse, unique_inverse, unique_inverse_reference
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows, scatter_rows
+from ember.kernels.split import split_by_sorted_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+SMALL_IDS = st.lists(st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)), max_size=60)
 
 ID_CASES = {
     "empty": torch.empty(0, dtype=torch.int64),
@@ -53,7 +58,7 @@ def test_sorted_unique_inverse_matches_torch_unique(backend, case):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)), max_size=60))
+@given(SMALL_IDS)
 def test_sorted_unique_inverse_is_ascending_distinct_with_inverse(values):
     ids = torch.tensor(values, dtype=torch.int64)
     unique, inverse = sorted_unique_inverse(ids)
@@ -61,10 +66,45 @@ def test_sorted_unique_inverse_is_ascending_distinct_with_inverse(values):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(st.integers(INT64_MIN, INT64_MAX), st.integers(-3, 3)), max_size=60))
+@given(keys=SMALL_IDS, ids=SMALL_IDS)
+def test_split_by_sorted_keys_is_membership(keys, ids):
+    for use_native in (True, False):  # the native op (where built) and the reference
+        with _backend(use_native):
+            found_at, missing_at, key_at = split_by_sorted_keys(
+                torch.tensor(sorted(set(keys)), dtype=torch.int64),
+                torch.tensor(ids, dtype=torch.int64),
+            )
+        ordered = sorted(set(keys))
+        assert found_at.tolist() == [i for i, v in enumerate(ids) if v in set(keys)]
+        assert missing_at.tolist() == [i for i, v in enumerate(ids) if v not in set(keys)]
+        assert key_at.tolist() == [ordered.index(ids[i]) for i in found_at.tolist()]
+
+
+def test_split_by_sorted_keys_refuses_unsorted_keys():
+    """The native op checks what the reference trusts its caller for."""
+    from tests.support.native import require_native
+
+    require_native()
+    with pytest.raises(RuntimeError, match="ascending and distinct"):
+        split_by_sorted_keys(torch.tensor([5, 3]), torch.tensor([3]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(SMALL_IDS)
 def test_unique_inverse_reference_is_first_occurrence_order(values):
     got = unique_inverse_reference(torch.tensor(values, dtype=torch.int64))
     assert [t.tolist() for t in got] == list(first_occurrence_definition(values))
+
+
+@contextlib.contextmanager
+def _backend(native: bool):
+    """The native ops where ``native`` (as built), else the reference, for a block."""
+    forced = loader._reference_forced
+    loader._reference_forced = forced or not native
+    try:
+        yield
+    finally:
+        loader._reference_forced = forced
 
 
 def random_rows(rows: int, dim: int, dtype=torch.float32) -> torch.Tensor:

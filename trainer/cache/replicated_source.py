@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from ember.kernels.optim import fused_row_update, state_width
+from ember.kernels.split import split_by_sorted_keys
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.pipeline import PipelinedRowSource
@@ -327,16 +328,10 @@ class ReplicatedRowSource:
 
     def _locate(self, table: str, ids: torch.Tensor) -> _Split:
         hot_ids = self.hot_ids.get(table)
-        if hot_ids is None or not len(hot_ids):
-            none = torch.empty(0, dtype=torch.int64)
-            return _Split(none, torch.arange(len(ids)), none.to(self.device))
-        position = torch.searchsorted(hot_ids, ids).clamp_(max=len(hot_ids) - 1)
-        hot = hot_ids.index_select(0, position) == ids
-        hot_at = hot.nonzero().squeeze(1)
-        return _Split(
-            hot_at, hot.logical_not_().nonzero().squeeze(1),
-            position.index_select(0, hot_at).to(self.device),
-        )  # fmt: skip
+        if hot_ids is None:
+            hot_ids = torch.empty(0, dtype=torch.int64)
+        hot_at, cold_at, replica_rows = split_by_sorted_keys(hot_ids, ids)
+        return _Split(hot_at, cold_at, replica_rows.to(self.device))
 
 
 def _barrier() -> None:
