@@ -30,6 +30,7 @@ def test_the_table_names_missed_targets_and_failed_benchmarks():
                 {"name": "s", "value": 1.5, "target": "", "met": None},
             ]},
             "b": {"status": "failed (exit 1)", "figures": []},
+            "c": {"status": "ok", "figures": [], "rerun": "re-run alone at commit abc"},
         },
     }  # fmt: skip
     table = suite.markdown_table(results)
@@ -37,3 +38,4 @@ def test_the_table_names_missed_targets_and_failed_benchmarks():
     assert "| a | s | 1.5 |  |  |" in table
     assert "| b | failed (exit 1) |" in table
     assert "(quick sizes)" in table
+    assert table.endswith("re-run alone since:\n\n* c: re-run alone at commit abc\n")
