@@ -68,7 +68,8 @@ OPS = (
     "upsert_row_update",
     "split_by_sorted_keys",
 )
-# Ops of the shard's and the client's host-side data path: CPU only (no CUDA kernel).
+# Host-side ops (the shard's and the client's data path, the trainer's per-step bookkeeping):
+# CPU only, no CUDA kernel; their wrappers use torch on a device.
 CPU_ONLY_OPS = (
     "hash_gather_rows",
     "shard_of",

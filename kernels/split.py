@@ -12,7 +12,8 @@ def split_by_sorted_keys(
     """Split ``ids`` by membership in ``keys``.
 
     Args:
-        keys: 1-D int64, ascending and distinct.
+        keys: 1-D int64, ascending and distinct (not checked here: a check would cost a
+            pass over every key per call; check them once where they are made).
         ids: 1-D int64 (duplicates allowed).
 
     Returns:

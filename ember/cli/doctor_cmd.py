@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
           f" (torch built with CUDA {torch.version.cuda or 'none'})")  # fmt: skip
     print(f"UCX: {_ucx_binding()}")
     missing = []
+    width = max(map(len, OPS))
     for op in OPS:
         loaded = native and hasattr(torch.ops.ember, op)
         if native and not loaded:
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         gpu = "native" if loaded and cuda_ops else "reference (torch)"
         if op in CPU_ONLY_OPS:
             gpu = "- (host-side op)"
-        print(f"  {op:<18} CPU: {cpu:<18} CUDA: {gpu}")
+        print(f"  {op:<{width}} CPU: {cpu:<18} CUDA: {gpu}")
     if failure is None and missing and mode == "native":
         failure = f"the library built but lacks {', '.join(missing)}"
     if failure is not None:

@@ -7,8 +7,8 @@
 // and version 0. Then every row takes one optimizer step (optim.cpp's; a held id
 // given twice is stepped twice, as there). Returns (ids absent, how many take a free
 // slot, applied). Where more ids are absent than map_room (inserts the map takes before
-// it must grow) or the arrays have rows for past next_slot, nothing is written and
-// applied is false: the caller makes room for that many and calls again. All-or-nothing:
+// it must grow), or the arrays lack rows for the new slots past next_slot, nothing is
+// written and applied is false: the caller makes room for that many and calls again. All-or-nothing:
 // the arguments, the ids and the range of every slot are checked before anything is
 // written, and a failed insert (an id twice, a full map) is undone before its error.
 #include <torch/library.h>

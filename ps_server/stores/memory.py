@@ -164,6 +164,8 @@ class InMemoryStore:
                 self._free = self._free[: len(self._free) - reused]
                 self._slots_used += absent - reused
                 self._rows += absent
+                if absent > reused:  # the arrays learn their size (huge pages past a threshold)
+                    self._grow(self._slots_used)
                 return
             self._grow(self._slots_used + absent - reused)  # the index is sized already
         raise AssertionError("unreachable: the second pass has room for the absent rows")

@@ -150,3 +150,22 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
                 (rows - initial).abs().amax(dim=1).gt(1e-4)
             )  # 10x the tolerance below which rows "match"
             assert moved.sum() >= min(cardinality, 5)
+
+
+def test_hot_ids_that_repeat_an_id_are_refused(client, table_name):
+    """The hot/cold split searches the hot ids as a sorted set: a repeated id is refused
+    when the replicas are made, not split wrongly at every step."""
+    spec = TableSpec(table_name, dim=DIM)
+    client.create_table(spec)
+    steps = StepClient(client, StepJob(f"dup-{uuid.uuid4().hex}", replica=True))
+    cold = PipelinedRowSource(steps, staleness=0)
+    try:
+        for hot, refused in (([9, 3, 9], True), ([9, 3], False)):
+            specs, hot_ids = {spec.name: spec}, {spec.name: torch.tensor(hot)}
+            if refused:
+                with pytest.raises(ValueError, match="repeat an id"):
+                    ReplicatedRowSource(client, specs, hot_ids, True, cold)
+            else:
+                ReplicatedRowSource(client, specs, hot_ids, True, cold)
+    finally:
+        cold.close()

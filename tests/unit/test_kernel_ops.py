@@ -80,15 +80,6 @@ def test_split_by_sorted_keys_is_membership(keys, ids):
         assert key_at.tolist() == [ordered.index(ids[i]) for i in found_at.tolist()]
 
 
-def test_split_by_sorted_keys_refuses_unsorted_keys():
-    """The native op checks what the reference trusts its caller for."""
-    from tests.support.native import require_native
-
-    require_native()
-    with pytest.raises(RuntimeError, match="ascending and distinct"):
-        split_by_sorted_keys(torch.tensor([5, 3]), torch.tensor([3]))
-
-
 @settings(max_examples=60, deadline=None)
 @given(SMALL_IDS)
 def test_unique_inverse_reference_is_first_occurrence_order(values):

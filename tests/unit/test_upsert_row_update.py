@@ -7,6 +7,7 @@ same bits, the same slots and the same bookkeeping, and a refused push must leav
 the store as it was.
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -61,19 +62,24 @@ def _bookkeeping(store: InMemoryStore) -> tuple:
     )
 
 
+@pytest.mark.parametrize("arrays", ["reserved", "doubling"])
 @pytest.mark.parametrize("init", INITS, ids=lambda i: i.kind.name.lower())
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda s: s.kind.name.lower())
-def test_one_pass_equals_the_separate_ops_bit_for_bit(init, optimizer, monkeypatch):
+def test_one_pass_equals_the_separate_ops_bit_for_bit(init, optimizer, arrays, monkeypatch):
     require_native()
+    if arrays == "doubling":  # no reservation: the arrays double, so a pass can lack rows
+        monkeypatch.setattr(memory, "rows_in_memory", lambda row_bytes: 1)
     passes = []
     monkeypatch.setattr(
-        memory, "upsert_row_update", lambda *a: passes.append(1) or upsert_row_update(*a)
+        memory, "upsert_row_update", lambda *a: passes.append(id(a[2])) or upsert_row_update(*a)
     )
     spec = TableSpec("clicks", dim=DIM, optimizer=optimizer, initializer=init)
     native_store, separate_store = (
         InMemoryStore(DIM, _width(optimizer), capacity=16) for _ in "ab"
     )
     native, separate = _factories(spec, native_store.state_width)
+    made_in_python = []  # the one-pass path makes its rows natively, never by the factory
+    native = dataclasses.replace(native, weights=lambda ids: made_in_python.append(ids) or 1 / 0)
     rng = np.random.default_rng(7)
     held = np.empty(0, dtype=np.int64)
     for step in range(16):
@@ -101,7 +107,10 @@ def test_one_pass_equals_the_separate_ops_bit_for_bit(init, optimizer, monkeypat
             held = np.setdiff1d(held, gone)
         _assert_same(_contents(native_store), _contents(separate_store))
         assert _bookkeeping(native_store) == _bookkeeping(separate_store)
-    assert len(passes) >= 16  # every push took the one-pass path (more where it grew)
+        assert len(native_store._weights) == len(separate_store._weights)  # grown alike
+    assert not made_in_python and len(passes) >= 16  # every push took the one pass
+    if arrays == "doubling":  # some pushes lacked rows and ran again after growing
+        assert len(passes) > 16
     assert native_store.size() == len(held) > 60 and native_store.slot_count > 16
 
 

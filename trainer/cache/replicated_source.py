@@ -65,7 +65,7 @@ class ReplicatedRowSource:
 
     Raises:
         ValueError: a cold pipeline whose job does not say it holds replicas (a checkpoint
-            would not ask this job to write them back).
+            would not ask this job to write them back), or hot ids that repeat an id.
     """
 
     def __init__(
@@ -93,6 +93,9 @@ class ReplicatedRowSource:
             t: torch.sort(torch.as_tensor(ids, dtype=torch.int64)).values
             for t, ids in hot_ids.items()
         }
+        for table, ids in self.hot_ids.items():  # ascending and distinct: what the split needs
+            if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                raise ValueError(f"table {table!r}: the hot ids repeat an id")
         self.writer = writer
         self.weights = {
             t: torch.zeros(len(ids), specs[t].dim, device=self.device)
@@ -328,8 +331,9 @@ class ReplicatedRowSource:
 
     def _locate(self, table: str, ids: torch.Tensor) -> _Split:
         hot_ids = self.hot_ids.get(table)
-        if hot_ids is None:
-            hot_ids = torch.empty(0, dtype=torch.int64)
+        if hot_ids is None or not len(hot_ids):
+            none = torch.empty(0, dtype=torch.int64)
+            return _Split(none, torch.arange(len(ids)), none.to(self.device))
         hot_at, cold_at, replica_rows = split_by_sorted_keys(hot_ids, ids)
         return _Split(hot_at, cold_at, replica_rows.to(self.device))
 
