@@ -78,7 +78,7 @@ class IdIndex:
         buckets if at most ``room`` of them are new (what fits before a rehash), returning
         ``(how many are new, whether it added them)``. Added ones are counted; where they
         did not fit, the buckets are sized for them (call again). Returns the op's answer."""
-        room = int(len(self._keys) * self.MAX_LOAD) - self._used
+        room = self._load_limit() - self._used
         count, added = insert(self._keys, self._slots, room)
         if added:
             self._size += count
@@ -103,8 +103,12 @@ class IdIndex:
         live = self._keys >= 0
         return self._keys[live], self._slots[live]
 
+    def _load_limit(self) -> int:
+        """Live ids plus tombstones the buckets hold before a rehash."""
+        return int(len(self._keys) * self.MAX_LOAD)
+
     def _reserve(self, used: int) -> None:
-        if used <= len(self._keys) * self.MAX_LOAD:
+        if used <= self._load_limit():
             return
         ids, slots = self.items()
         live = used - (self._used - self._size)

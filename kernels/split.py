@@ -28,6 +28,9 @@ def split_by_sorted_keys(
         if t.dtype != torch.int64 or t.dim() != 1:
             raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
     keys, ids = keys.contiguous(), ids.contiguous()
+    if not len(keys):  # every id is missing (tables without hot rows): nothing to search
+        none = torch.empty(0, dtype=torch.int64, device=ids.device)
+        return none, torch.arange(len(ids), device=ids.device), none
     if ids.device.type == "cpu" and keys.device.type == "cpu" and native_backend_for(ids):
         return torch.ops.ember.split_by_sorted_keys(keys, ids)
     return split_by_sorted_keys_reference(keys, ids)
@@ -36,10 +39,7 @@ def split_by_sorted_keys(
 def split_by_sorted_keys_reference(
     keys: torch.Tensor, ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pure-torch definition (a binary search of every id)."""
-    if not len(keys):
-        none = torch.empty(0, dtype=torch.int64, device=ids.device)
-        return none, torch.arange(len(ids), device=ids.device), none
+    """The pure-torch definition (a binary search of every id) for non-empty ``keys``."""
     position = torch.searchsorted(keys, ids).clamp_(max=len(keys) - 1)
     found = keys.index_select(0, position) == ids
     found_at = found.nonzero().squeeze(1)

@@ -41,6 +41,9 @@ from ember.trainer.traffic import CountingClient, TrafficStats
 log = logging.getLogger(__name__)
 
 
+_NO_IDS = torch.empty(0, dtype=torch.int64)  # the hot ids of a table without any
+
+
 class _Split(NamedTuple):
     """Where one table's distinct ids of a step are: ``hot_at`` and ``cold_at`` their
     positions among the ids (ascending), ``replica_rows`` the replica row of each hot one
@@ -330,10 +333,7 @@ class ReplicatedRowSource:
         )  # fmt: skip
 
     def _locate(self, table: str, ids: torch.Tensor) -> _Split:
-        hot_ids = self.hot_ids.get(table)
-        if hot_ids is None or not len(hot_ids):
-            none = torch.empty(0, dtype=torch.int64)
-            return _Split(none, torch.arange(len(ids)), none.to(self.device))
+        hot_ids = self.hot_ids.get(table, _NO_IDS)
         hot_at, cold_at, replica_rows = split_by_sorted_keys(hot_ids, ids)
         return _Split(hot_at, cold_at, replica_rows.to(self.device))
 
