@@ -1,7 +1,10 @@
-"""Deduplicating ids: unique_inverse (first-occurrence order, inverse index and counts) and
-sorted_unique_inverse (ascending, with the inverse index)."""
+"""Deduplicating ids: unique_inverse (first-occurrence order, inverse index and counts),
+sorted_unique_inverse (ascending, with the inverse index), and plan_features (a training
+step's sparse features, every table's ids at once)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from ember.kernels.loader import native_backend_for
@@ -40,6 +43,88 @@ def sorted_unique_inverse(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     if ids.device.type == "cpu" and native_backend_for(ids):
         return torch.ops.ember.sorted_unique_inverse(ids)
     return torch.unique(ids, sorted=True, return_inverse=True)
+
+
+def plan_features(
+    values: Sequence[torch.Tensor],
+    offsets: Sequence[torch.Tensor],
+    table_of: Sequence[int],
+    num_tables: int,
+) -> tuple[list[torch.Tensor], torch.Tensor, list[bool]]:
+    """Deduplicate the ids of several jagged features, each looked up in one of
+    ``num_tables`` tables (features may share a table), in one call.
+
+    Args:
+        values, offsets: each feature's ids (int64, >= 0) and bag offsets (int64, rising
+            from 0 to its number of ids), on the host.
+        table_of: each feature's table number, in ``[0, num_tables)``.
+
+    Returns:
+        ``(unique, inverse, one_id_bags)``: each table's distinct ids ascending; each id's
+        row among all tables' distinct ids in table order (``cat(unique)[inverse]`` is
+        ``cat(values)``); and, per feature, whether every bag holds exactly one id.
+
+    Raises:
+        ValueError: naming the first malformed feature.
+
+    Example:
+        >>> one = torch.tensor([0, 1, 2])
+        >>> plan_features([torch.tensor([9, 4]), torch.tensor([4, 4])], [one, one], [0, 1], 2)
+        ([tensor([4, 9]), tensor([4])], tensor([1, 0, 2, 2]), [True, True])
+    """
+    if not len(values) == len(offsets) == len(table_of):
+        raise ValueError(
+            f"values, offsets and table_of must have one entry per feature, got "
+            f"{len(values)}, {len(offsets)}, {len(table_of)}"
+        )
+    for f, (ids, bounds) in enumerate(zip(values, offsets)):
+        if ids.dtype != torch.int64 or bounds.dtype != torch.int64:
+            raise ValueError(
+                f"feature {f}: ids and offsets must be int64 tensors, got {ids.dtype}, {bounds.dtype}"
+            )
+        if ids.dim() != 1 or bounds.dim() != 1 or len(bounds) < 1:
+            raise ValueError(f"feature {f}: ids and offsets must be 1-D with at least one offset")
+    values = [ids.cpu().contiguous() for ids in values]
+    offsets = [bounds.cpu().contiguous() for bounds in offsets]
+    if values and native_backend_for(values[0]):
+        unique, inverse, one_id_bags = torch.ops.ember.plan_features(
+            values, offsets, list(table_of), num_tables
+        )
+        return list(unique), inverse, one_id_bags.tolist()
+    return plan_features_reference(values, offsets, table_of, num_tables)
+
+
+def plan_features_reference(
+    values: Sequence[torch.Tensor],
+    offsets: Sequence[torch.Tensor],
+    table_of: Sequence[int],
+    num_tables: int,
+) -> tuple[list[torch.Tensor], torch.Tensor, list[bool]]:
+    """The pure-torch definition of :func:`plan_features` (after its type checks)."""
+    one_id_bags = []
+    for f, (ids, bounds) in enumerate(zip(values, offsets)):
+        if not 0 <= table_of[f] < num_tables:
+            raise ValueError(f"feature {f}: table {table_of[f]} is out of range [0, {num_tables})")
+        if len(ids) and int(ids.min()) < 0:
+            raise ValueError(f"feature {f}: ids must be >= 0, got {int(ids.min())}")
+        smallest_bag = int(bounds.diff().min()) if len(bounds) > 1 else 0
+        if int(bounds[0]) != 0 or int(bounds[-1]) != len(ids) or smallest_bag < 0:
+            raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(ids)}")
+        one_id_bags.append(smallest_bag == 1 and len(ids) == len(bounds) - 1)
+    unique, inverse, row = [], [torch.empty(0, dtype=torch.int64)] * len(values), 0
+    for table in range(num_tables):
+        members = [f for f in range(len(values)) if table_of[f] == table]
+        ids = (
+            torch.cat([values[f] for f in members])
+            if members
+            else torch.empty(0, dtype=torch.int64)
+        )
+        distinct, positions = torch.unique(ids, sorted=True, return_inverse=True)
+        for f, part in zip(members, positions.split([len(values[f]) for f in members])):
+            inverse[f] = part + row
+        unique.append(distinct)
+        row += len(distinct)
+    return unique, torch.cat(inverse) if inverse else torch.empty(0, dtype=torch.int64), one_id_bags
 
 
 def unique_inverse_reference(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

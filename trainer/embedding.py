@@ -17,12 +17,13 @@ there, and brings the row gradients back to the host.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from ember.kernels.dedup import sorted_unique_inverse
+from ember.kernels.dedup import plan_features
 from ember.trainer.data.batch import JaggedIds
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient
@@ -55,29 +56,32 @@ class RowSource(Protocol):
 
 
 @dataclasses.dataclass
-class _Lookup:
-    table: str
-    ids: torch.Tensor
-    rows: torch.Tensor
+class _Plan:
+    """A batch's distinct ids per table (ascending, tables in the collection's order), each
+    id's row among all tables' distinct ids (``inverse``, feature by feature), and whether
+    every feature has exactly one id in every bag (pooling them is one gather)."""
+
+    features: Sequence[JaggedIds]
+    requests: dict[str, torch.Tensor]
+    inverse: torch.Tensor
+    one_id_bags: bool
 
 
 @dataclasses.dataclass
-class _Plan:
-    """A batch's distinct ids per table (ascending), with the inverse index of each table's
-    features, and which features have exactly one id in every bag (pooling them is a gather).
-    """
+class _Lookup:
+    """A training forward's rows, for :meth:`PSEmbeddingBagCollection.step`: every table's
+    rows in one leaf tensor, table after table."""
 
-    features: Sequence[JaggedIds]
-    unique: dict[str, tuple[torch.Tensor, torch.Tensor]]
-    one_id_bags: list[bool]
-
-    @property
-    def requests(self) -> dict[str, torch.Tensor]:
-        return {table: ids for table, (ids, _) in self.unique.items()}
+    requests: dict[str, torch.Tensor]
+    rows: torch.Tensor
 
 
 class PSEmbeddingBagCollection(nn.Module):
     """Pooled lookups of sparse features, one table per feature or shared.
+
+    All tables' rows of a step are one tensor (as in a table-batched embedding): one
+    gather pools every feature, one backward gives every row's gradient. The tables of a
+    collection therefore share one row width.
 
     Args:
         source: the row source (a :class:`PSRowSource` or a cache in front of one).
@@ -111,11 +115,10 @@ class PSEmbeddingBagCollection(nn.Module):
         self.pooling = pooling
         self.grad_scale = grad_scale
         self.device = torch.device(device)
-        self._pending: list[_Lookup] = []
-        self._members = {
-            t: [f for f, name in enumerate(self.feature_tables) if name == t]
-            for t in self.feature_tables
-        }
+        self._pending: _Lookup | None = None
+        self._tables = list(dict.fromkeys(self.feature_tables))  # first-use order
+        number = {table: t for t, table in enumerate(self._tables)}
+        self._table_of = [number[table] for table in self.feature_tables]
         self._next: _Plan | None = None
 
     def prefetch(self, features: Sequence[JaggedIds]) -> None:
@@ -129,57 +132,84 @@ class PSEmbeddingBagCollection(nn.Module):
     def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
         """Pooled embeddings [batch, num_features, dim]."""
         _check_batch_sizes(features)
-        return torch.stack(self.lookup(features), dim=1)
+        plan, rows = self._rows(features)
+        if not plan.one_id_bags:
+            return torch.stack(self._pooled(plan, rows), dim=1)
+        # Sample by sample, feature by feature: the gather fills [batch, features, dim].
+        batch = features[0].batch_size
+        where = plan.inverse.view(len(features), batch).t().reshape(-1).to(self.device)
+        return _gather(rows, where).view(batch, len(features), rows.shape[1])
 
     def lookup(self, features: Sequence[JaggedIds]) -> list[torch.Tensor]:
         """Each feature's pooled embeddings [its bags, dim]; features may have different
         bag counts (a feature of one-id bags gives one row per id, unpooled)."""
+        return self._pooled(*self._rows(features))
+
+    def _rows(self, features: Sequence[JaggedIds]) -> tuple[_Plan, torch.Tensor]:
+        """The plan of ``features`` (prefetched or made now) and their rows, all tables' in
+        one tensor on the device (a leaf that takes gradients when training)."""
         plan = self._next if self._next is not None and self._next.features is features else None
         self._next = None
         plan = plan or self._plan(features)
-        pooled: list[torch.Tensor | None] = [None] * len(features)
-        self._pending = []
         read = self.source.rows if self.training else self.source.read
         fetched = read(plan.requests)
-        for table, (ids, inverse) in plan.unique.items():
-            rows = fetched[table].to(self.device).detach().requires_grad_(self.training)
-            if self.training:
-                self._pending.append(_Lookup(table, ids, rows))
-            inverse = inverse.to(self.device)
-            start = 0
-            for f in self._members[table]:
-                count = len(features[f].values)
-                where = inverse[start : start + count]
-                if plan.one_id_bags[f]:  # sum and mean of one row: the row itself
-                    pooled[f] = _gather(rows, where)
-                else:
-                    pooled[f] = F.embedding_bag(
-                        where, rows, features[f].offsets.to(self.device), mode=self.pooling,
-                        include_last_offset=True,
-                    )  # fmt: skip
-                start += count
-        return pooled
+        widths = {fetched[table].shape[1] for table in plan.requests}
+        if len(widths) > 1:
+            raise ValueError(
+                f"the tables of one collection must share a row width, got {sorted(widths)}: "
+                "use one collection per width"
+            )
+        parts = [fetched[table] for table in plan.requests]
+        rows = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.device)
+        rows = rows.detach().requires_grad_(self.training)
+        self._pending = _Lookup(plan.requests, rows) if self.training else None
+        return plan, rows
+
+    def _pooled(self, plan: _Plan, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Each feature's pooled rows, from one gather (one-id bags) or one embedding_bag."""
+        inverse = plan.inverse.to(self.device)
+        if plan.one_id_bags:  # sum and mean of one row: the row itself
+            return list(_gather(rows, inverse).split([len(f.values) for f in plan.features]))
+        # Every feature's bags, one after another, with offsets into the ids of all features.
+        starts = itertools.accumulate([0, *(len(f.values) for f in plan.features[:-1])])
+        offsets = torch.cat(
+            [f.offsets[:-1] + start for f, start in zip(plan.features, starts)]
+            + [torch.tensor([len(inverse)])]
+        )
+        pooled = F.embedding_bag(
+            inverse, rows, offsets.to(self.device), mode=self.pooling, include_last_offset=True
+        )
+        return list(pooled.split([f.batch_size for f in plan.features]))
 
     def _plan(self, features: Sequence[JaggedIds]) -> _Plan:
-        one_id_bags = _check_features(features, len(self.feature_tables))
+        if len(features) != len(self.feature_tables):
+            raise ValueError(
+                f"expected {len(self.feature_tables)} sparse features, got {len(features)}"
+            )
         # Ascending distinct ids: the order in which the shards and the client's checks
         # take them without sorting again.
-        unique = {
-            table: sorted_unique_inverse(torch.cat([features[f].values.cpu() for f in fs]))
-            for table, fs in self._members.items()
-        }
-        return _Plan(features, unique, one_id_bags)
+        unique, inverse, one_id_bags = plan_features(
+            [f.values for f in features], [f.offsets for f in features],
+            self._table_of, len(self._tables),
+        )  # fmt: skip
+        return _Plan(features, dict(zip(self._tables, unique)), inverse, all(one_id_bags))
 
     def step(self) -> None:
         """Hand the row gradients of the last training forward to the source (every step,
-        even with none: sources that keep step clocks count on it); call after backward()."""
-        updates = {
-            lookup.table: (lookup.ids, (lookup.rows.grad * self.grad_scale).cpu())
-            for lookup in self._pending
-            if lookup.rows.grad is not None
-        }
+        even with none: sources that keep step clocks count on it); call after backward().
+
+        Every row the forward looked up takes a gradient, zero where the loss did not use
+        its feature (one backward covers all tables, as in a table-batched embedding)."""
+        pending, self._pending = self._pending, None
+        updates = {}
+        if pending is not None and pending.rows.grad is not None:
+            grads = pending.rows.grad
+            if self.grad_scale != 1.0:
+                grads = grads * self.grad_scale
+            sizes = [len(ids) for ids in pending.requests.values()]
+            for (table, ids), part in zip(pending.requests.items(), grads.cpu().split(sizes)):
+                updates[table] = (ids, part)
         self.source.apply_gradients(updates)
-        self._pending = []
 
 
 def _gather(rows: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
@@ -187,29 +217,6 @@ def _gather(rows: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     index_select (cheaper than embedding_bag's), on a GPU embedding (whose backward is
     deterministic; index_select's adds atomically)."""
     return rows.index_select(0, where) if rows.device.type == "cpu" else F.embedding(where, rows)
-
-
-def _check_features(features: Sequence[JaggedIds], expected: int) -> list[bool]:
-    """Raise ValueError naming the first malformed feature; returns, per feature, whether
-    every bag holds exactly one id."""
-    if len(features) != expected:
-        raise ValueError(f"expected {expected} sparse features, got {len(features)}")
-    one_id_bags = []
-    for f, feature in enumerate(features):
-        values, offsets = feature.values, feature.offsets
-        if values.dtype != torch.int64 or offsets.dtype != torch.int64:
-            raise ValueError(
-                f"feature {f}: ids and offsets must be int64 tensors, got {values.dtype}, {offsets.dtype}"
-            )
-        if values.dim() != 1 or offsets.dim() != 1 or len(offsets) < 1:
-            raise ValueError(f"feature {f}: ids and offsets must be 1-D with at least one offset")
-        if len(values) and int(values.min()) < 0:
-            raise ValueError(f"feature {f}: ids must be >= 0, got {int(values.min())}")
-        smallest_bag = feature.smallest_bag()
-        if int(offsets[0]) != 0 or int(offsets[-1]) != len(values) or smallest_bag < 0:
-            raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(values)}")
-        one_id_bags.append(feature.one_id_per_bag(smallest_bag))
-    return one_id_bags
 
 
 def _check_batch_sizes(features: Sequence[JaggedIds]) -> None:

@@ -1,5 +1,6 @@
 """PSEmbeddingBagCollection pools and differentiates as torch's embedding_bag over the whole
-table does: bags of one id each (pooled by a gather), longer and empty bags, sum and mean."""
+table does: bags of one id each (pooled by one gather), longer and empty bags, sum and mean,
+all tables' rows in one tensor."""
 
 import pytest
 import torch
@@ -34,21 +35,27 @@ FEATURES = {
     "several ids per bag": [[1, 2], [2], [5, 6, 7], [1]],
     "as many ids as bags, one bag empty": [[4, 9], [], [4], [8]],
 }
+ONE_ID_FEATURES = {  # every feature one id per bag: the forward is one gather
+    "a": [[3], [7], [3], [11]],
+    "b": [[7], [0], [39], [7]],
+    "c": [[5], [5], [5], [5]],
+}
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
+@pytest.mark.parametrize("bags", [FEATURES, ONE_ID_FEATURES], ids=["mixed-bags", "one-id-bags"])
 @pytest.mark.parametrize(
     "feature_tables",
     [["t0", "t1", "t2"], ["shared", "shared", "shared"], ["t0", "shared", "shared"]],
     ids=["a-table-each", "one-shared-table", "mixed"],
 )
-def test_pooled_rows_and_their_gradients_match_embedding_bag(pooling, feature_tables):
+def test_pooled_rows_and_their_gradients_match_embedding_bag(pooling, bags, feature_tables):
     """Features sharing a table pool from one deduplicated set of its rows, and its row
-    gradients sum over all of them."""
+    gradients sum over all of them (scaled by grad_scale)."""
     table = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(1))
-    features = [_feature(bags) for bags in FEATURES.values()]
+    features = [_feature(feature_bags) for feature_bags in bags.values()]
     source = TableRows(table)
-    ebc = PSEmbeddingBagCollection(source, feature_tables, pooling=pooling)
+    ebc = PSEmbeddingBagCollection(source, feature_tables, pooling=pooling, grad_scale=0.5)
     pooled = ebc(features)
     upstream = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(2))
     (pooled * upstream).sum().backward()
@@ -64,7 +71,8 @@ def test_pooled_rows_and_their_gradients_match_embedding_bag(pooling, feature_ta
         (expected * upstream[:, f]).sum().backward()
     for name, weight in weights.items():
         ids, grads = source.updates[name]
-        torch.testing.assert_close(grads, weight.grad[ids])
+        assert torch.equal(ids, torch.unique(ids))  # distinct, ascending
+        torch.testing.assert_close(grads, 0.5 * weight.grad[ids])
         untouched = torch.ones(ROWS, dtype=torch.bool)
         untouched[ids] = False
         assert not weight.grad[untouched].any()  # no row outside the batch has a gradient
@@ -77,7 +85,66 @@ def test_a_feature_without_samples_pools_to_nothing():
     assert pooled[0].shape == (2, DIM) and pooled[1].shape == (0, DIM)
 
 
-def test_only_bags_of_exactly_one_id_take_the_gather():
+def test_only_batches_of_one_id_bags_take_the_gather():
     ebc = PSEmbeddingBagCollection(TableRows(torch.zeros(ROWS, DIM)), ["a", "b", "c"])
-    plan = ebc._plan([_feature(bags) for bags in FEATURES.values()])
-    assert plan.one_id_bags == [True, False, False]
+    assert ebc._plan([_feature(bags) for bags in ONE_ID_FEATURES.values()]).one_id_bags
+    assert not ebc._plan([_feature(bags) for bags in FEATURES.values()]).one_id_bags
+
+
+def test_a_table_whose_feature_the_loss_ignores_takes_zero_gradients():
+    """One backward covers every table: rows looked up but unused get a zero gradient."""
+    source = TableRows(torch.randn(ROWS, DIM))
+    ebc = PSEmbeddingBagCollection(source, ["used", "unused"])
+    pooled = ebc([_feature([[1], [2]]), _feature([[3], [4]])])
+    pooled[:, 0].sum().backward()
+    ebc.step()
+    assert torch.equal(source.updates["used"][1], torch.ones(2, DIM))
+    assert torch.equal(source.updates["unused"][0], torch.tensor([3, 4]))
+    assert not source.updates["unused"][1].any()
+
+
+def test_tables_of_different_widths_are_refused():
+    class Widths(TableRows):
+        def rows(self, requests):
+            return {
+                name: torch.zeros(len(ids), 4 if name == "a" else 8)
+                for name, ids in requests.items()
+            }
+
+    ebc = PSEmbeddingBagCollection(Widths(torch.zeros(1)), ["a", "b"])
+    with pytest.raises(ValueError, match=r"share a row width, got \[4, 8\]"):
+        ebc([_feature([[1]]), _feature([[2]])])
+
+
+@pytest.mark.parametrize(
+    "feature, message",
+    [
+        (
+            JaggedIds(torch.tensor([1, -2]), torch.tensor([0, 1, 2])),
+            "feature 1: ids must be >= 0, got -2",
+        ),
+        (JaggedIds(torch.tensor([1, 2]), torch.tensor([1, 2])), "feature 1: offsets must rise"),
+        (JaggedIds(torch.tensor([1, 2]), torch.tensor([0, 1])), "feature 1: offsets must rise"),
+        (
+            JaggedIds(torch.tensor([1, 2]), torch.tensor([0, 2, 1, 2])),
+            "feature 1: offsets must rise",
+        ),
+        (
+            JaggedIds(torch.tensor([1.0]), torch.tensor([0, 1])),
+            "feature 1: ids and offsets must be int64",
+        ),
+        (
+            JaggedIds(torch.tensor([[1]]), torch.tensor([0, 1])),
+            "feature 1: ids and offsets must be 1-D",
+        ),
+        (JaggedIds(torch.tensor([1]), torch.tensor([], dtype=torch.int64)), "at least one offset"),
+    ],
+)
+def test_malformed_features_are_refused_before_any_lookup(feature, message):
+    source = TableRows(torch.zeros(ROWS, DIM))
+    source.rows = None  # a lookup would fail differently
+    ebc = PSEmbeddingBagCollection(source, ["a", "b"])
+    with pytest.raises(ValueError, match=message):
+        ebc.lookup([_feature([[1]]), feature])
+    with pytest.raises(ValueError, match="expected 2 sparse features, got 1"):
+        ebc.lookup([_feature([[1]])])

@@ -1,11 +1,17 @@
 """Every native op against its pure-torch reference (and the reference against a plain definition)."""
 
 import contextlib
+import itertools
 
 import pytest
 import torch
 from ember.kernels import loader
-from ember.kernels.dedup import sorted_unique_inverse, unique_inverse, unique_inverse_reference
+from ember.kernels.dedup import (
+    plan_features,
+    sorted_unique_inverse,
+    unique_inverse,
+    unique_inverse_reference,
+)
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows, scatter_rows
 from ember.kernels.split import split_by_sorted_keys
@@ -78,6 +84,64 @@ def test_split_by_sorted_keys_is_membership(keys, ids):
         assert found_at.tolist() == [i for i, v in enumerate(ids) if v in set(keys)]
         assert missing_at.tolist() == [i for i, v in enumerate(ids) if v not in set(keys)]
         assert key_at.tolist() == [ordered.index(ids[i]) for i in found_at.tolist()]
+
+
+FEATURE_BAGS = st.lists(  # features, each a list of bags of non-negative ids, and a table
+    st.tuples(
+        st.lists(
+            st.lists(st.one_of(st.integers(0, INT64_MAX), st.integers(0, 5)), max_size=3),
+            max_size=6,
+        ),
+        st.integers(0, 2),
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(FEATURE_BAGS)
+def test_plan_features_deduplicates_each_table_and_numbers_rows_across_tables(features):
+    values = [
+        torch.tensor([i for bag in bags for i in bag], dtype=torch.int64) for bags, _ in features
+    ]
+    offsets = [
+        torch.tensor([0, *itertools.accumulate(len(bag) for bag in bags)], dtype=torch.int64)
+        for bags, _ in features
+    ]
+    table_of = [table for _, table in features]
+    for use_native in (True, False):
+        with _backend(use_native):
+            unique, inverse, one_id_bags = plan_features(values, offsets, table_of, 3)
+        assert [u.tolist() for u in unique] == [
+            sorted({i for (bags, t) in features if t == table for bag in bags for i in bag})
+            for table in range(3)
+        ]
+        assert torch.equal(torch.cat(unique)[inverse], torch.cat(values))
+        assert one_id_bags == [
+            bool(bags) and all(len(bag) == 1 for bag in bags) for bags, _ in features
+        ]
+
+
+@pytest.mark.parametrize(
+    "values, offsets, table, message",
+    [
+        ([1, -5], [0, 1, 2], 0, "feature 1: ids must be >= 0, got -5"),
+        ([1, 2], [1, 2], 0, "feature 1: offsets must rise from 0 to len"),
+        ([1, 2], [0, 3], 0, "feature 1: offsets must rise from 0 to len"),
+        ([1, 2], [0, 2, 1, 2], 0, "feature 1: offsets must rise from 0 to len"),
+        ([1], [0, 1], 2, r"feature 1: table 2 is out of range \[0, 2\)"),
+        ([1], [0, 1], -1, r"feature 1: table -1 is out of range \[0, 2\)"),
+    ],
+)
+def test_plan_features_refuses_malformed_features_alike_on_both_backends(
+    values, offsets, table, message
+):
+    good = torch.tensor([3]), torch.tensor([0, 1])
+    bad = torch.tensor(values, dtype=torch.int64), torch.tensor(offsets, dtype=torch.int64)
+    for use_native in (True, False):
+        with _backend(use_native), pytest.raises(ValueError, match=message):
+            plan_features([good[0], bad[0]], [good[1], bad[1]], [0, table], 2)
 
 
 @settings(max_examples=60, deadline=None)
