@@ -77,19 +77,21 @@ SOURCES = {
 }
 
 
+SGD = OptimizerSpec(OptimizerKind.SGD, lr=0.5)
+ADAGRAD = OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05, eps=1e-8)
+
+
 @pytest.mark.parametrize("source_kind", list(SOURCES))
 @pytest.mark.parametrize(
-    "optimizer",
-    [
-        OptimizerSpec(OptimizerKind.SGD, lr=0.5),
-        OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.05, eps=1e-8),
-    ],
-    ids=["sgd", "adagrad"],
+    "optimizers",
+    [[SGD] * 4, [ADAGRAD] * 4, [SGD, ADAGRAD, ADAGRAD, SGD]],
+    ids=["sgd", "adagrad", "mixed"],  # mixed: the replicas step each optimizer's tables at once
 )
-def test_ps_training_matches_reference(cluster, table_name, optimizer, source_kind):
+def test_ps_training_matches_reference(cluster, table_name, optimizers, source_kind):
     init = InitializerSpec(scale=0.1, seed=4)
     specs = [
-        TableSpec(f"{table_name}.f{f}", DIM, init, optimizer) for f in range(len(CARDINALITIES))
+        TableSpec(f"{table_name}.f{f}", DIM, init, optimizer)
+        for f, optimizer in enumerate(optimizers)
     ]
     data = SyntheticCriteo(SyntheticCriteoConfig(cardinalities=CARDINALITIES, seed=3))
     batches = [data.batch(64, index) for index in range(STEPS)]
@@ -99,7 +101,9 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
     torch.manual_seed(0)
     ps_model = DLRM(13, len(CARDINALITIES), DIM)
     reference_tables = ReferenceEmbeddings(specs, CARDINALITIES)
-    reference_sparse = sparse_optimizer(specs[0], reference_tables.parameters())
+    reference_sparse = [
+        sparse_optimizer(spec, bag.parameters()) for spec, bag in zip(specs, reference_tables.bags)
+    ]
     reference_dense = torch.optim.SGD(reference_model.parameters(), lr=0.05)
     ps_dense = torch.optim.SGD(ps_model.parameters(), lr=0.05)
 
@@ -114,7 +118,7 @@ def test_ps_training_matches_reference(cluster, table_name, optimizer, source_ki
                 (
                     reference_model,
                     reference_tables,
-                    (reference_dense, reference_sparse),
+                    (reference_dense, *reference_sparse),
                     reference_losses,
                 ),
                 (ps_model, ebc, (ps_dense,), ps_losses),
@@ -167,5 +171,39 @@ def test_hot_ids_that_repeat_an_id_are_refused(client, table_name):
                     ReplicatedRowSource(client, specs, hot_ids, True, cold)
             else:
                 ReplicatedRowSource(client, specs, hot_ids, True, cold)
+    finally:
+        cold.close()
+
+
+def test_a_step_whose_hot_rows_are_all_in_one_optimizers_tables_steps_only_those(
+    client, table_name
+):
+    """Replicas are grouped by optimizer; a step touching only the second group's hot rows
+    must step those rows with their own optimizer and leave the first group's alone."""
+    specs = {
+        f"{table_name}.sgd": TableSpec(f"{table_name}.sgd", DIM, optimizer=SGD),
+        f"{table_name}.adagrad": TableSpec(f"{table_name}.adagrad", DIM, optimizer=ADAGRAD),
+    }
+    for spec in specs.values():
+        client.create_table(spec)
+    sgd_table, adagrad_table = specs
+    steps = StepClient(client, StepJob(f"groups-{uuid.uuid4().hex}", replica=True))
+    cold = PipelinedRowSource(steps, staleness=0)
+    hot_ids = {sgd_table: torch.tensor([1]), adagrad_table: torch.tensor([2])}
+    source = ReplicatedRowSource(client, specs, hot_ids, True, cold)
+    try:
+        source.warm()
+        before = {t: source.weights[t].clone() for t in specs}
+        requests = {sgd_table: torch.tensor([5]), adagrad_table: torch.tensor([2])}  # 5 is cold
+        rows = source.rows(requests)
+        assert torch.equal(rows[adagrad_table], before[adagrad_table])
+        grads = torch.full((1, DIM), 0.25)
+        source.apply_gradients({t: (ids, grads) for t, ids in requests.items()})
+        assert torch.equal(source.weights[sgd_table], before[sgd_table])
+        assert not source.dirty[sgd_table].any() and source.dirty[adagrad_table].all()
+        # Adagrad's first step moves each coordinate by lr * g / (|g| + eps).
+        expected = before[adagrad_table] - ADAGRAD.lr * 0.25 / (0.25 + ADAGRAD.eps)
+        torch.testing.assert_close(source.weights[adagrad_table], expected)
+        source.flush(last=True)
     finally:
         cold.close()

@@ -14,7 +14,7 @@ from ember.kernels.dedup import (
 )
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows, scatter_rows
-from ember.kernels.split import split_by_sorted_keys
+from ember.kernels.split import split_by_sorted_keys, split_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +84,33 @@ def test_split_by_sorted_keys_is_membership(keys, ids):
         assert found_at.tolist() == [i for i, v in enumerate(ids) if v in set(keys)]
         assert missing_at.tolist() == [i for i, v in enumerate(ids) if v not in set(keys)]
         assert key_at.tolist() == [ordered.index(ids[i]) for i in found_at.tolist()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(SMALL_IDS, SMALL_IDS, st.integers(0, 1000)), max_size=4))
+def test_split_tables_is_each_tables_membership_numbered_across_tables(tables):
+    keys = [torch.tensor(sorted(set(k)), dtype=torch.int64) for k, _, _ in tables]
+    ids = [torch.tensor(i, dtype=torch.int64) for _, i, _ in tables]
+    starts = [start for _, _, start in tables]
+    found, missing, key_at, counts = [], [], [], []
+    base = 0
+    for table_keys, (_, table_ids, start) in zip(keys, tables):
+        ordered = table_keys.tolist()
+        hits = [i for i, v in enumerate(table_ids) if v in set(ordered)]
+        found += [base + i for i in hits]
+        missing += [base + i for i, v in enumerate(table_ids) if v not in set(ordered)]
+        key_at += [start + ordered.index(table_ids[i]) for i in hits]
+        counts.append(len(hits))
+        base += len(table_ids)
+    for use_native in (True, False):
+        with _backend(use_native):
+            got = split_tables(keys, ids, starts)
+        assert [got[0].tolist(), got[1].tolist(), got[2].tolist(), got[3]] == [
+            found,
+            missing,
+            key_at,
+            counts,
+        ]
 
 
 FEATURE_BAGS = st.lists(  # features, each a list of bags of non-negative ids, and a table

@@ -31,10 +31,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 from ember.kernels.optim import fused_row_update, state_width
-from ember.kernels.split import split_by_sorted_keys
+from ember.kernels.split import split_tables
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.wire.table_spec import TableSpec
-from ember.trainer.pipeline import PipelinedRowSource
+from ember.ps_server.wire.table_spec import OptimizerSpec, TableSpec
+from ember.trainer.pipeline import PipelinedRowSource, same_requests
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient, TrafficStats
 
@@ -44,14 +44,41 @@ log = logging.getLogger(__name__)
 _NO_IDS = torch.empty(0, dtype=torch.int64)  # the hot ids of a table without any
 
 
-class _Split(NamedTuple):
-    """Where one table's distinct ids of a step are: ``hot_at`` and ``cold_at`` their
-    positions among the ids (ascending), ``replica_rows`` the replica row of each hot one
-    (on the replicas' device)."""
+class _Replicas:
+    """The hot rows of the tables that share one optimizer, in one set of tensors (table
+    after table), so that a step's hot rows of all those tables take one optimizer call."""
 
-    hot_at: torch.Tensor
-    cold_at: torch.Tensor
+    def __init__(
+        self, optimizer: OptimizerSpec, dim: int, sizes: dict[str, int], device: torch.device
+    ) -> None:
+        self.optimizer = optimizer
+        rows = sum(sizes.values())
+        self.weights = torch.zeros(rows, dim, device=device)
+        self.state = torch.zeros(rows, state_width(optimizer.kind, dim), device=device)
+        self.steps = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.dirty = torch.zeros(rows, dtype=torch.bool, device=device)  # stepped since a flush
+        self.start = dict(zip(sizes, itertools.accumulate([0, *list(sizes.values())[:-1]])))
+
+    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """One optimizer step of the distinct ``rows`` in place, as the shard steps a row."""
+        self.dirty[rows] = True
+        fused_row_update(
+            self.optimizer, self.weights, self.state, self.steps, rows, grads.contiguous()
+        )
+
+
+class _Located(NamedTuple):
+    """Where a step's ids are: positions count the ids of all tables of ``requests``,
+    table after table. ``found_at`` the hot ones', ``replica_rows`` their rows in their
+    group's replicas (on the replicas' device), ``found_counts`` each table's hot count;
+    ``cold_at`` the other ids' positions and ``cold`` each table's cold ids."""
+
+    requests: dict[str, torch.Tensor]
+    found_at: torch.Tensor
     replica_rows: torch.Tensor
+    found_counts: list[int]
+    cold_at: torch.Tensor
+    cold: dict[str, torch.Tensor]
 
 
 class ReplicatedRowSource:
@@ -68,7 +95,8 @@ class ReplicatedRowSource:
 
     Raises:
         ValueError: a cold pipeline whose job does not say it holds replicas (a checkpoint
-            would not ask this job to write them back), or hot ids that repeat an id.
+            would not ask this job to write them back), hot ids that repeat an id, or
+            tables of different row widths (a step's rows are one tensor).
     """
 
     def __init__(
@@ -90,7 +118,6 @@ class ReplicatedRowSource:
         self._blocked = Timer()  # on the shards or other ranks, besides the cold pipeline
         self._flushed_for = ""  # the last flush id this rank reported
         self.allreduce_bytes = 0
-        self.specs = specs
         self.device = torch.device(device)
         self.hot_ids = {
             t: torch.sort(torch.as_tensor(ids, dtype=torch.int64)).values
@@ -100,34 +127,37 @@ class ReplicatedRowSource:
             if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
                 raise ValueError(f"table {table!r}: the hot ids repeat an id")
         self.writer = writer
-        self.weights = {
-            t: torch.zeros(len(ids), specs[t].dim, device=self.device)
-            for t, ids in self.hot_ids.items()
-        }
-        self.state = {
-            t: torch.zeros(
-                len(ids), state_width(specs[t].optimizer.kind, specs[t].dim), device=self.device
-            )
-            for t, ids in self.hot_ids.items()
-        }
-        self.steps = {
-            t: torch.zeros(len(ids), dtype=torch.int64, device=self.device)
-            for t, ids in self.hot_ids.items()
-        }
-        # Rows stepped since the last write-back (the same on every rank).
-        self.dirty = {
-            t: torch.zeros(len(ids), dtype=torch.bool, device=self.device)
-            for t, ids in self.hot_ids.items()
-        }
-        sizes = [len(ids) for ids in self.hot_ids.values()]
-        # Where each table's rows start when all hot rows are numbered in one sequence.
-        self._offsets = dict(zip(self.hot_ids, itertools.accumulate([0, *sizes[:-1]])))
+        widths = {spec.dim for spec in specs.values()}
+        if len(widths) > 1:
+            raise ValueError(f"the tables must share a row width, got {sorted(widths)}")
+        self._dim = next(iter(widths), 0)
+        # One set of replicas per optimizer: a step's hot rows of its tables step at once.
+        self._groups: list[_Replicas] = []
+        self._group_of: dict[str, _Replicas] = {}
+        for optimizer in dict.fromkeys(specs[t].optimizer for t in self.hot_ids):
+            sizes = {
+                t: len(ids) for t, ids in self.hot_ids.items() if specs[t].optimizer == optimizer
+            }
+            group = _Replicas(optimizer, self._dim, sizes, self.device)
+            self._groups.append(group)
+            self._group_of.update(dict.fromkeys(sizes, group))
+        # Each table's rows in its group's tensors (views: what a step changes shows here).
+        self.weights, self.state, self.steps, self.dirty = (
+            {
+                t: getattr(group, name).narrow(0, group.start[t], len(self.hot_ids[t]))
+                for t, group in self._group_of.items()
+            }
+            for name in ("weights", "state", "steps", "dirty")
+        )
+        # Where each group's rows start when all hot rows are numbered in one sequence.
+        sizes = [len(group.steps) for group in self._groups]
+        self._group_base = list(itertools.accumulate([0, *sizes[:-1]]))
         self._hot_rows_total = sum(sizes)
         self.hits = self.lookups = 0
-        self._splits: dict[str, _Split] = {}  # the last rows() call's, for its gradients
-        # The next step's ids as prefetch located them (ids, split, cold ids), so rows()
-        # neither searches again nor hands the cold source different tensors.
-        self._located: dict[str, tuple[torch.Tensor, _Split, torch.Tensor]] = {}
+        self._served: _Located | None = None  # the last rows() call's, for its gradients
+        # The next step's ids as prefetch located them, so rows() neither searches again
+        # nor hands the cold source different tensors.
+        self._located: _Located | None = None
 
     @property
     def blocked_s(self) -> float:
@@ -149,9 +179,9 @@ class ReplicatedRowSource:
             if len(ids):
                 with self._blocked:
                     rows, state, versions = self.client.pull_with_state(table, ids)
-                self.weights[table] = rows.to(self.device)
-                self.state[table] = state.to(self.device)
-                self.steps[table] = versions.to(self.device)
+                self.weights[table].copy_(rows)
+                self.state[table].copy_(state)
+                self.steps[table].copy_(versions)
 
     @property
     def traffic(self) -> TrafficStats:
@@ -163,99 +193,123 @@ class ReplicatedRowSource:
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the cold source."""
-        out, cold, splits = self._hot_rows(requests, remember=True)
-        return _with_cold(out, splits, self.cold.rows(cold))
+        located, self._located = self._located, None
+        if located is None or located.requests is not requests:
+            located = self._locate(requests)
+        self._served = located
+        self.hits += len(located.found_at)
+        self.lookups += sum(len(ids) for ids in requests.values())
+        return self._assembled(located, self.cold.rows(located.cold))
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation, hot and cold alike."""
-        out, cold, splits = self._hot_rows(requests, remember=False)
-        return _with_cold(out, splits, self.cold.read(cold))
+        located = self._locate(requests)
+        return self._assembled(located, self.cold.read(located.cold))
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         """Let the cold source start fetching the next step's cold rows."""
-        self._located = {}
-        for table, ids in requests.items():
-            split = self._locate(table, ids)
-            self._located[table] = (ids, split, ids.index_select(0, split.cold_at))
-        self.cold.prefetch({table: located[2] for table, located in self._located.items()})
+        self._located = self._locate(requests)
+        self.cold.prefetch(self._located.cold)
 
-    def _hot_rows(
-        self, requests: dict[str, torch.Tensor], remember: bool
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, _Split]]:
-        """Rows with the hot ones filled in, and each table's cold ids and split."""
-        cold, out, splits = {}, {}, {}
-        for table, ids in requests.items():
-            located = self._located.pop(table, None) if remember else None
-            if located is not None and located[0] is ids:
-                _, split, cold[table] = located
-            else:
-                split = self._locate(table, ids)
-                cold[table] = ids.index_select(0, split.cold_at)
-            if remember:
-                self._splits[table] = split
-                self.hits += len(split.hot_at)
-                self.lookups += len(ids)
-            rows = torch.empty(len(ids), self.specs[table].dim)
-            if len(split.hot_at):
-                hot_rows = self.weights[table].index_select(0, split.replica_rows)
-                rows.index_copy_(0, split.hot_at, hot_rows.cpu())
-            out[table], splits[table] = rows, split
-        return out, cold, splits
+    def _assembled(
+        self, located: _Located, cold_rows: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Each table's rows: the hot ones from the replicas, the others from ``cold_rows``
+        (all tables' rows in one tensor, handed out as a view per table)."""
+        sizes = [len(ids) for ids in located.requests.values()]
+        rows = torch.empty(sum(sizes), self._dim)
+        for number, found_at, replica_rows in self._by_group(located):
+            hot_rows = self._groups[number].weights.index_select(0, replica_rows)
+            rows.index_copy_(0, found_at, hot_rows.cpu())
+        if len(located.cold_at):
+            rows.index_copy_(0, located.cold_at, torch.cat([cold_rows[t] for t in located.cold]))
+        return dict(zip(located.requests, rows.split(sizes)))
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Apply the hot rows' gradients (summed over ranks) on every replica; hand cold ones on.
 
-        With one rank the touched rows step at once. With several, two all-reduces:
-        the touched mask over every hot row (one byte per row, and one for a checkpoint's
-        request to flush), then the gradients of the rows any rank touched (their union,
-        identical on every rank), so the bytes follow the rows a step touches, not the
-        size of the hot set. When a checkpoint asked, every rank flushes after this step.
-        The ids of each table are distinct (as the RowSource contract says): each hot row
-        takes one optimizer step.
+        ``updates`` carries every table of the last :meth:`rows` call, in its order, or
+        nothing (a step without gradients). With one rank the touched rows step at once.
+        With several, two all-reduces: the touched mask over every hot row (one byte per
+        row, and one for a checkpoint's request to flush), then the gradients of the rows
+        any rank touched (their union, identical on every rank), so the bytes follow the
+        rows a step touches, not the size of the hot set. When a checkpoint asked, every
+        rank flushes after this step. The ids of each table are distinct (as the RowSource
+        contract says): each hot row takes one optimizer step.
+
+        Raises:
+            ValueError: updates for other tables or ids than the last rows() served.
         """
-        hot_grads, cold = {}, {}
-        for table, (ids, grads) in updates.items():
-            split = self._splits.pop(table)
-            if table in self.hot_ids and len(split.hot_at):
-                hot_grads[table] = (
-                    split.replica_rows,
-                    grads.index_select(0, split.hot_at).to(self.device),
+        located, self._served = self._served, None
+        hot_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        cold = {}
+        if updates:
+            requests = {table: ids for table, (ids, _) in updates.items()}
+            if (
+                located is None
+                or list(requests) != list(located.requests)
+                or not same_requests(requests, located.requests)
+            ):
+                raise ValueError(
+                    "apply_gradients takes the gradients of every table of the last rows() "
+                    "call, in its order"
                 )
-            cold[table] = (ids.index_select(0, split.cold_at), grads.index_select(0, split.cold_at))
+            grads = torch.cat([grads for _, grads in updates.values()])
+            for number, found_at, replica_rows in self._by_group(located):
+                hot_grads[number] = (replica_rows, grads.index_select(0, found_at).to(self.device))
+            cold_counts = [len(ids) for ids in located.cold.values()]
+            cold_grads = grads.index_select(0, located.cold_at).split(cold_counts)
+            cold = {t: (ids, g) for (t, ids), g in zip(located.cold.items(), cold_grads)}
         asked = self.cold.steps.flush_request if self.writer else ""
         flush = asked not in ("", self._flushed_for)
         if dist.is_initialized() and dist.get_world_size() > 1:
             hot_grads, flush = self._summed_over_ranks(hot_grads, flush)
-        for table, (rows, grads) in hot_grads.items():
+        for number, (rows, grads) in hot_grads.items():
             if len(rows):
-                self._update(table, rows, grads)
+                self._groups[number].step(rows, grads)
         self.cold.apply_gradients(cold)
         if flush:
             self.flush(flush_id=asked)
 
+    def _by_group(self, located: _Located) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """The hot ids of ``located`` by replica group: (the group's number, positions,
+        replica rows), for the groups with any."""
+        if len(self._groups) == 1:
+            return [(0, located.found_at, located.replica_rows)]
+        found_at = located.found_at.split(located.found_counts)
+        replica_rows = located.replica_rows.split(located.found_counts)
+        tables: dict[int, list[int]] = {}
+        for t, table in enumerate(located.requests):
+            if located.found_counts[t]:
+                tables.setdefault(self._groups.index(self._group_of[table]), []).append(t)
+        return [
+            (number, torch.cat([found_at[t] for t in ts]), torch.cat([replica_rows[t] for t in ts]))
+            for number, ts in tables.items()
+        ]
+
     def _summed_over_ranks(
-        self, hot_grads: dict[str, tuple[torch.Tensor, torch.Tensor]], flush: bool
-    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], bool]:
-        """Every rank's hot-row gradients summed, per table ``(rows, grads)``: the rows any
-        rank touched, ascending; and whether any rank wants to flush after this step.
-        Every rank calls this once per step, tables in one order."""
+        self, hot_grads: dict[int, tuple[torch.Tensor, torch.Tensor]], flush: bool
+    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], bool]:
+        """Every rank's hot-row gradients summed, per replica group ``(rows, grads)``: the
+        rows any rank touched, ascending; and whether any rank wants to flush after this
+        step. Every rank calls this once per step."""
         touched = torch.zeros(self._hot_rows_total + 1, dtype=torch.uint8, device=self.device)
-        for table, (rows, _) in hot_grads.items():
-            touched[self._offsets[table] + rows] = 1
+        for number, (rows, _) in hot_grads.items():
+            touched[self._group_base[number] + rows] = 1
         touched[-1] = int(flush)
         with self._blocked:  # reading the result waits for every rank (NCCL queues it)
             dist.all_reduce(touched, op=dist.ReduceOp.MAX)
             flush = bool(touched[-1])
-        union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all tables, ascending
+        union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all groups, ascending
         parts = {}
-        for table, offset in self._offsets.items():
-            inside = (union >= offset) & (union < offset + len(self.hot_ids[table]))
-            rows = union[inside] - offset
-            sums = torch.zeros(len(rows), self.specs[table].dim, device=self.device)
-            if table in hot_grads:
-                mine, grads = hot_grads[table]  # distinct rows, all in the union
+        for number, (group, base) in enumerate(zip(self._groups, self._group_base)):
+            inside = (union >= base) & (union < base + len(group.steps))
+            rows = union[inside] - base
+            sums = torch.zeros(len(rows), group.weights.shape[1], device=self.device)
+            if number in hot_grads:
+                mine, grads = hot_grads[number]  # distinct rows, all in the union
                 sums[torch.searchsorted(rows, mine)] = grads
-            parts[table] = (rows, sums)
+            parts[number] = (rows, sums)
         flat = torch.cat([sums.reshape(-1) for _, sums in parts.values()])
         with self._blocked:
             dist.all_reduce(flat)
@@ -263,8 +317,8 @@ class ReplicatedRowSource:
                 torch.cuda.current_stream(flat.device).synchronize()
         self.allreduce_bytes += touched.numel() + 4 * flat.numel()
         summed, start = {}, 0
-        for table, (rows, sums) in parts.items():
-            summed[table] = (rows, flat[start : start + sums.numel()].view_as(sums))
+        for number, (rows, sums) in parts.items():
+            summed[number] = (rows, flat[start : start + sums.numel()].view_as(sums))
             start += sums.numel()
         return summed, flush
 
@@ -324,30 +378,21 @@ class ReplicatedRowSource:
                 flush_id,
             )
 
-    def _update(self, table: str, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """One optimizer step of the distinct hot ``rows`` in place, as the shard steps a row."""
-        self.dirty[table][rows] = True
-        fused_row_update(
-            self.specs[table].optimizer, self.weights[table], self.state[table],
-            self.steps[table], rows, grads.contiguous(),
-        )  # fmt: skip
-
-    def _locate(self, table: str, ids: torch.Tensor) -> _Split:
-        hot_ids = self.hot_ids.get(table, _NO_IDS)
-        hot_at, cold_at, replica_rows = split_by_sorted_keys(hot_ids, ids)
-        return _Split(hot_at, cold_at, replica_rows.to(self.device))
+    def _locate(self, requests: dict[str, torch.Tensor]) -> _Located:
+        tables, ids = list(requests), list(requests.values())
+        found_at, cold_at, replica_rows, found_counts = split_tables(
+            [self.hot_ids.get(t, _NO_IDS) for t in tables],
+            ids,
+            [self._group_of[t].start[t] if t in self._group_of else 0 for t in tables],
+        )
+        cold_counts = [len(table_ids) - found for table_ids, found in zip(ids, found_counts)]
+        cold_ids = (torch.cat(ids) if len(ids) > 1 else ids[0]).index_select(0, cold_at)
+        cold = dict(zip(tables, cold_ids.split(cold_counts)))
+        return _Located(
+            requests, found_at, replica_rows.to(self.device), found_counts, cold_at, cold
+        )
 
 
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _with_cold(
-    out: dict[str, torch.Tensor], splits: dict[str, _Split], cold_rows: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """``out`` with each table's cold rows placed where its ids are not hot."""
-    for table, rows in cold_rows.items():
-        if len(rows):
-            out[table].index_copy_(0, splits[table].cold_at, rows)
-    return out
