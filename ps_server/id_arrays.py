@@ -18,9 +18,15 @@ def as_id_array(ids: Any) -> np.ndarray:
         ValueError: not 1-D, not an integer type, or a negative id.
     """
     if isinstance(ids, torch.Tensor):
-        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        if ids.dtype != torch.int64 and (
+            ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool
+        ):
             raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
-        array = ids.detach().cpu().numpy()
+        array = (
+            ids.numpy()
+            if ids.device.type == "cpu" and not ids.requires_grad
+            else ids.detach().cpu().numpy()
+        )
     else:
         array = np.asarray(ids)
         if array.size == 0 and array.dtype == np.float64:  # [] parses as float64
@@ -46,7 +52,10 @@ def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
     tensor = torch.as_tensor(grads).detach().to("cpu", torch.float32).contiguous()
     if tuple(tensor.shape) != (num_rows, dim):
         raise ValueError(f"grads must have shape ({num_rows}, {dim}), got {tuple(tensor.shape)}")
-    if not np.isfinite(tensor.numpy()).all():
+    values = tensor.numpy()
+    # A finite sum proves every value finite (a NaN or Inf would carry into it); only a sum
+    # that overflowed or met one needs the check of every value.
+    if not np.isfinite(values.sum()) and not np.isfinite(values).all():
         raise ValueError("grads contain NaN or Inf")
     return tensor
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.id_arrays import sum_duplicates
+from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,3 +37,40 @@ def test_rows_follow_their_ids(ids):
     counts = {i: ids.count(i) for i in ids}
     assert unique.tolist() == [1, 5, 9]
     assert summed.tolist() == [[i * counts[i], 10.0 * i * counts[i]] for i in (1, 5, 9)]
+
+
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"]
+)
+@pytest.mark.parametrize("where", [0, 37, 63])
+def test_a_gradient_that_is_not_finite_is_refused_wherever_it_is(bad, where):
+    grads = torch.randn(16, 4)
+    grads.view(-1)[where] = bad
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        as_grad_rows(grads, 16, 4)
+
+
+def test_finite_gradients_whose_sum_overflows_are_accepted():
+    """The fast check sums the values; a sum beyond float32 alone must not refuse them."""
+    grads = torch.full((4, 2), 3e38)
+    assert torch.equal(as_grad_rows(grads, 4, 2), grads)
+    with pytest.raises(ValueError, match="NaN or Inf"):  # +Inf and -Inf: a NaN sum
+        as_grad_rows(torch.tensor([[float("inf"), -float("inf")]]), 1, 2)
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (torch.tensor([1.0, 2.0]), "integer tensor"),
+        (torch.tensor([True]), "integer tensor"),
+        (torch.tensor([[1, 2]]), "1-D"),
+        (torch.tensor([3, -1]), "must be >= 0, got -1"),
+        (torch.tensor([3, 1], dtype=torch.int32)[::1], None),
+    ],
+)
+def test_id_tensors_are_checked_and_come_back_as_int64(ids, message):
+    if message is None:
+        assert as_id_array(ids).tolist() == ids.tolist() and as_id_array(ids).dtype == np.int64
+        return
+    with pytest.raises(ValueError, match=message):
+        as_id_array(ids)
