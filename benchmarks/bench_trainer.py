@@ -132,8 +132,8 @@ def reference_run(config: TrainConfig) -> RunResult:
 
 
 def _pooled(bag: torch.nn.EmbeddingBag, feature: JaggedIds) -> torch.Tensor:
-    """A feature's pooled rows: a gather where every bag holds one id (the cheaper op Ember's
-    collection uses there too), else the bag's own pooling."""
+    """A feature's pooled rows: a gather where every bag holds one id (the op Ember's collection
+    pools such batches with, there over all tables at once), else the bag's own pooling."""
     if feature.one_id_per_bag():
         return F.embedding(feature.values, bag.weight, sparse=True)
     return bag(feature.values, feature.offsets)

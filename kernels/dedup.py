@@ -1,6 +1,6 @@
-"""Deduplicating ids: unique_inverse (first-occurrence order, inverse index and counts),
-sorted_unique_inverse (ascending, with the inverse index), and plan_features (a training
-step's sparse features, every table's ids at once)."""
+"""Deduplicating ids: unique_inverse (first-occurrence order, inverse index and counts) and
+plan_features (a training step's sparse features: every table's distinct ids ascending, at
+once)."""
 
 from __future__ import annotations
 
@@ -28,21 +28,6 @@ def unique_inverse(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     if native_backend_for(ids):
         return torch.ops.ember.unique_inverse(ids)
     return unique_inverse_reference(ids)
-
-
-def sorted_unique_inverse(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct ids ascending and the inverse index (``ids == unique[inverse]``), as
-    ``torch.unique(ids, sorted=True, return_inverse=True)`` gives them; on the host, a
-    native pass that sorts only the distinct ids.
-
-    Example:
-        >>> sorted_unique_inverse(torch.tensor([7, 3, 7, 1]))
-        (tensor([1, 3, 7]), tensor([2, 1, 2, 0]))
-    """
-    ids = _checked(ids)
-    if ids.device.type == "cpu" and native_backend_for(ids):
-        return torch.ops.ember.sorted_unique_inverse(ids)
-    return torch.unique(ids, sorted=True, return_inverse=True)
 
 
 def plan_features(
@@ -107,10 +92,10 @@ def plan_features_reference(
             raise ValueError(f"feature {f}: table {table_of[f]} is out of range [0, {num_tables})")
         if len(ids) and int(ids.min()) < 0:
             raise ValueError(f"feature {f}: ids must be >= 0, got {int(ids.min())}")
-        smallest_bag = int(bounds.diff().min()) if len(bounds) > 1 else 0
-        if int(bounds[0]) != 0 or int(bounds[-1]) != len(ids) or smallest_bag < 0:
+        falls = bool((bounds[1:] < bounds[:-1]).any())  # compared, not subtracted: no overflow
+        if int(bounds[0]) != 0 or int(bounds[-1]) != len(ids) or falls:
             raise ValueError(f"feature {f}: offsets must rise from 0 to len(ids) = {len(ids)}")
-        one_id_bags.append(smallest_bag == 1 and len(ids) == len(bounds) - 1)
+        one_id_bags.append(len(ids) == len(bounds) - 1 and bool((bounds.diff() == 1).all()))
     unique, inverse, row = [], [torch.empty(0, dtype=torch.int64)] * len(values), 0
     for table in range(num_tables):
         members = [f for f in range(len(values)) if table_of[f] == table]

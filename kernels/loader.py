@@ -56,7 +56,7 @@ OPS = (
     "hash_erase",
     "hash_gather_rows",
     "unique_inverse",
-    "sorted_unique_inverse",
+    "plan_features",
     "gather_rows",
     "scatter_rows",
     "scatter_add_rows",
@@ -66,7 +66,7 @@ OPS = (
     "shard_of",
     "uniform_rows",
     "upsert_row_update",
-    "split_by_sorted_keys",
+    "split_tables",
 )
 # Host-side ops (the shard's and the client's data path, the trainer's per-step bookkeeping):
 # CPU only, no CUDA kernel; their wrappers use torch on a device.
@@ -75,8 +75,8 @@ CPU_ONLY_OPS = (
     "shard_of",
     "uniform_rows",
     "upsert_row_update",
-    "sorted_unique_inverse",
-    "split_by_sorted_keys",
+    "plan_features",
+    "split_tables",
 )
 MODES = ("auto", "native", "reference")
 

@@ -1,5 +1,5 @@
-"""split_by_sorted_keys: which of a step's ids are in a sorted key set, in one pass; and
-split_tables: the same for every table of a step in one call."""
+"""split_tables: which of a step's ids are in each table's sorted key set, every table in one
+call (the trainer's hot/cold split)."""
 
 from __future__ import annotations
 
@@ -9,41 +9,16 @@ import torch
 from ember.kernels.loader import native_backend_for
 
 
-def split_by_sorted_keys(
-    keys: torch.Tensor, ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split ``ids`` by membership in ``keys``.
-
-    Args:
-        keys: 1-D int64, ascending and distinct (not checked here: a check would cost a
-            pass over every key per call; check them once where they are made).
-        ids: 1-D int64 (duplicates allowed).
-
-    Returns:
-        ``(found_at, missing_at, key_at)``: the ascending positions of the ids that are
-        keys and of those that are not, and each found id's position among the keys.
-
-    Example:
-        >>> split_by_sorted_keys(torch.tensor([3, 8]), torch.tensor([8, 5, 3]))
-        (tensor([0, 2]), tensor([1]), tensor([1, 0]))
-    """
-    keys, ids = _checked("keys", keys), _checked("ids", ids)
-    if not len(keys):  # every id is missing (tables without hot rows): nothing to search
-        none = torch.empty(0, dtype=torch.int64, device=ids.device)
-        return none, torch.arange(len(ids), device=ids.device), none
-    if ids.device.type == "cpu" and keys.device.type == "cpu" and native_backend_for(ids):
-        return torch.ops.ember.split_by_sorted_keys(keys, ids)
-    return split_by_sorted_keys_reference(keys, ids)
-
-
 def split_tables(
     keys: Sequence[torch.Tensor], ids: Sequence[torch.Tensor], key_start: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
-    """:func:`split_by_sorted_keys` of several tables at once, on the host.
+    """Split each table's ids by membership in its keys, on the host.
 
     Args:
-        keys: each table's keys (1-D int64, ascending and distinct; not checked).
-        ids: each table's ids (1-D int64).
+        keys: each table's keys (1-D int64, ascending and distinct; not checked here: a
+            check would cost a pass over every key per call; check them once where they
+            are made).
+        ids: each table's ids (1-D int64, duplicates allowed).
         key_start: a number added to each table's key positions (where its keys start
             in an array that holds several tables').
 
@@ -72,7 +47,7 @@ def split_tables(
         return found_at, missing_at, key_at, counts.tolist()
     parts, base = [], 0
     for table_keys, table_ids, start in zip(keys, ids, key_start):
-        found, missing, key_at = split_by_sorted_keys(table_keys, table_ids)
+        found, missing, key_at = _split_reference(table_keys, table_ids)
         parts.append((found + base, missing + base, key_at + start))
         base += len(table_ids)
     if not parts:
@@ -82,17 +57,20 @@ def split_tables(
     return found_at, missing_at, key_at, [len(found) for found, _, _ in parts]
 
 
-def _checked(name: str, t: torch.Tensor) -> torch.Tensor:
-    if t.dtype != torch.int64 or t.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
-    return t.contiguous()
-
-
-def split_by_sorted_keys_reference(
+def _split_reference(
     keys: torch.Tensor, ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pure-torch definition (a binary search of every id) for non-empty ``keys``."""
+    """One table's split, in torch: a binary search of every id."""
+    if not len(keys):  # every id is missing
+        none = torch.empty(0, dtype=torch.int64)
+        return none, torch.arange(len(ids)), none
     position = torch.searchsorted(keys, ids).clamp_(max=len(keys) - 1)
     found = keys.index_select(0, position) == ids
     found_at = found.nonzero().squeeze(1)
     return found_at, found.logical_not_().nonzero().squeeze(1), position.index_select(0, found_at)
+
+
+def _checked(name: str, t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.int64 or t.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int64 tensor, got {t.dtype} {tuple(t.shape)}")
+    return t.contiguous()

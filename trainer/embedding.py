@@ -1,9 +1,10 @@
 """PSEmbeddingBagCollection: pooled embedding lookups whose rows live on the PS.
 
-Forward: per table, the ids of all its features are deduplicated, the distinct
-rows are fetched (from the parameter servers through a row source), and each
-feature is pooled with ``embedding_bag`` (a feature with one id in every bag is a
-gather of its rows). The fetched rows are autograd leaves;
+Forward: the ids of every feature are deduplicated per table in one native
+call, the distinct rows are fetched (from the parameter servers through a row
+source), and all tables' rows become one tensor, as in a table-batched
+embedding: a batch whose every bag holds one id is pooled by one gather, any
+other by one embedding_bag over all features. That tensor is the autograd leaf;
 after ``backward()``, :meth:`step` hands each table's row gradients (summed
 over every occurrence, scaled by ``grad_scale``) back to the row source, which
 pushes them to the shards where the server-side optimizer applies them.
@@ -44,7 +45,8 @@ class RowSource(Protocol):
         """``{table: float32 rows [len(ids), dim]}`` for ``{table: distinct ids}``."""
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Apply ``{table: (distinct ids, grads [len(ids), dim])}``."""
+        """Apply ``{table: (distinct ids, grads [len(ids), dim])}``: every table of the last
+        :meth:`rows` call with those ids, in its order, or none."""
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation: as :meth:`rows`, outside the training steps."""
@@ -153,13 +155,20 @@ class PSEmbeddingBagCollection(nn.Module):
         plan = plan or self._plan(features)
         read = self.source.rows if self.training else self.source.read
         fetched = read(plan.requests)
-        widths = {fetched[table].shape[1] for table in plan.requests}
+        parts = [fetched[table] for table in plan.requests]
+        for part, (table, ids) in zip(parts, plan.requests.items()):
+            # One tensor for all tables: a short answer would shift every later table's rows.
+            if part.dim() != 2 or len(part) != len(ids):
+                raise ValueError(
+                    f"the row source answered {tuple(part.shape)} rows for the {len(ids)} ids "
+                    f"of table {table!r}"
+                )
+        widths = {part.shape[1] for part in parts}
         if len(widths) > 1:
             raise ValueError(
                 f"the tables of one collection must share a row width, got {sorted(widths)}: "
                 "use one collection per width"
             )
-        parts = [fetched[table] for table in plan.requests]
         rows = (torch.cat(parts) if len(parts) > 1 else parts[0]).to(self.device)
         rows = rows.detach().requires_grad_(self.training)
         self._pending = _Lookup(plan.requests, rows) if self.training else None
@@ -173,7 +182,7 @@ class PSEmbeddingBagCollection(nn.Module):
         # Every feature's bags, one after another, with offsets into the ids of all features.
         starts = itertools.accumulate([0, *(len(f.values) for f in plan.features[:-1])])
         offsets = torch.cat(
-            [f.offsets[:-1] + start for f, start in zip(plan.features, starts)]
+            [f.offsets[:-1].cpu() + start for f, start in zip(plan.features, starts)]
             + [torch.tensor([len(inverse)])]
         )
         pooled = F.embedding_bag(

@@ -1,14 +1,16 @@
-// split_by_sorted_keys (CPU): which of a step's ids are in a sorted key set.
+// split_tables (CPU): which of a step's ids are in a sorted key set, for every table
+// of the step in one call.
 //
-// For ids and ascending distinct keys (the caller's promise: checking it would cost a pass
-// over every key per call): the positions of the ids found among the keys
-// (ascending), the positions of the others (ascending) and, for each found id, its
-// key's position. One binary search per id, in one pass: what a trainer does per table
-// per step to split ids into replicated (hot) and fetched (cold) rows.
+// For each table's ids and its ascending distinct keys (the caller's promise: checking
+// it would cost a pass over every key per call): the positions of the ids found among
+// the keys (ascending), the positions of the others (ascending) and, for each found id,
+// its key's position. One binary search per id: what a trainer does per step to split
+// ids into replicated (hot) and fetched (cold) rows.
 #include <torch/library.h>
 
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 #include "checks.h"
 
@@ -30,23 +32,6 @@ void split_ids(const int64_t* key, const int64_t* key_end, const int64_t* id, in
       missing[misses++] = id_base + i;
     }
   }
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> split_by_sorted_keys(const at::Tensor& keys, const at::Tensor& ids) {
-  check_ids(keys, "keys");
-  check_ids(ids, "ids");
-  check_device(keys, at::kCPU, "keys");
-  check_device(ids, at::kCPU, "ids");
-  const int64_t n = ids.size(0);
-  at::Tensor found_at = at::empty({n}, ids.options());
-  at::Tensor missing_at = at::empty({n}, ids.options());
-  at::Tensor key_at = at::empty({n}, ids.options());
-  int64_t hits = 0, misses = 0;
-  const int64_t* key = keys.data_ptr<int64_t>();
-  split_ids(key, key + keys.size(0), ids.data_ptr<int64_t>(), n, 0, 0, found_at.data_ptr<int64_t>(),
-            key_at.data_ptr<int64_t>(), missing_at.data_ptr<int64_t>(), hits, misses);
-  return {found_at.narrow(0, 0, hits).clone(), missing_at.narrow(0, 0, misses).clone(),
-          key_at.narrow(0, 0, hits).clone()};
 }
 
 // Table i's ids searched among its keys; positions count the ids of all tables, table
@@ -88,13 +73,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> split_tables(const st
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
-  m.def("split_by_sorted_keys(Tensor keys, Tensor ids) -> (Tensor, Tensor, Tensor)");
   m.def("split_tables(Tensor[] keys, Tensor[] ids, int[] key_start) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(ember, CPU, m) {
-  m.impl("split_by_sorted_keys", split_by_sorted_keys);
-  m.impl("split_tables", split_tables);
-}
+TORCH_LIBRARY_IMPL(ember, CPU, m) { m.impl("split_tables", split_tables); }
 
 }  // namespace ember

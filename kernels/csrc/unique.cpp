@@ -1,14 +1,13 @@
 // unique_inverse (CPU): distinct ids in order of first occurrence, the inverse
-// index (ids[i] == unique[inverse[i]]) and each distinct id's count;
-// sorted_unique_inverse: the distinct ids ascending with their inverse index (what
-// torch.unique(sorted=True, return_inverse=True) gives); and plan_features, a
-// trainer step's deduplication of every sparse feature in one call: each table's
-// distinct ids ascending, and every id's row among all tables' distinct ids.
+// index (ids[i] == unique[inverse[i]]) and each distinct id's count; and
+// plan_features, a trainer step's deduplication of every sparse feature in one
+// call: each table's distinct ids ascending (as torch.unique(sorted=True) gives
+// them), and every id's row among all tables' distinct ids.
 //
 // One pass over the ids with a scratch open-addressing table of (id, position)
 // pairs at load <= 0.5; any int64 is a valid id (emptiness is kept in the
 // position, not the key). First-occurrence order is deterministic and, unlike
-// sorted order, needs no sort; the sorted forms sort only the distinct ids.
+// sorted order, needs no sort; plan_features sorts only the distinct ids.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -26,7 +25,8 @@ struct Bucket {
   int64_t position;  // index into the distinct ids, -1 when empty
 };
 
-// Numbers distinct ids in order of first occurrence, over one or several arrays.
+// Numbers distinct ids in order of first occurrence, over one or several arrays. Its
+// table is the thread's scratch: one numbering at a time per thread.
 class FirstOccurrences {
  public:
   // Room for up to ``n`` distinct ids; ``first`` receives them in order.
@@ -97,22 +97,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse(const at::Tensor& 
   return {unique.narrow(0, 0, distinct).clone(), inverse, counts.narrow(0, 0, distinct).clone()};
 }
 
-std::tuple<at::Tensor, at::Tensor> sorted_unique_inverse(const at::Tensor& ids) {
-  check_ids(ids, "ids");
-  check_device(ids, at::kCPU, "ids");
-  const int64_t n = ids.size(0);
-  std::vector<int64_t> first(n);
-  at::Tensor inverse = at::empty({n}, ids.options());
-  int64_t* out_inverse = inverse.data_ptr<int64_t>();
-  FirstOccurrences numbering(n, first.data());
-  numbering.number(ids.data_ptr<int64_t>(), n, out_inverse);
-  const int64_t distinct = numbering.distinct();
-  at::Tensor unique = at::empty({distinct}, ids.options());
-  const std::vector<int64_t> rank = sort_distinct(first.data(), distinct, unique.data_ptr<int64_t>());
-  for (int64_t i = 0; i < n; ++i) out_inverse[i] = rank[out_inverse[i]];
-  return {unique, inverse};
-}
-
 // Raises ValueError naming feature ``f`` unless its ids are >= 0 and its offsets rise
 // from 0 to the number of its ids; returns whether every bag holds exactly one id.
 bool check_feature(int64_t f, const at::Tensor& values, const at::Tensor& offsets) {
@@ -122,11 +106,14 @@ bool check_feature(int64_t f, const at::Tensor& values, const at::Tensor& offset
   int64_t smallest_id = 0;
   for (int64_t i = 0; i < n; ++i) smallest_id = std::min(smallest_id, id[i]);
   TORCH_CHECK_VALUE(smallest_id >= 0, "feature ", f, ": ids must be >= 0, got ", smallest_id);
-  int64_t smallest_bag = bags > 0 ? offset[1] - offset[0] : 0;
-  for (int64_t b = 1; b < bags; ++b) smallest_bag = std::min(smallest_bag, offset[b + 1] - offset[b]);
-  TORCH_CHECK_VALUE(offset[0] == 0 && offset[bags] == n && smallest_bag >= 0, "feature ", f,
-                    ": offsets must rise from 0 to len(ids) = ", n);
-  return smallest_bag == 1 && n == bags;
+  bool rising = offset[0] == 0 && offset[bags] == n;
+  bool one_id_bags = n == bags;
+  for (int64_t b = 0; b < bags; ++b) {  // compared, not subtracted: no overflow
+    rising = rising && offset[b + 1] >= offset[b];
+    one_id_bags = one_id_bags && offset[b + 1] == offset[b] + 1;
+  }
+  TORCH_CHECK_VALUE(rising, "feature ", f, ": offsets must rise from 0 to len(ids) = ", n);
+  return one_id_bags;
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> plan_features(const std::vector<at::Tensor>& values,
@@ -182,13 +169,11 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> plan_features(const 
 
 TORCH_LIBRARY_FRAGMENT(ember, m) {
   m.def("unique_inverse(Tensor ids) -> (Tensor, Tensor, Tensor)");
-  m.def("sorted_unique_inverse(Tensor ids) -> (Tensor, Tensor)");
   m.def("plan_features(Tensor[] values, Tensor[] offsets, int[] table_of, int num_tables) -> (Tensor[], Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
   m.impl("unique_inverse", unique_inverse);
-  m.impl("sorted_unique_inverse", sorted_unique_inverse);
   m.impl("plan_features", plan_features);
 }
 

@@ -207,3 +207,27 @@ def test_a_step_whose_hot_rows_are_all_in_one_optimizers_tables_steps_only_those
         source.flush(last=True)
     finally:
         cold.close()
+
+
+def test_replicas_refuse_a_take_over_answer_of_the_wrong_shape(client, table_name):
+    """The replicas copy the shards' answer into their tensors: a short answer would be
+    broadcast over every row, so it is refused, naming the table."""
+    spec = TableSpec(table_name, dim=DIM)
+    client.create_table(spec)
+    steps = StepClient(client, StepJob(f"shape-{uuid.uuid4().hex}", replica=True))
+    cold = PipelinedRowSource(steps, staleness=0)
+    source = ReplicatedRowSource(
+        client, {spec.name: spec}, {spec.name: torch.tensor([1, 2])}, True, cold
+    )
+    try:
+        pull = source.client.pull_with_state
+
+        def short(table, ids):
+            rows, state, versions = pull(table, ids)
+            return rows[:1], state, versions
+
+        source.client.pull_with_state = short
+        with pytest.raises(ValueError, match=rf"table '{table_name}'.* rows of shape \(1, {DIM}\)"):
+            source.warm()
+    finally:
+        cold.close()

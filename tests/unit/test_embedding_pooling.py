@@ -148,3 +148,32 @@ def test_malformed_features_are_refused_before_any_lookup(feature, message):
         ebc.lookup([_feature([[1]]), feature])
     with pytest.raises(ValueError, match="expected 2 sparse features, got 1"):
         ebc.lookup([_feature([[1]])])
+
+
+def test_a_batch_of_one_id_bags_is_pooled_without_embedding_bag(monkeypatch):
+    """The forward of one-id bags is one gather, laid out [batch, features, dim]."""
+    table = torch.randn(ROWS, DIM)
+    ebc = PSEmbeddingBagCollection(TableRows(table), ["a", "b", "c"])
+    features = [_feature(bags) for bags in ONE_ID_FEATURES.values()]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("embedding_bag called for one-id bags")
+
+    monkeypatch.setattr(F, "embedding_bag", refuse)
+    pooled = ebc(features)
+    assert pooled.is_contiguous()
+    assert torch.equal(pooled, torch.stack([table[f.values] for f in features], dim=1))
+
+
+def test_a_short_answer_from_the_row_source_is_refused():
+    """All tables' rows are one tensor: a table answered short would shift the next one's."""
+
+    class Short(TableRows):
+        def rows(self, requests):
+            rows = super().rows(requests)
+            rows["a"] = rows["a"][:-1]
+            return rows
+
+    ebc = PSEmbeddingBagCollection(Short(torch.zeros(ROWS, DIM)), ["a", "b"])
+    with pytest.raises(ValueError, match=r"answered \(1, 4\) rows for the 2 ids of table 'a'"):
+        ebc([_feature([[1], [2]]), _feature([[3], [4]])])

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 
 _NO_IDS = torch.empty(0, dtype=torch.int64)  # the hot ids of a table without any
+_HELD = {"rows": "weights", "state": "state", "versions": "steps"}  # a pull's answer -> replica
 
 
 class _Replicas:
@@ -133,22 +134,25 @@ class ReplicatedRowSource:
         self._dim = next(iter(widths), 0)
         # One set of replicas per optimizer: a step's hot rows of its tables step at once.
         self._groups: list[_Replicas] = []
-        self._group_of: dict[str, _Replicas] = {}
+        self._group_of: dict[str, int] = {}  # each hot table's group number
         for optimizer in dict.fromkeys(specs[t].optimizer for t in self.hot_ids):
             sizes = {
                 t: len(ids) for t, ids in self.hot_ids.items() if specs[t].optimizer == optimizer
             }
-            group = _Replicas(optimizer, self._dim, sizes, self.device)
-            self._groups.append(group)
-            self._group_of.update(dict.fromkeys(sizes, group))
+            self._group_of.update(dict.fromkeys(sizes, len(self._groups)))
+            self._groups.append(_Replicas(optimizer, self._dim, sizes, self.device))
         # Each table's rows in its group's tensors (views: what a step changes shows here).
         self.weights, self.state, self.steps, self.dirty = (
             {
-                t: getattr(group, name).narrow(0, group.start[t], len(self.hot_ids[t]))
-                for t, group in self._group_of.items()
+                t: getattr(self._groups[g], name).narrow(
+                    0, self._groups[g].start[t], len(self.hot_ids[t])
+                )
+                for t, g in self._group_of.items()
             }
             for name in ("weights", "state", "steps", "dirty")
         )
+        # Where each hot table's rows start in its group's tensors.
+        self._key_start = {t: self._groups[g].start[t] for t, g in self._group_of.items()}
         # Where each group's rows start when all hot rows are numbered in one sequence.
         sizes = [len(group.steps) for group in self._groups]
         self._group_base = list(itertools.accumulate([0, *sizes[:-1]]))
@@ -179,6 +183,13 @@ class ReplicatedRowSource:
             if len(ids):
                 with self._blocked:
                     rows, state, versions = self.client.pull_with_state(table, ids)
+                for name, got in (("rows", rows), ("state", state), ("versions", versions)):
+                    want = getattr(self, _HELD[name])[table].shape
+                    if got.shape != want:  # copy_ would broadcast a short answer silently
+                        raise ValueError(
+                            f"table {table!r}: the shards answered {name} of shape "
+                            f"{tuple(got.shape)} for the replica's {tuple(want)}"
+                        )
                 self.weights[table].copy_(rows)
                 self.state[table].copy_(state)
                 self.steps[table].copy_(versions)
@@ -281,7 +292,7 @@ class ReplicatedRowSource:
         tables: dict[int, list[int]] = {}
         for t, table in enumerate(located.requests):
             if located.found_counts[t]:
-                tables.setdefault(self._groups.index(self._group_of[table]), []).append(t)
+                tables.setdefault(self._group_of[table], []).append(t)
         return [
             (number, torch.cat([found_at[t] for t in ts]), torch.cat([replica_rows[t] for t in ts]))
             for number, ts in tables.items()
@@ -383,7 +394,7 @@ class ReplicatedRowSource:
         found_at, cold_at, replica_rows, found_counts = split_tables(
             [self.hot_ids.get(t, _NO_IDS) for t in tables],
             ids,
-            [self._group_of[t].start[t] if t in self._group_of else 0 for t in tables],
+            [self._key_start.get(t, 0) for t in tables],
         )
         cold_counts = [len(table_ids) - found for table_ids, found in zip(ids, found_counts)]
         cold_ids = (torch.cat(ids) if len(ids) > 1 else ids[0]).index_select(0, cold_at)

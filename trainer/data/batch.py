@@ -24,15 +24,9 @@ class JaggedIds:
         """Number of samples."""
         return len(self.offsets) - 1
 
-    def smallest_bag(self) -> int:
-        """The fewest ids any sample has (0 without samples; negative if offsets fall)."""
-        return int(self.offsets.diff().min()) if len(self.offsets) > 1 else 0
-
-    def one_id_per_bag(self, smallest_bag: int | None = None) -> bool:
-        """Whether every sample has exactly one id (``smallest_bag``: :meth:`smallest_bag`,
-        if already known), so that pooling it is a gather."""
-        smallest = self.smallest_bag() if smallest_bag is None else smallest_bag
-        return smallest == 1 and len(self.values) == self.batch_size  # n ids in n bags, none empty
+    def one_id_per_bag(self) -> bool:
+        """Whether every sample has exactly one id, so that pooling it is a gather."""
+        return len(self.values) == self.batch_size and bool((self.offsets.diff() == 1).all())
 
 
 @dataclasses.dataclass
