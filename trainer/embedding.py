@@ -64,6 +64,7 @@ class _Plan:
     every feature has exactly one id in every bag (pooling them is one gather)."""
 
     features: Sequence[JaggedIds]
+    offsets: list[torch.Tensor]  # each feature's offsets, on the host
     requests: dict[str, torch.Tensor]
     inverse: torch.Tensor
     one_id_bags: bool
@@ -182,7 +183,7 @@ class PSEmbeddingBagCollection(nn.Module):
         # Every feature's bags, one after another, with offsets into the ids of all features.
         starts = itertools.accumulate([0, *(len(f.values) for f in plan.features[:-1])])
         offsets = torch.cat(
-            [f.offsets[:-1].cpu() + start for f, start in zip(plan.features, starts)]
+            [bounds[:-1] + start for bounds, start in zip(plan.offsets, starts)]
             + [torch.tensor([len(inverse)])]
         )
         pooled = F.embedding_bag(
@@ -197,11 +198,11 @@ class PSEmbeddingBagCollection(nn.Module):
             )
         # Ascending distinct ids: the order in which the shards and the client's checks
         # take them without sorting again.
+        offsets = [f.offsets.cpu() for f in features]
         unique, inverse, one_id_bags = plan_features(
-            [f.values for f in features], [f.offsets for f in features],
-            self._table_of, len(self._tables),
-        )  # fmt: skip
-        return _Plan(features, dict(zip(self._tables, unique)), inverse, all(one_id_bags))
+            [f.values for f in features], offsets, self._table_of, len(self._tables)
+        )
+        return _Plan(features, offsets, dict(zip(self._tables, unique)), inverse, all(one_id_bags))
 
     def step(self) -> None:
         """Hand the row gradients of the last training forward to the source (every step,

@@ -231,3 +231,29 @@ def test_replicas_refuse_a_take_over_answer_of_the_wrong_shape(client, table_nam
             source.warm()
     finally:
         cold.close()
+
+
+def test_replicas_refuse_gradients_that_do_not_fit_their_ids(client, table_name):
+    """A step's gradients of all tables are joined into one tensor: a table with too few rows
+    would shift the next table's, so it is refused, naming the table."""
+    specs = {f"{table_name}.{n}": TableSpec(f"{table_name}.{n}", DIM) for n in "ab"}
+    for spec in specs.values():
+        client.create_table(spec)
+    steps = StepClient(client, StepJob(f"fit-{uuid.uuid4().hex}", replica=True))
+    cold = PipelinedRowSource(steps, staleness=1)
+    hot = {t: torch.tensor([1]) for t in specs}
+    source = ReplicatedRowSource(client, specs, hot, True, cold)
+    try:
+        requests = {t: torch.tensor([1, 2]) for t in specs}
+        source.rows(requests)
+        first, second = specs
+        updates = {
+            first: (requests[first], torch.ones(1, DIM)),
+            second: (requests[second], torch.ones(3, DIM)),
+        }
+        with pytest.raises(
+            ValueError, match=rf"table '{first}': gradients of shape \(1, {DIM}\) for 2 ids"
+        ):
+            source.apply_gradients(updates)
+    finally:
+        cold.close()

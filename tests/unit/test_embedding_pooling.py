@@ -177,3 +177,18 @@ def test_a_short_answer_from_the_row_source_is_refused():
     ebc = PSEmbeddingBagCollection(Short(torch.zeros(ROWS, DIM)), ["a", "b"])
     with pytest.raises(ValueError, match=r"answered \(1, 4\) rows for the 2 ids of table 'a'"):
         ebc([_feature([[1], [2]]), _feature([[3], [4]])])
+
+
+@pytest.mark.parametrize(
+    "values, offsets, expected",
+    [
+        ([3, 7], [0, 1, 2], True),
+        ([], [0], True),  # no samples: vacuously one id each
+        ([3, 7], [0, 2], False),
+        ([3, 7], [0, 1, 1, 2], False),
+        ([3], [2**63 - 1, -(2**63)], False),  # a subtraction would overflow to 1
+    ],
+)
+def test_one_id_per_bag(values, offsets, expected):
+    feature = JaggedIds(torch.tensor(values, dtype=torch.int64), torch.tensor(offsets))
+    assert feature.one_id_per_bag() is expected

@@ -265,6 +265,13 @@ class ReplicatedRowSource:
                     "apply_gradients takes the gradients of every table of the last rows() "
                     "call, in its order"
                 )
+            for table, (ids, grads) in updates.items():
+                # One tensor for all tables: a short table would shift the next one's rows.
+                if grads.dim() != 2 or len(grads) != len(ids):
+                    raise ValueError(
+                        f"table {table!r}: gradients of shape {tuple(grads.shape)} for "
+                        f"{len(ids)} ids"
+                    )
             grads = torch.cat([grads for _, grads in updates.values()])
             for number, found_at, replica_rows in self._by_group(located):
                 hot_grads[number] = (replica_rows, grads.index_select(0, found_at).to(self.device))

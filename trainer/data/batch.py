@@ -25,8 +25,15 @@ class JaggedIds:
         return len(self.offsets) - 1
 
     def one_id_per_bag(self) -> bool:
-        """Whether every sample has exactly one id, so that pooling it is a gather."""
-        return len(self.values) == self.batch_size and bool((self.offsets.diff() == 1).all())
+        """Whether every sample has exactly one id (true without samples), so that pooling it
+        is a gather: offsets rising strictly from 0 to as many ids as bags."""
+        offsets = self.offsets
+        return (
+            len(self.values) == self.batch_size
+            and int(offsets[0]) == 0
+            and int(offsets[-1]) == len(self.values)
+            and bool((offsets[1:] > offsets[:-1]).all())  # compared, not subtracted
+        )
 
 
 @dataclasses.dataclass
