@@ -6,8 +6,8 @@ import json
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
-from ember.trainer.cache.replicated_source import ReplicatedRowSource, _Replicas
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from ember.trainer.cache.replica_groups import ReplicaGroups
 from ember.trainer.timer import Timer
 
 # Per rank, per group: (rows touched, their gradients). Group 0: SGD tables a (3 rows) and
@@ -21,17 +21,17 @@ TOUCHED = [
 def _rank(rank: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        # The summing needs only the groups' layout, not shards: a source without a client.
-        source = object.__new__(ReplicatedRowSource)
-        cpu = torch.device("cpu")
-        source._groups = [
-            _Replicas(OptimizerSpec(OptimizerKind.SGD), 2, {"a": 3, "d": 2}, cpu),
-            _Replicas(OptimizerSpec(OptimizerKind.ADAGRAD), 2, {"b": 4}, cpu),
-        ]
-        source._group_base, source._hot_rows_total = [0, 5], 9
-        source.device, source._blocked, source.allreduce_bytes = cpu, Timer(), 0
+        sgd, adagrad = OptimizerSpec(OptimizerKind.SGD), OptimizerSpec(OptimizerKind.ADAGRAD)
+        specs = {
+            name: TableSpec(name, 2, optimizer=optimizer)
+            for name, optimizer in (("a", sgd), ("d", sgd), ("b", adagrad))
+        }
+        sizes = {"a": 3, "d": 2, "b": 4}
+        replicas = ReplicaGroups(
+            specs, {t: torch.arange(n) for t, n in sizes.items()}, 2, torch.device("cpu")
+        )
         mine = {g: (torch.tensor(r), torch.tensor(v)) for g, (r, v) in TOUCHED[rank].items()}
-        summed, flush = source._summed_over_ranks(mine, flush=rank == 1)
+        summed, flush, _ = replicas.summed_over_ranks(mine, rank == 1, Timer())
         result = {str(g): [r.tolist(), v.tolist()] for g, (r, v) in summed.items()}
         with open(f"{out}.{rank}", "w") as file:
             json.dump({"summed": result, "flush": flush}, file)

@@ -24,16 +24,15 @@ the write-back, which the shards hold until the checkpoint has paused writes
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from ember.kernels.optim import fused_row_update, state_width
 from ember.kernels.split import split_tables
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.wire.table_spec import OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import TableSpec
+from ember.trainer.cache.replica_groups import HotGrads, ReplicaGroups
 from ember.trainer.pipeline import PipelinedRowSource, same_requests
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient, TrafficStats
@@ -43,29 +42,6 @@ log = logging.getLogger(__name__)
 
 _NO_IDS = torch.empty(0, dtype=torch.int64)  # the hot ids of a table without any
 _HELD = {"rows": "weights", "state": "state", "versions": "steps"}  # a pull's answer -> replica
-
-
-class _Replicas:
-    """The hot rows of the tables that share one optimizer, in one set of tensors (table
-    after table), so that a step's hot rows of all those tables take one optimizer call."""
-
-    def __init__(
-        self, optimizer: OptimizerSpec, dim: int, sizes: dict[str, int], device: torch.device
-    ) -> None:
-        self.optimizer = optimizer
-        rows = sum(sizes.values())
-        self.weights = torch.zeros(rows, dim, device=device)
-        self.state = torch.zeros(rows, state_width(optimizer.kind, dim), device=device)
-        self.steps = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.dirty = torch.zeros(rows, dtype=torch.bool, device=device)  # stepped since a flush
-        self.start = dict(zip(sizes, itertools.accumulate([0, *list(sizes.values())[:-1]])))
-
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """One optimizer step of the distinct ``rows`` in place, as the shard steps a row."""
-        self.dirty[rows] = True
-        fused_row_update(
-            self.optimizer, self.weights, self.state, self.steps, rows, grads.contiguous()
-        )
 
 
 class _Located(NamedTuple):
@@ -133,30 +109,11 @@ class ReplicatedRowSource:
             raise ValueError(f"the tables must share a row width, got {sorted(widths)}")
         self._dim = next(iter(widths), 0)
         # One set of replicas per optimizer: a step's hot rows of its tables step at once.
-        self._groups: list[_Replicas] = []
-        self._group_of: dict[str, int] = {}  # each hot table's group number
-        for optimizer in dict.fromkeys(specs[t].optimizer for t in self.hot_ids):
-            sizes = {
-                t: len(ids) for t, ids in self.hot_ids.items() if specs[t].optimizer == optimizer
-            }
-            self._group_of.update(dict.fromkeys(sizes, len(self._groups)))
-            self._groups.append(_Replicas(optimizer, self._dim, sizes, self.device))
+        self._replicas = ReplicaGroups(specs, self.hot_ids, self._dim, self.device)
         # Each table's rows in its group's tensors (views: what a step changes shows here).
         self.weights, self.state, self.steps, self.dirty = (
-            {
-                t: getattr(self._groups[g], name).narrow(
-                    0, self._groups[g].start[t], len(self.hot_ids[t])
-                )
-                for t, g in self._group_of.items()
-            }
-            for name in ("weights", "state", "steps", "dirty")
+            self._replicas.views(name) for name in ("weights", "state", "steps", "dirty")
         )
-        # Where each hot table's rows start in its group's tensors.
-        self._key_start = {t: self._groups[g].start[t] for t, g in self._group_of.items()}
-        # Where each group's rows start when all hot rows are numbered in one sequence.
-        sizes = [len(group.steps) for group in self._groups]
-        self._group_base = list(itertools.accumulate([0, *sizes[:-1]]))
-        self._hot_rows_total = sum(sizes)
         self.hits = self.lookups = 0
         self._served: _Located | None = None  # the last rows() call's, for its gradients
         # The next step's ids as prefetch located them, so rows() neither searches again
@@ -230,7 +187,7 @@ class ReplicatedRowSource:
         sizes = [len(ids) for ids in located.requests.values()]
         rows = torch.empty(sum(sizes), self._dim)
         for number, found_at, replica_rows in self._by_group(located):
-            hot_rows = self._groups[number].weights.index_select(0, replica_rows)
+            hot_rows = self._replicas.groups[number].weights.index_select(0, replica_rows)
             rows.index_copy_(0, found_at, hot_rows.cpu())
         if len(located.cold_at):
             rows.index_copy_(0, located.cold_at, torch.cat([cold_rows[t] for t in located.cold]))
@@ -252,7 +209,7 @@ class ReplicatedRowSource:
             ValueError: updates for other tables or ids than the last rows() served.
         """
         located, self._served = self._served, None
-        hot_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        hot_grads: HotGrads = {}
         cold = {}
         if updates:
             requests = {table: ids for table, (ids, _) in updates.items()}
@@ -281,64 +238,19 @@ class ReplicatedRowSource:
         asked = self.cold.steps.flush_request if self.writer else ""
         flush = asked not in ("", self._flushed_for)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            hot_grads, flush = self._summed_over_ranks(hot_grads, flush)
-        for number, (rows, grads) in hot_grads.items():
-            if len(rows):
-                self._groups[number].step(rows, grads)
+            hot_grads, flush, sent = self._replicas.summed_over_ranks(
+                hot_grads, flush, self._blocked
+            )
+            self.allreduce_bytes += sent
+        self._replicas.step(hot_grads)
         self.cold.apply_gradients(cold)
         if flush:
             self.flush(flush_id=asked)
 
     def _by_group(self, located: _Located) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-        """The hot ids of ``located`` by replica group: (the group's number, positions,
-        replica rows), for the groups with any."""
-        if len(self._groups) == 1:
-            return [(0, located.found_at, located.replica_rows)]
-        found_at = located.found_at.split(located.found_counts)
-        replica_rows = located.replica_rows.split(located.found_counts)
-        tables: dict[int, list[int]] = {}
-        for t, table in enumerate(located.requests):
-            if located.found_counts[t]:
-                tables.setdefault(self._group_of[table], []).append(t)
-        return [
-            (number, torch.cat([found_at[t] for t in ts]), torch.cat([replica_rows[t] for t in ts]))
-            for number, ts in tables.items()
-        ]
-
-    def _summed_over_ranks(
-        self, hot_grads: dict[int, tuple[torch.Tensor, torch.Tensor]], flush: bool
-    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], bool]:
-        """Every rank's hot-row gradients summed, per replica group ``(rows, grads)``: the
-        rows any rank touched, ascending; and whether any rank wants to flush after this
-        step. Every rank calls this once per step."""
-        touched = torch.zeros(self._hot_rows_total + 1, dtype=torch.uint8, device=self.device)
-        for number, (rows, _) in hot_grads.items():
-            touched[self._group_base[number] + rows] = 1
-        touched[-1] = int(flush)
-        with self._blocked:  # reading the result waits for every rank (NCCL queues it)
-            dist.all_reduce(touched, op=dist.ReduceOp.MAX)
-            flush = bool(touched[-1])
-        union = touched[:-1].nonzero().squeeze(1)  # hot-row numbers over all groups, ascending
-        parts = {}
-        for number, (group, base) in enumerate(zip(self._groups, self._group_base)):
-            inside = (union >= base) & (union < base + len(group.steps))
-            rows = union[inside] - base
-            sums = torch.zeros(len(rows), group.weights.shape[1], device=self.device)
-            if number in hot_grads:
-                mine, grads = hot_grads[number]  # distinct rows, all in the union
-                sums[torch.searchsorted(rows, mine)] = grads
-            parts[number] = (rows, sums)
-        flat = torch.cat([sums.reshape(-1) for _, sums in parts.values()])
-        with self._blocked:
-            dist.all_reduce(flat)
-            if flat.is_cuda:  # queued, not done: wait here, where it counts as PS wait
-                torch.cuda.current_stream(flat.device).synchronize()
-        self.allreduce_bytes += touched.numel() + 4 * flat.numel()
-        summed, start = {}, 0
-        for number, (rows, sums) in parts.items():
-            summed[number] = (rows, flat[start : start + sums.numel()].view_as(sums))
-            start += sums.numel()
-        return summed, flush
+        return self._replicas.by_group(
+            list(located.requests), located.found_at, located.replica_rows, located.found_counts
+        )
 
     def flush(self, flush_id: str = "", last: bool = False) -> None:
         """Write the hot rows stepped since the last flush back, with their optimizer state
@@ -401,7 +313,7 @@ class ReplicatedRowSource:
         found_at, cold_at, replica_rows, found_counts = split_tables(
             [self.hot_ids.get(t, _NO_IDS) for t in tables],
             ids,
-            [self._key_start.get(t, 0) for t in tables],
+            [self._replicas.key_start.get(t, 0) for t in tables],
         )
         cold_counts = [len(table_ids) - found for table_ids, found in zip(ids, found_counts)]
         cold_ids = (torch.cat(ids) if len(ids) > 1 else ids[0]).index_select(0, cold_at)
