@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -91,6 +92,41 @@ class TablePart(NamedTuple):
     ids: np.ndarray
 
 
+class ShardIds(NamedTuple):
+    """The ids that one shard owns of several tables' ids laid end to end.
+
+    Attributes:
+        positions: ascending positions into the joined ids.
+        ids: the ids at those positions.
+        bounds: ``positions[bounds[t]:bounds[t + 1]]`` belong to table ``t`` (one entry per
+            table, and one more).
+    """
+
+    positions: np.ndarray
+    ids: np.ndarray
+    bounds: np.ndarray
+
+
+def route_joined(
+    tables: Sequence[str], ids: np.ndarray, ends: np.ndarray, num_shards: int
+) -> list[ShardIds]:
+    """Per shard (shard k's at index k), the ids it owns of ``ids``, where
+    ``ids[ends[t-1]:ends[t]]`` belong to ``tables[t]``: routed in one pass, each shard's
+    part of every table a slice of its arrays.
+
+    Example:
+        >>> part = route_joined(["user"], np.array([5, 9, 5]), np.array([3]), 2)[0]  # doctest: +SKIP
+        >>> part.positions.tolist(), part.bounds.tolist()
+        ([0, 2], [0, 2])
+    """
+    owners = shard_of_tables(tables, ids, ends, num_shards)
+    routed = []
+    for positions in positions_by_shard(owners, num_shards):
+        bounds = np.concatenate([[0], np.searchsorted(positions, ends)]).astype(np.int64)
+        routed.append(ShardIds(positions, ids[positions], bounds))
+    return routed
+
+
 def route_tables(
     tables: Sequence[str], arrays: Sequence[np.ndarray], num_shards: int
 ) -> list[list[TablePart]]:
@@ -112,19 +148,16 @@ def route_tables(
     """
     lengths = [len(array) for array in arrays]
     ends = np.cumsum(lengths, dtype=np.int64)
-    starts = ends - lengths
+    starts = (ends - lengths).tolist()
     all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
-    per_shard = []
-    for group in positions_by_shard(shard_of_tables(tables, all_ids, ends, num_shards), num_shards):
-        cuts = np.searchsorted(group, ends).tolist()
-        per_shard.append(
-            [
-                TablePart(t, group[lo:hi] - starts[t], all_ids[group[lo:hi]])
-                for t, (lo, hi) in enumerate(zip([0, *cuts], cuts))
-                if hi > lo
-            ]
-        )
-    return per_shard
+    return [
+        [
+            TablePart(t, part.positions[lo:hi] - starts[t], part.ids[lo:hi])
+            for t, (lo, hi) in enumerate(itertools.pairwise(part.bounds.tolist()))
+            if hi > lo
+        ]
+        for part in route_joined(tables, all_ids, ends, num_shards)
+    ]
 
 
 def positions_by_shard(shards: np.ndarray, num_shards: int) -> list[np.ndarray]:

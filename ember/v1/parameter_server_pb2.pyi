@@ -406,20 +406,24 @@ class TableGrads(_message.Message):
     def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dtype: _Optional[_Union[RowDtype, str]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("tables", "clock")
+    __slots__ = ("tables", "clock", "joined_rows")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
+    JOINED_ROWS_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableIds]
     clock: StepClock
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ...) -> None: ...
+    joined_rows: bool
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., joined_rows: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("values", "watermark")
+    __slots__ = ("values", "watermark", "rows")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[bytes]
     watermark: int
-    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ...) -> None: ...
+    rows: bytes
+    def __init__(self, values: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
     __slots__ = ("tables", "clock", "refresh", "replica")

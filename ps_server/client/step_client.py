@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from ember.ps_server.client.joined_lookup import JoinedLookup
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
@@ -151,29 +152,26 @@ class StepClient:
         """
         clock_view = self._clock(clock) if clock is not None else None
         tables = list(requests)
-        arrays = [as_id_array(ids) for ids in requests.values()]
-        out = {
-            table: torch.empty(len(array), self.client.dim(table), dtype=torch.float32)
-            for table, array in zip(tables, arrays)
-        }
-        targets = [out[table].numpy() for table in tables]
-        calls, entries = [], []
+        batch = JoinedLookup(
+            tables, [as_id_array(ids) for ids in requests.values()],
+            [self.client.dim(table) for table in tables],
+            [self.wire_dtype(table) for table in tables], self.client.num_shards,
+        )  # fmt: skip
+        calls, shards = [], []
         wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
-        for shard, items in enumerate(route_tables(tables, arrays, self.client.num_shards)):
-            if not items:
+        for shard in range(self.client.num_shards):
+            entries = batch.entries(shard)
+            if not entries:
                 continue
-            dtypes = [self.wire_dtype(tables[t]) for t, _, _ in items]
-            request = encode_lookup_request(
-                [(tables[t], ids, dtype) for (t, _, ids), dtype in zip(items, dtypes)],
-                clock_view, self._trailer,
-            )  # fmt: skip
+            request = encode_lookup_request(entries, clock_view, self._trailer, joined_rows=True)
+            dtypes = [dtype for _, _, dtype in entries]
             calls.append(
                 ShardCall(
-                    shard, "Lookup", request, wait_s, len(items), frame_clock,
+                    shard, "Lookup", request, wait_s, len(entries), frame_clock,
                     frame_dtype(dtypes),
                 )
             )  # fmt: skip
-            entries.append((shard, items))
+            shards.append(shard)
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks = []
@@ -181,14 +179,21 @@ class StepClient:
         def place(index: int, reply: LookupResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
-            shard, items = entries[index]
-            for (t, positions, _), values in zip(items, reply.values, strict=True):
-                targets[t][positions] = self._received_rows(
-                    shard, tables[t], values, len(positions), "lookup"
-                )
+            shard = shards[index]
+            try:
+                if reply.values:
+                    raise InvalidArgumentError(
+                        "the shard answered per-table values, not joined rows: it predates "
+                        "LookupRequest.joined_rows; upgrade it"
+                    )
+                batch.place(shard, reply.rows)
+            except InvalidArgumentError as error:
+                raise PSClientError(
+                    self.client.endpoints[shard], Status.INTERNAL, str(error)
+                ) from None
 
         self.client.shard_rpc.run(calls, on_reply=place)
-        return out, min(watermarks, default=-1 if clock is None else clock)
+        return batch.rows(), min(watermarks, default=-1 if clock is None else clock)
 
     def update(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.shard.steps import wire_row_bytes, write_wire_rows
+from ember.ps_server.shard.steps import wire_row_bytes, write_joined_rows, write_wire_rows
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
@@ -39,6 +39,12 @@ class StepHandlers:
             OutOfRangeError: a row its entry's dtype cannot hold (nothing answered).
         """
         reads, watermark = self.server.steps.lookup(request)
+        if request.joined_rows:  # one payload, filled in one pass
+            return encode_lookup_response(
+                [sum(wire_row_bytes(read) for read in reads)],
+                lambda _, view: write_joined_rows(reads, view),
+                watermark, trailer, joined_rows=True,
+            )  # fmt: skip
         return encode_lookup_response(
             [wire_row_bytes(read) for read in reads],
             lambda index, view: write_wire_rows(reads[index], view),

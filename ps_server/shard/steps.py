@@ -329,6 +329,31 @@ def write_wire_rows(read: TableRead, view: memoryview) -> None:
         view[:] = bytes_view(rows_to_wire(rows, dtype, f"table {target.spec.name!r}", ids))
 
 
+def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
+    """Write every read's rows back to back into ``view`` (the sum of their
+    :func:`wire_row_bytes`): all float32 rows are gathered straight into it when it is
+    4-byte aligned, each read into its slice of one tensor over it.
+
+    Raises:
+        OutOfRangeError: a row its read's dtype cannot hold (``view`` is partly written).
+    """
+    if not len(view):
+        return
+    if is_aligned(view, 4) and all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
+        out, offset = torch.frombuffer(view, dtype=torch.float32), 0
+        for target, ids, _ in reads:
+            size = len(ids) * target.spec.dim
+            if size:
+                target.read_weights(ids, out[offset : offset + size].view(len(ids), -1))
+            offset += size
+        return
+    offset = 0
+    for read in reads:
+        size = wire_row_bytes(read)
+        write_wire_rows(read, view[offset : offset + size])
+        offset += size
+
+
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:
     """Positions into ``ids`` of those that are in ``sorted_ids`` (ascending int64)."""
     if sorted_ids is None or not len(sorted_ids) or not len(ids):

@@ -89,10 +89,12 @@ class TableGradsView:
 
 @dataclasses.dataclass
 class LookupRequestView:
-    """A decoded LookupRequest; ``clock`` is None when the request carries none."""
+    """A decoded LookupRequest; ``clock`` is None when the request carries none;
+    ``joined_rows``: answer every table's rows in one payload (the .proto's ``rows``)."""
 
     tables: list[TableIdsView]
     clock: StepClockView | None
+    joined_rows: bool = False
 
 
 @dataclasses.dataclass
@@ -107,11 +109,13 @@ class UpdateRequestView:
 
 @dataclasses.dataclass
 class LookupResponseView:
-    """A decoded LookupResponse: each table's rows, in request order."""
+    """A decoded LookupResponse: each table's rows, in request order, as ``values`` or (a
+    request with ``joined_rows``) back to back in ``rows``."""
 
     values: list[memoryview]
     watermark: int
     size: int = 0  # bytes of the serialised message
+    rows: memoryview = EMPTY
 
 
 @dataclasses.dataclass
@@ -185,12 +189,16 @@ def _table_grads(number: int, entry: tuple) -> list[bytes | memoryview]:
 
 
 def encode_lookup_request(
-    tables: Sequence[tuple], clock: StepClockView | None, trailer: bytes = b""
+    tables: Sequence[tuple],
+    clock: StepClockView | None,
+    trailer: bytes = b"",
+    joined_rows: bool = False,
 ) -> bytes:
     """Serialise a LookupRequest of :class:`IdsEntry` fields ``(table, ids[, dtype])``, then
-    ``trailer`` (a transport's framing, in the same copy)."""
+    ``trailer`` (a transport's framing, in the same copy); ``joined_rows``: ask for the rows
+    in one payload."""
     parts = [part for entry in tables for part in _table_ids(1, entry)]
-    return b"".join([*parts, *_clock(2, clock), trailer])
+    return b"".join([*parts, *_clock(2, clock), *_scalar(3, int(joined_rows)), trailer])
 
 
 def encode_update_request(
@@ -212,16 +220,24 @@ def encode_lookup_response(
     fill_rows: Callable[[int, memoryview], None],
     watermark: int,
     trailer: bytes = b"",
+    joined_rows: bool = False,
 ) -> bytes:
-    """Serialise a LookupResponse, then ``trailer``, in one pass: its ``values`` entry ``i``
-    holds ``row_bytes[i]`` bytes, written in place by ``fill_rows(i, view)`` (which must
-    write all of them and keep no reference to the view; what it raises goes on, and
-    nothing is returned). Entries start 4-byte aligned from the message's start where
+    """Serialise a LookupResponse, then ``trailer``, in one pass: entry ``i``'s rows are
+    ``row_bytes[i]`` bytes, written in place by ``fill_rows(i, view)`` (which must write all
+    of them and keep no reference to the view; what it raises goes on, and nothing is
+    returned), each in its own ``values`` entry or (``joined_rows``) back to back in
+    ``rows``. Payloads start 4-byte aligned from the message's start where
     :func:`aligned_len_field` has room (fillers must not rely on it)."""
-    headers, offset = [], 0
-    for size in row_bytes:
-        headers.append(aligned_len_field(1, size, offset))
-        offset += len(headers[-1]) + size
+    if joined_rows:  # one payload (omitted when empty, as proto3 omits an empty bytes field)
+        payload = sum(row_bytes)
+        header = aligned_len_field(3, payload, 0) if payload else b""
+        headers = [header, *[b""] * (len(row_bytes) - 1)] if row_bytes else []
+        offset = len(header) + payload
+    else:
+        headers, offset = [], 0
+        for size in row_bytes:
+            headers.append(aligned_len_field(1, size, offset))
+            offset += len(headers[-1]) + size
     tail = b"".join([*_scalar(2, watermark, int64_varint), trailer])
     total = offset + len(tail)
 
@@ -314,6 +330,8 @@ def decode_lookup_request(data: bytes) -> LookupRequestView:
     """Parse a serialised LookupRequest without copying its payloads."""
     request = LookupRequestView(tables=[], clock=None)
     for number, wire_type, value in fields(memoryview(data)):
+        if number == 3 and wire_type == VARINT:
+            request.joined_rows = bool(value)
         if wire_type != LEN:
             continue
         if number == 1:
@@ -348,6 +366,8 @@ def decode_lookup_response(data: bytes) -> LookupResponseView:
             response.values.append(value)
         elif number == 2 and wire_type == VARINT:
             response.watermark = int64(value)
+        elif number == 3 and wire_type == LEN:
+            response.rows = value
     return response
 
 

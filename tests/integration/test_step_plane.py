@@ -124,6 +124,27 @@ def test_a_refresh_that_no_row_of_the_clock_touched_comes_back_empty(
         assert positions.tolist() == [] and tuple(rows.shape) == (0, 4)
 
 
+def test_a_lookup_of_several_widths_reads_what_pull_reads_on_every_transport(
+    cluster, table_name, transport
+):
+    # Widths out of order, duplicates, a table without ids: rows come back joined per
+    # shard and land where each table's ids ask.
+    specs = [TableSpec(f"{table_name}.w{n}", dim=d) for n, d in enumerate([4, 2, 4, 7])]
+    ids = [torch.tensor([5, 1, 5, 9, 300, 1]), torch.arange(50),
+           torch.empty(0, dtype=torch.int64), torch.arange(100, 0, -3)]  # fmt: skip
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
+        for spec_, table_ids in zip(specs, ids):
+            client.create_table(spec_)
+            client.push(
+                spec_.name, table_ids.unique(), torch.randn(len(table_ids.unique()), spec_.dim)
+            )
+        rows, _ = StepClient(client, StepJob(table_name)).lookup(
+            {spec_.name: table_ids for spec_, table_ids in zip(specs, ids)}
+        )
+        for spec_, table_ids in zip(specs, ids):
+            assert torch.equal(rows[spec_.name], client.pull(spec_.name, table_ids)), spec_.name
+
+
 def test_wire_bytes_count_every_message_both_ways(cluster, table_name, transport):
     table = spec(table_name)
     ids = torch.arange(500)

@@ -39,14 +39,14 @@ clocks = st.none() | st.builds(
 )
 
 
-def _lookup_response(values, watermark):
+def _lookup_response(values, watermark, joined_rows=False):
     """``encode_lookup_response`` of given rows, copied into place."""
     views = [memoryview(v).cast("B") if memoryview(v).nbytes else b"" for v in values]
 
     def fill(index, view):
         view[:] = views[index]
 
-    return encode_lookup_response([len(v) for v in views], fill, watermark)
+    return encode_lookup_response([len(v) for v in views], fill, watermark, b"", joined_rows)
 
 
 def test_large_lookup_responses_are_written_in_place_and_match_the_generated_code():
@@ -78,19 +78,23 @@ dtypes = st.sampled_from([0, 1, 2, -1, 300])  # RowDtype numbers, and ones it do
 
 
 @settings(max_examples=80, deadline=None)
-@given(tables=st.lists(st.tuples(names, blobs, dtypes), max_size=4), clock=clocks)
-def test_lookup_requests_match_the_generated_code_both_ways(tables, clock):
-    encoded = encode_lookup_request(tables, clock)
+@given(
+    tables=st.lists(st.tuples(names, blobs, dtypes), max_size=4), clock=clocks,
+    joined=st.booleans(),
+)  # fmt: skip
+def test_lookup_requests_match_the_generated_code_both_ways(tables, clock, joined):
+    encoded = encode_lookup_request(tables, clock, joined_rows=joined)
     parsed = pb.LookupRequest.FromString(encoded)
     assert [(t.table, t.ids, t.dtype) for t in parsed.tables] == tables
     assert _view_clock(parsed, parsed.HasField("clock")) == clock
+    assert parsed.joined_rows == joined
     generated = pb.LookupRequest(
         tables=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in tables],
-        clock=_pb_clock(clock),
-    ).SerializeToString()
+        clock=_pb_clock(clock), joined_rows=joined,
+    ).SerializeToString()  # fmt: skip
     view = decode_lookup_request(generated)
     assert [(t.table, bytes(t.ids), t.dtype) for t in view.tables] == tables
-    assert view.clock == clock
+    assert view.clock == clock and view.joined_rows == joined
 
 
 def test_entries_without_a_dtype_travel_as_float32_and_unknown_dtypes_decode_unchecked():
@@ -142,11 +146,19 @@ def test_responses_match_the_generated_code_both_ways(
     values, watermark, duplicate, refreshed, flush
 ):
     parsed = pb.LookupResponse.FromString(_lookup_response(values, watermark))
-    assert list(parsed.values) == values and parsed.watermark == watermark
+    assert list(parsed.values) == values and parsed.watermark == watermark and not parsed.rows
     view = decode_lookup_response(
         pb.LookupResponse(values=values, watermark=watermark).SerializeToString()
     )
     assert [bytes(v) for v in view.values] == values and view.watermark == watermark
+    assert view.rows == b""
+    joined = pb.LookupResponse.FromString(_lookup_response(values, watermark, joined_rows=True))
+    assert joined.rows == b"".join(values) and not joined.values
+    assert joined.watermark == watermark
+    view = decode_lookup_response(
+        pb.LookupResponse(rows=b"".join(values), watermark=watermark).SerializeToString()
+    )
+    assert bytes(view.rows) == b"".join(values) and not view.values
     encoded = encode_update_response(duplicate, refreshed, watermark, flush)
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
@@ -180,11 +192,14 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
     ids = np.arange(4, dtype="<i8")
     grads = np.ones((4, 2), "<f4")
     cases = [
-        (encode_lookup_request([("a", ids), ("b", ids[:2])], clock), decode_lookup_request,
+        (encode_lookup_request([("a", ids), ("b", ids[:2])], clock, joined_rows=True),
+         decode_lookup_request,
          pb.LookupRequest),
         (encode_update_request([("a", ids, grads)], clock, [("a", ids)], replica=True),
          decode_update_request, pb.UpdateRequest),
         (_lookup_response([grads, grads], 3), decode_lookup_response, pb.LookupResponse),
+        (_lookup_response([grads, ids], 3, joined_rows=True), decode_lookup_response,
+         pb.LookupResponse),
         (encode_update_response(True, [(ids, grads, 1)], 3, "ckpt-1"), decode_update_response,
          pb.UpdateResponse),
     ]  # fmt: skip

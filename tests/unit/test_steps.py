@@ -292,3 +292,41 @@ def test_rows_that_cannot_start_aligned_are_copied_into_the_reply():
     reply = decode_lookup_response(StepHandlers(server).lookup(decode_lookup_request(request)))
     rows = np.frombuffer(reply.values[0], "<f4").reshape(len(ids), 3)
     assert np.array_equal(rows, initial_rows(ADAM, ids).numpy())
+
+
+def _values_and_joined(server, entries):
+    """The rows of one lookup answered per table and joined."""
+    handlers, replies = StepHandlers(server), []
+    for joined in (False, True):
+        request = encode_lookup_request(entries, None, joined_rows=joined)
+        replies.append(decode_lookup_response(handlers.lookup(decode_lookup_request(request))))
+    return replies
+
+
+@pytest.mark.parametrize("rows", [1500, 180_000])  # the joined payload starts aligned, or not
+def test_a_joined_lookup_answers_every_tables_rows_back_to_back(rows):
+    server = shard()
+    server.create_table(TableSpec("big", dim=5))
+    server.create_table(TableSpec("empty", dim=3))
+    ids = np.arange(rows, dtype=np.int64)[::-1].copy()
+    written = np.arange(0, rows, 7)  # stored rows, gathered; the others are initial rows
+    update(server, 0, written, np.ones((len(written), 3)), world=1)
+    for entries in (
+        [("emb", ids[:700]), ("other", ids[:3]), ("empty", ids[:0]), ("big", ids)],  # float32
+        [
+            ("other", ids[:701], RowDtype.FLOAT16),
+            ("emb", ids, RowDtype.FLOAT32),
+            ("empty", ids[:0], RowDtype.FLOAT16),
+            ("big", ids[:3], RowDtype.BFLOAT16),
+        ],
+    ):  # fmt: skip  (an odd-sized float16 entry shifts the entries after it)
+        per_table, joined = _values_and_joined(server, entries)
+        assert not joined.values and per_table.rows == b""
+        assert len(per_table.values) == len(entries)
+        assert bytes(joined.rows) == b"".join(bytes(v) for v in per_table.values)
+    assert len(joined.rows) == 701 * 2 * 2 + rows * 3 * 4 + 3 * 5 * 2  # float16, 32, bfloat16
+
+
+def test_a_joined_lookup_of_no_rows_has_an_empty_payload():
+    _, joined = _values_and_joined(shard(), [("emb", np.empty(0, np.int64))])
+    assert joined.rows == b"" and not joined.values

@@ -1,0 +1,112 @@
+"""A step lookup's joined answers land where each table's ids ask, whatever the widths and
+dtypes; an answer of the wrong size is refused before anything is placed."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.client.joined_lookup import JoinedLookup
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
+from ember.ps_server.routing import shard_of
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_to_wire
+from ember.ps_server.wire.step_codec import LookupResponseView
+
+# Widths out of order (3, 8, 3, 5), every dtype, duplicates and a table without ids.
+TABLES = ["a", "b", "c", "d", "e"]
+DIMS = [3, 8, 3, 5, 8]
+DTYPES = [RowDtype.FLOAT32, RowDtype.BFLOAT16, RowDtype.FLOAT16, RowDtype.FLOAT32, RowDtype.FLOAT32]
+
+
+def _row(table: str, ids: np.ndarray, dim: int) -> torch.Tensor:
+    """The rows a shard holds: a distinct value per table, id and column."""
+    salt = TABLES.index(table) * 1000.0
+    return torch.from_numpy(ids[:, None] * 0.25 + salt + np.arange(dim)[None, :]).float()
+
+
+def _answer(lookup: JoinedLookup, shard: int) -> bytes:
+    """What a shard answers for :meth:`JoinedLookup.entries`: rows back to back."""
+    parts = []
+    for table, ids, dtype in lookup.entries(shard):
+        rows = _row(table, ids, DIMS[TABLES.index(table)])
+        parts.append(rows_to_wire(rows, dtype, table, ids).tobytes())
+    return b"".join(parts)
+
+
+def _arrays(seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    sizes = [40, 25, 0, 60, 1]
+    return [rng.integers(0, 50, size).astype(np.int64) for size in sizes]
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_every_tables_rows_land_in_the_callers_order(num_shards):
+    arrays = _arrays(3)
+    lookup = JoinedLookup(TABLES, arrays, DIMS, DTYPES, num_shards)
+    for shard in range(num_shards):
+        for table, ids, _ in lookup.entries(shard):
+            t = TABLES.index(table)
+            assert (shard_of(table, ids, num_shards) == shard).all()
+            assert set(ids.tolist()) <= set(arrays[t].tolist())
+        lookup.place(shard, memoryview(_answer(lookup, shard)))
+    rows = lookup.rows()
+    assert list(rows) == TABLES
+    for table, ids, dim, dtype in zip(TABLES, arrays, DIMS, DTYPES):
+        expected = _row(table, ids, dim).to(TORCH_DTYPES.get(dtype, torch.float32)).float()
+        assert rows[table].shape == (len(ids), dim)
+        assert torch.equal(rows[table], expected), table
+
+
+def test_an_answer_of_the_wrong_size_is_refused_and_places_nothing():
+    lookup = JoinedLookup(TABLES, _arrays(4), DIMS, DTYPES, 2)
+    for shard in range(2):
+        lookup.place(shard, memoryview(_answer(lookup, shard)))
+    before = {table: rows.clone() for table, rows in lookup.rows().items()}
+    answer = _answer(lookup, 0)
+    for wrong in (answer[:-4], answer + bytes(4), b""):
+        garbage = memoryview(bytes(len(wrong)))  # zeros: would show if placed
+        with pytest.raises(InvalidArgumentError, match=f"{len(answer)} bytes of rows"):
+            lookup.place(0, garbage)
+    assert all(torch.equal(lookup.rows()[t], rows) for t, rows in before.items())
+
+
+def test_a_lookup_of_no_tables_has_no_entries_and_no_rows():
+    lookup = JoinedLookup([], [], [], [], 2)
+    assert lookup.entries(0) == [] and lookup.entries(1) == [] and lookup.rows() == {}
+    lookup.place(0, memoryview(b""))
+
+
+class _OneShard:
+    """Stands in for a PSClient of one shard whose every call gets ``reply``."""
+
+    endpoints, num_shards = ["shard-0:7000"], 1
+
+    def __init__(self, reply: LookupResponseView) -> None:
+        self.shard_rpc = SimpleNamespace(data_plane=SimpleNamespace(trailer=b""), run=self._run)
+        self.reply = reply
+
+    def _run(self, calls, on_reply):
+        for index in range(len(calls)):
+            on_reply(index, self.reply)
+
+    def dim(self, table: str) -> int:
+        return 4
+
+    def ensure_topology(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (LookupResponseView([memoryview(bytes(48))], -1), "predates LookupRequest.joined_rows"),
+        (LookupResponseView([], -1, rows=memoryview(bytes(44))), "48 bytes of rows"),
+    ],
+)
+def test_a_step_client_refuses_an_answer_it_did_not_ask_for_as_internal(reply, message):
+    steps = StepClient(_OneShard(reply))
+    with pytest.raises(PSClientError, match=message) as error:
+        steps.lookup({"t": torch.tensor([1, 2, 1])})
+    assert error.value.code == Status.INTERNAL and error.value.endpoint == "shard-0:7000"
