@@ -49,17 +49,36 @@ def as_grad_rows(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
     Raises:
         ValueError: wrong shape or a NaN/Inf value.
     """
+    tensor = grad_tensor(grads, num_rows, dim)
+    check_finite(tensor, "grads")
+    return tensor
+
+
+def grad_tensor(grads: Any, num_rows: int, dim: int) -> torch.Tensor:
+    """``grads`` as a contiguous float32 CPU tensor [num_rows, dim] (values unchecked).
+
+    Raises:
+        ValueError: wrong shape.
+    """
     tensor = torch.as_tensor(grads).detach().to("cpu", torch.float32).contiguous()
     if tuple(tensor.shape) != (num_rows, dim):
         raise ValueError(f"grads must have shape ({num_rows}, {dim}), got {tuple(tensor.shape)}")
-    values = tensor.numpy()
+    return tensor
+
+
+def check_finite(rows: torch.Tensor, what: str) -> None:
+    """Refuse a float32 CPU tensor holding NaN or Inf.
+
+    Raises:
+        ValueError: "``what`` contain NaN or Inf".
+    """
+    values = rows.numpy()
     # A finite sum proves every value finite (a NaN or Inf would carry into it); only a sum
     # that overflowed or met one needs the check of every value.
     with np.errstate(over="ignore", invalid="ignore"):  # an overflowing sum is not an error
         finite_sum = bool(np.isfinite(values.sum()))
     if not finite_sum and not np.isfinite(values).all():
-        raise ValueError("grads contain NaN or Inf")
-    return tensor
+        raise ValueError(f"{what} contain NaN or Inf")
 
 
 def id_tensor(ids: np.ndarray) -> torch.Tensor:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -78,20 +77,6 @@ def shard_of_tables(
     return ((high * np.uint64(num_shards)) >> np.uint64(32)).astype(np.int64)
 
 
-class TablePart(NamedTuple):
-    """The ids of one table that one shard owns.
-
-    Attributes:
-        table: index of the table in the routed list.
-        positions: ascending positions into that table's ids.
-        ids: the ids at those positions.
-    """
-
-    table: int
-    positions: np.ndarray
-    ids: np.ndarray
-
-
 class ShardIds(NamedTuple):
     """The ids that one shard owns of several tables' ids laid end to end.
 
@@ -125,39 +110,6 @@ def route_joined(
         bounds = np.concatenate([[0], np.searchsorted(positions, ends)]).astype(np.int64)
         routed.append(ShardIds(positions, ids[positions], bounds))
     return routed
-
-
-def route_tables(
-    tables: Sequence[str], arrays: Sequence[np.ndarray], num_shards: int
-) -> list[list[TablePart]]:
-    """Per shard, the part of each table's ids that it owns, routed in one pass.
-
-    Args:
-        tables: table names.
-        arrays: ``arrays[t]``, the int64 ids of ``tables[t]``.
-        num_shards: shards in the cluster.
-
-    Returns:
-        ``num_shards`` lists (shard k's at index k) of :class:`TablePart`, in table order;
-        a table with no id on a shard has no part there.
-
-    Example:
-        >>> parts = route_tables(["user"], [np.array([5, 9, 5])], 2)  # doctest: +SKIP
-        >>> [[(p.table, p.positions.tolist()) for p in shard] for shard in parts]
-        [[(0, [0, 2])], [(0, [1])]]
-    """
-    lengths = [len(array) for array in arrays]
-    ends = np.cumsum(lengths, dtype=np.int64)
-    starts = (ends - lengths).tolist()
-    all_ids = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
-    return [
-        [
-            TablePart(t, part.positions[lo:hi] - starts[t], part.ids[lo:hi])
-            for t, (lo, hi) in enumerate(itertools.pairwise(part.bounds.tolist()))
-            if hi > lo
-        ]
-        for part in route_joined(tables, all_ids, ends, num_shards)
-    ]
 
 
 def positions_by_shard(shards: np.ndarray, num_shards: int) -> list[np.ndarray]:

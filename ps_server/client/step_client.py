@@ -17,16 +17,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from ember.ps_server.client.joined_ids import JoinedIds
 from ember.ps_server.client.joined_lookup import JoinedLookup
+from ember.ps_server.client.joined_update import JoinedUpdate
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
-from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
-from ember.ps_server.routing import route_tables
+from ember.ps_server.id_arrays import as_id_array
 from ember.ps_server.wire.frames import NO_CLOCK, frame_dtype
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.row_packing import rows_from_wire, rows_to_wire
+from ember.ps_server.wire.row_packing import rows_from_wire
 from ember.ps_server.wire.step_codec import (
     LookupResponseView,
     StepClockView,
@@ -222,76 +223,61 @@ class StepClient:
                 ranks (DEADLINE_EXCEEDED, naming them).
         """
         clock_view = self._clock(clock)
-        tables, unique_ids, wire_rows = list(updates), [], []
-        for table, (ids, grads) in updates.items():
-            id_array = as_id_array(ids)
-            dim = self.client.dim(table)
-            distinct, summed = sum_duplicates(id_array, as_grad_rows(grads, len(id_array), dim))
-            unique_ids.append(distinct)
-            wire_rows.append(
-                rows_to_wire(
-                    summed, self.wire_dtype(table), f"gradients of table {table!r}", distinct
-                )
-            )
-        per_shard_updates = [
-            [
-                (tables[t], ids, wire_rows[t][positions], self.wire_dtype(tables[t]))
-                for t, positions, ids in items
-            ]
-            for items in route_tables(tables, unique_ids, self.client.num_shards)
-        ]
+        tables = list(updates)
+        batch = JoinedUpdate(
+            tables, [as_id_array(ids) for ids, _ in updates.values()],
+            [grads for _, grads in updates.values()], [self.client.dim(t) for t in tables],
+            [self.wire_dtype(t) for t in tables], self.client.num_shards,
+        )  # fmt: skip
         refresh_tables = list(refresh or {})
-        per_shard_refresh = [
-            [(refresh_tables[t], positions, ids) for t, positions, ids in items]
-            for items in route_tables(
-                refresh_tables,
-                [as_id_array(i) for i in (refresh or {}).values()],
-                self.client.num_shards,
-            )
-        ]
-        refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
+        asked = JoinedIds(
+            refresh_tables, [as_id_array(ids) for ids in (refresh or {}).values()],
+            [self.client.dim(t) for t in refresh_tables],
+            [self.wire_dtype(t) for t in refresh_tables], self.client.num_shards,
+        )  # fmt: skip
         calls = []
-        for shard in range(self.client.num_shards):
-            refresh_entries = [
-                (table, ids, self.wire_dtype(table)) for table, _, ids in per_shard_refresh[shard]
-            ]
+        for shard in range(self.client.num_shards):  # every entry packed before any is sent
+            entries, refresh_entries = batch.grad_entries(shard), asked.entries(shard)
             request = encode_update_request(
-                per_shard_updates[shard], clock_view, refresh_entries,
-                replica=self.job.replica, trailer=self._trailer,
+                entries, clock_view, refresh_entries, replica=self.job.replica,
+                trailer=self._trailer,
             )  # fmt: skip
-            dtypes = [e[-1] for e in (*per_shard_updates[shard], *refresh_entries)]
+            dtypes = [e[-1] for e in (*entries, *refresh_entries)]
             calls.append(
                 ShardCall(
-                    shard, "Update", request, self._wait_s(clock_view),
-                    len(per_shard_updates[shard]), clock, frame_dtype(dtypes),
+                    shard, "Update", request, self._wait_s(clock_view), len(entries), clock,
+                    frame_dtype(dtypes),
                 )
             )  # fmt: skip
 
         self._count_wire(sum(len(call.request) for call in calls))
         watermarks, flush_requests = [], []
+        refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
 
         def collect(shard: int, reply: UpdateResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
             flush_requests.append(reply.flush)
-            for (table, positions, _), (found, values, dtype) in zip(
-                per_shard_refresh[shard], reply.refreshed, strict=True
+            part = asked.shards[shard]
+            for (t, lo, hi), (found, values, dtype) in zip(
+                asked.parts(shard), reply.refreshed, strict=True
             ):
+                table = asked.tables[t]
                 where = np.frombuffer(found, dtype="<i8")
-                if len(where) and (where.min() < 0 or where.max() >= len(positions)):
+                if len(where) and (where.min() < 0 or where.max() >= hi - lo):
                     raise PSClientError(
                         self.client.endpoints[shard], Status.INTERNAL,
                         f"refresh of table {table!r} named positions outside its "
-                        f"{len(positions)} ids",
+                        f"{hi - lo} ids",
                     )  # fmt: skip
-                if dtype not in (RowDtype.FLOAT32, self.wire_dtype(table)):
+                if dtype not in (RowDtype.FLOAT32, asked.dtypes[t]):
                     raise PSClientError(
                         self.client.endpoints[shard], Status.INTERNAL,
                         f"refresh of table {table!r} came as row dtype {dtype}, asked for "
-                        f"{self.wire_dtype(table).name.lower()} (or float32)",
+                        f"{asked.dtypes[t].name.lower()} (or float32)",
                     )  # fmt: skip
                 rows = self._received_rows(shard, table, values, len(where), "refresh", dtype)
-                refreshed[table][0].append(positions[where])
+                refreshed[table][0].append(part.positions[lo:hi][where] - asked.starts[t])
                 refreshed[table][1].append(np.array(rows))
 
         self.client.shard_rpc.run(calls, on_reply=collect)

@@ -6,7 +6,7 @@ from ember.kernels.loader import reference_backend
 from ember.ps_server.routing import (
     mix64,
     positions_by_shard,
-    route_tables,
+    route_joined,
     shard_of,
     shard_of_tables,
 )
@@ -113,12 +113,13 @@ def test_tables_routed_together_land_where_each_alone_does(sizes, shards, seed):
         with backend:
             together = shard_of_tables(tables, np.concatenate(arrays), ends, shards)
         assert together.tolist() == alone.tolist()
-    seen = [[] for _ in sizes]
-    for shard, parts in enumerate(route_tables(tables, arrays, shards)):
-        assert [part.table for part in parts] == sorted({part.table for part in parts})
-        for part in parts:
-            assert len(part.positions) > 0 and (np.diff(part.positions) > 0).all()
-            assert (alone[ends[part.table] - sizes[part.table] + part.positions] == shard).all()
-            assert part.ids.tolist() == arrays[part.table][part.positions].tolist()
-            seen[part.table].extend(part.positions.tolist())
-    assert [sorted(s) for s in seen] == [list(range(n)) for n in sizes]
+    joined, seen = np.concatenate(arrays), []
+    for shard, part in enumerate(route_joined(tables, joined, ends, shards)):
+        assert (np.diff(part.positions) > 0).all() and (alone[part.positions] == shard).all()
+        assert part.ids.tolist() == joined[part.positions].tolist()
+        assert part.bounds[0] == 0 and part.bounds[-1] == len(part.positions)
+        for t, (lo, hi) in enumerate(zip(part.bounds[:-1], part.bounds[1:])):
+            start = ends[t] - sizes[t]
+            assert ((part.positions[lo:hi] >= start) & (part.positions[lo:hi] < ends[t])).all()
+        seen.extend(part.positions.tolist())
+    assert sorted(seen) == list(range(len(joined)))

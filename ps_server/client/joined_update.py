@@ -1,0 +1,81 @@
+"""A step update's gradients: checked and joined once, packed per shard in one gather per
+row width (see :class:`JoinedIds`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from ember.ps_server.client.joined_ids import JoinedIds
+from ember.ps_server.id_arrays import check_finite, grad_tensor, sum_duplicates
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_to_wire
+
+
+class JoinedUpdate(JoinedIds):
+    """One rank's gradients of a step: each table's distinct ids with their summed rows,
+    routed and ready to pack per shard.
+
+    Args:
+        tables: table names (distinct).
+        arrays: ``arrays[t]``, the validated int64 ids of ``tables[t]`` (duplicates allowed:
+            their rows are summed).
+        grads: ``grads[t]``, its gradient rows [len(ids), dim] (anything ``torch.as_tensor``
+            takes).
+        dims, dtypes, num_shards: as :class:`JoinedIds`.
+
+    Raises:
+        ValueError: gradients of the wrong shape, or NaN or Inf (naming the table).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[str],
+        arrays: Sequence[np.ndarray],
+        grads: Sequence[Any],
+        dims: Sequence[int],
+        dtypes: Sequence[RowDtype],
+        num_shards: int,
+    ) -> None:
+        summed = [
+            sum_duplicates(ids, grad_tensor(rows, len(ids), dim))
+            for ids, rows, dim in zip(arrays, grads, dims)
+        ]
+        super().__init__(tables, [ids for ids, _ in summed], dims, dtypes, num_shards)
+        by_table = dict(zip(tables, (rows for _, rows in summed)))
+        self._grads = []
+        for width in self.widths:
+            names = self.tables[width.first : width.end]
+            block = torch.cat([by_table[name] for name in names])
+            try:
+                check_finite(block, "grads")
+            except ValueError:  # name the table
+                for name in names:
+                    check_finite(by_table[name], f"grads of table {name!r}")
+                raise
+            self._grads.append(block)
+
+    def grad_entries(self, shard: int) -> list[tuple[str, np.ndarray, np.ndarray, RowDtype]]:
+        """``(table, ids, gradient rows as they travel, dtype)`` of each table with ids on
+        ``shard``, in the joined order.
+
+        Raises:
+            OutOfRangeError: a gradient beyond its table's wire dtype.
+        """
+        part, bounds = self.shards[shard], self.shards[shard].bounds.tolist()
+        entries = []
+        for width, block in zip(self.widths, self._grads):
+            lo, hi = bounds[width.first], bounds[width.end]
+            if hi == lo:
+                continue
+            rows = block.index_select(0, torch.from_numpy(part.positions[lo:hi] - width.start))
+            for t in range(width.first, width.end):
+                start, end = bounds[t], bounds[t + 1]
+                if end > start:
+                    table, ids, dtype = self.tables[t], part.ids[start:end], self.dtypes[t]
+                    what = f"gradients of table {table!r}"
+                    wire = rows_to_wire(rows[start - lo : end - lo], dtype, what, ids)
+                    entries.append((table, ids, wire, dtype))
+        return entries

@@ -1,0 +1,74 @@
+"""A step update's joined gradients reach each shard as every table's distinct ids with
+their summed rows, whatever the widths and dtypes; bad gradients are refused naming the
+table, before anything is packed."""
+
+import numpy as np
+import pytest
+import torch
+from ember.ps_server.client.joined_update import JoinedUpdate
+from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.routing import shard_of
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_from_wire
+
+TABLES = ["a", "b", "c", "d"]
+DIMS = [3, 8, 3, 5]  # widths out of order
+DTYPES = [RowDtype.FLOAT32, RowDtype.BFLOAT16, RowDtype.FLOAT16, RowDtype.FLOAT32]
+
+
+def _batch(seed: int):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(0, 30, size).astype(np.int64) for size in (40, 25, 0, 60)]
+    grads = [torch.from_numpy(rng.standard_normal((len(a), d))) for a, d in zip(arrays, DIMS)]
+    return arrays, grads  # float64 gradients: converted to float32 on the way
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_each_shard_gets_its_distinct_ids_with_their_summed_rows(num_shards):
+    arrays, grads = _batch(5)
+    update = JoinedUpdate(TABLES, arrays, grads, DIMS, DTYPES, num_shards)
+    got = {table: {} for table in TABLES}
+    for shard in range(num_shards):
+        for table, ids, wire, dtype in update.grad_entries(shard):
+            t = TABLES.index(table)
+            assert dtype is DTYPES[t] and (shard_of(table, ids, num_shards) == shard).all()
+            assert (np.diff(ids) > 0).all()  # distinct, ascending
+            rows = rows_from_wire(wire.tobytes(), dtype, len(ids), DIMS[t], table)
+            got[table].update({int(i): row for i, row in zip(ids, rows)})
+    for table, ids, rows, dtype in zip(TABLES, arrays, grads, DTYPES):
+        expected = {}
+        for i, row in zip(ids.tolist(), rows.float()):  # summed in float32, in order
+            expected[i] = expected.get(i, torch.zeros_like(row)) + row
+        assert sorted(got[table]) == sorted(expected), table
+        for i, row in expected.items():
+            wire = row.to(TORCH_DTYPES[dtype]).float().numpy()
+            np.testing.assert_array_equal(got[table][i], wire, err_msg=f"{table} id {i}")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_gradient_that_is_not_finite_is_refused_naming_its_table(bad):
+    arrays, grads = _batch(6)
+    grads[3][7, 2] = bad
+    with pytest.raises(ValueError, match="grads of table 'd' contain NaN or Inf"):
+        JoinedUpdate(TABLES, arrays, grads, DIMS, DTYPES, 2)
+
+
+def test_finite_duplicates_whose_sum_overflows_are_refused():
+    arrays = [np.array([4, 4], np.int64)]
+    with pytest.raises(ValueError, match="grads of table 'a' contain NaN or Inf"):
+        JoinedUpdate(["a"], arrays, [torch.full((2, 3), 3e38)], [3], [RowDtype.FLOAT32], 2)
+
+
+def test_gradients_of_the_wrong_shape_are_refused():
+    arrays, grads = _batch(7)
+    grads[1] = grads[1][:, :7]
+    with pytest.raises(ValueError, match=r"grads must have shape \(25, 8\), got \(25, 7\)"):
+        JoinedUpdate(TABLES, arrays, grads, DIMS, DTYPES, 2)
+
+
+def test_a_gradient_beyond_its_wire_dtype_is_refused_when_packed():
+    update = JoinedUpdate(
+        ["a"], [np.array([9], np.int64)], [torch.full((1, 3), 1e5)], [3], [RowDtype.FLOAT16], 1
+    )
+    with pytest.raises(OutOfRangeError, match="gradients of table 'a': the row of id 9"):
+        update.grad_entries(0)
