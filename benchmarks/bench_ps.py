@@ -142,7 +142,7 @@ def bench_step_lookup(
         for table, ids in tables.items():
             mine = positions_by_shard(shard_of(table, ids, client.num_shards), client.num_shards)
             parts.append((table, ids[mine[shard]].tobytes()))
-        payloads.append(encode_lookup_request(parts, steps.job.clock(0)))
+        payloads.append(encode_lookup_request(parts, steps.job.clock(0), joined_rows=True))
     ember_pids, raw_pids = pids
     times: dict[str, list[tuple[float, float, float]]] = {"lookup": [], "raw": []}
     for _ in range(rounds):

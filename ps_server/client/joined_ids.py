@@ -36,7 +36,9 @@ class JoinedIds:
 
     Attributes:
         tables, dims, dtypes: per table, in the joined order.
-        starts: where each table's ids start among the joined ids.
+        lengths, starts: how many ids each table has, and where they start among the
+            joined ids.
+        row_bytes: the bytes of one of each table's rows as they travel.
         shards: per shard, its ids (see :class:`ember.ps_server.routing.ShardIds`).
         widths: the runs of tables of one row width, in the joined order.
     """

@@ -33,13 +33,18 @@ class JoinedLookup(JoinedIds):
         num_shards: int,
     ) -> None:
         super().__init__(tables, arrays, dims, dtypes, num_shards)
-        self._outs = [torch.empty(width.count, width.dim) for width in self.widths]
+        self._outs = [
+            torch.empty(width.count, width.dim, dtype=torch.float32) for width in self.widths
+        ]
         self._rows = {}
         for width, out in zip(self.widths, self._outs):
             for t in range(width.first, width.end):
                 begin = int(self.starts[t]) - width.start
                 self._rows[self.tables[t]] = out[begin : begin + int(self.lengths[t])]
         self._order = list(tables)
+        self._width_of = [
+            w for w, width in enumerate(self.widths) for _ in range(width.first, width.end)
+        ]
 
     def place(self, shard: int, rows: memoryview) -> None:
         """Scatter ``shard``'s answer (its rows back to back, as :meth:`entries` asked).
@@ -65,9 +70,33 @@ class JoinedLookup(JoinedIds):
                 scatter_rows(out, index, values)
             offset += size
 
+    def place_values(self, shard: int, values: Sequence[memoryview]) -> None:
+        """Scatter ``shard``'s answer as a shard that predates joined rows gives it: each
+        table's rows in its own entry, as :meth:`entries` asked.
+
+        Raises:
+            InvalidArgumentError: another number of entries, or an entry of the wrong size
+                (nothing placed).
+        """
+        parts, part = self.parts(shard), self.shards[shard]
+        if len(values) != len(parts):
+            raise InvalidArgumentError(
+                f"a lookup's answer must hold {len(parts)} tables' rows, got {len(values)}"
+            )
+        blocks = [
+            rows_from_wire(value, self.dtypes[t], hi - lo, self.dims[t],
+                           f"lookup of table {self.tables[t]!r}")
+            for (t, lo, hi), value in zip(parts, values)
+        ]  # fmt: skip
+        for (t, lo, hi), block in zip(parts, blocks):
+            w = self._width_of[t]
+            index = torch.from_numpy(part.positions[lo:hi] - self.widths[w].start)
+            scatter_rows(self._outs[w], index, torch.from_numpy(np.array(block)))  # a copy: rare
+
     def rows(self) -> dict[str, torch.Tensor]:
-        """Each table's rows [len(ids), dim], in the caller's order (slices of one tensor per
-        row width; every row is written once each shard's answer is placed)."""
+        """Each table's rows [len(ids), dim], in the caller's order; every row is written once
+        each shard's answer is placed. The tables of one row width are slices of one tensor:
+        changing a table's rows in place is safe, resizing them is not."""
         return {table: self._rows[table] for table in self._order}
 
     def _float_rows(self, width: Width, bounds: np.ndarray, block: memoryview) -> torch.Tensor:

@@ -27,7 +27,8 @@ class JoinedUpdate(JoinedIds):
         dims, dtypes, num_shards: as :class:`JoinedIds`.
 
     Raises:
-        ValueError: gradients of the wrong shape, or NaN or Inf (naming the table).
+        ValueError: gradients of the wrong shape, or NaN or Inf (naming the table; nothing
+            is changed).
     """
 
     def __init__(
@@ -39,16 +40,20 @@ class JoinedUpdate(JoinedIds):
         dtypes: Sequence[RowDtype],
         num_shards: int,
     ) -> None:
-        summed = [
-            sum_duplicates(ids, grad_tensor(rows, len(ids), dim))
-            for ids, rows, dim in zip(arrays, grads, dims)
-        ]
+        summed = []
+        for table, ids, rows, dim in zip(tables, arrays, grads, dims):
+            try:
+                summed.append(sum_duplicates(ids, grad_tensor(rows, len(ids), dim)))
+            except ValueError as error:
+                raise ValueError(f"table {table!r}: {error}") from None
         super().__init__(tables, [ids for ids, _ in summed], dims, dtypes, num_shards)
         by_table = dict(zip(tables, (rows for _, rows in summed)))
         self._grads = []
         for width in self.widths:
             names = self.tables[width.first : width.end]
-            block = torch.cat([by_table[name] for name in names])
+            block = (
+                torch.cat([by_table[n] for n in names]) if len(names) > 1 else by_table[names[0]]
+            )
             try:
                 check_finite(block, "grads")
             except ValueError:  # name the table

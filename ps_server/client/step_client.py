@@ -143,7 +143,8 @@ class StepClient:
         self, requests: Mapping[str, Any], clock: int | None = None
     ) -> dict[str, torch.Tensor]:
         """Rows of each table's ids, in the caller's order (duplicates allowed), read once every
-        rank's updates up to ``clock`` are applied (needs a job; None: at once).
+        rank's updates up to ``clock`` are applied (needs a job; None: at once). Tables of one
+        row width come as slices of one tensor (see :meth:`JoinedLookup.rows`).
 
         Raises:
             ValueError: bad ids, or a clock without a job.
@@ -182,12 +183,10 @@ class StepClient:
             watermarks.append(reply.watermark)
             shard = shards[index]
             try:
-                if reply.values:
-                    raise InvalidArgumentError(
-                        "the shard answered per-table values, not joined rows: it predates "
-                        "LookupRequest.joined_rows; upgrade it"
-                    )
-                batch.place(shard, reply.rows)
+                if reply.values:  # a shard that predates joined rows
+                    batch.place_values(shard, reply.values)
+                else:
+                    batch.place(shard, reply.rows)
             except InvalidArgumentError as error:
                 raise PSClientError(
                     self.client.endpoints[shard], Status.INTERNAL, str(error)
@@ -276,7 +275,7 @@ class StepClient:
                         f"refresh of table {table!r} came as row dtype {dtype}, asked for "
                         f"{asked.dtypes[t].name.lower()} (or float32)",
                     )  # fmt: skip
-                rows = self._received_rows(shard, table, values, len(where), "refresh", dtype)
+                rows = self._refreshed_rows(shard, table, values, len(where), dtype)
                 refreshed[table][0].append(part.positions[lo:hi][where] - asked.starts[t])
                 refreshed[table][1].append(np.array(rows))
 
@@ -287,7 +286,7 @@ class StepClient:
                 torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),
                 torch.from_numpy(np.concatenate(rows))
                 if rows
-                else torch.empty(0, self.client.dim(table)),
+                else torch.empty(0, self.client.dim(table), dtype=torch.float32),
             )
             for table, (found, rows) in refreshed.items()
         }
@@ -319,25 +318,19 @@ class StepClient:
         """How ``table``'s rows and gradients travel."""
         return self.wire_dtypes.get(table, RowDtype.FLOAT32)
 
-    def _received_rows(
-        self,
-        shard: int,
-        table: str,
-        values: memoryview,
-        num_rows: int,
-        what: str,
-        dtype: int | None = None,
+    def _refreshed_rows(
+        self, shard: int, table: str, values: memoryview, num_rows: int, dtype: int
     ) -> np.ndarray:
-        """A reply's float32 rows of ``table`` (a view of the reply when they came as float32),
-        in ``dtype`` (the .proto's number; None: the table's wire dtype).
+        """An update reply's float32 refresh rows of ``table`` (a view of the reply when they
+        came as float32), in ``dtype`` (the .proto's number).
 
         Raises:
             PSClientError: INTERNAL, an unknown dtype or another number of bytes.
         """
         try:
             return rows_from_wire(
-                values, self.wire_dtype(table) if dtype is None else RowDtype.from_wire(dtype),
-                num_rows, self.client.dim(table), f"{what} of table {table!r}",
+                values, RowDtype.from_wire(dtype), num_rows, self.client.dim(table),
+                f"refresh of table {table!r}",
             )  # fmt: skip
         except InvalidArgumentError as error:
             raise PSClientError(self.client.endpoints[shard], Status.INTERNAL, str(error)) from None

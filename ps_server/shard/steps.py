@@ -59,7 +59,8 @@ class StepService:
 
     def lookup(self, request: LookupRequestView) -> tuple[list[TableRead], int]:
         """The validated reads of every table of ``request``, in order, once its clock is
-        reached (each read's rows are written by :func:`write_wire_rows`).
+        reached (their rows are written by :func:`write_wire_rows` or, joined,
+        :func:`write_joined_rows`).
 
         Returns:
             ``(reads, the job's watermark or -1)``.

@@ -127,11 +127,12 @@ def aligned_len_field(number: int, payload_length: int, offset: int, alignment: 
         raise ValueError(f"alignment must be in 1..4, got {alignment}")
     tag, length = varint((number << 3) | LEN), varint(payload_length)
     pad = -(offset + len(tag) + len(length)) % alignment
-    return tag + _overlong(length, min(pad, _TAG_AND_LENGTH_BYTES - len(length)))
+    return tag + overlong_varint(length, min(pad, _TAG_AND_LENGTH_BYTES - len(length)))
 
 
-def _overlong(encoded: bytes, extra: int) -> bytes:
-    """The varint ``encoded`` written in ``extra`` more bytes."""
+def overlong_varint(encoded: bytes, extra: int) -> bytes:
+    """The varint ``encoded`` written in ``extra`` more bytes (continuation bytes that every
+    protobuf parser reads as the same number, up to a varint's 10 bytes)."""
     if not extra:
         return encoded
     return encoded[:-1] + bytes([encoded[-1] | 0x80]) + b"\x80" * (extra - 1) + b"\x00"

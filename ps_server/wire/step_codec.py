@@ -28,11 +28,15 @@ from ember.ps_server.wire.proto_wire import (
     int64,
     int64_varint,
     len_field,
+    overlong_varint,
     uint32,
     utf8,
     varint,
 )
 from ember.ps_server.wire.row_dtype import RowDtype
+
+_WATERMARK_TAG = varint(2 << 3 | VARINT)  # LookupResponse.watermark
+_VARINT_BYTES = 10
 
 
 @dataclasses.dataclass
@@ -228,9 +232,12 @@ def encode_lookup_response(
     returned), each in its own ``values`` entry or (``joined_rows``) back to back in
     ``rows``. Payloads start 4-byte aligned from the message's start where
     :func:`aligned_len_field` has room (fillers must not rely on it)."""
+    tail = b"".join([*_scalar(2, watermark, int64_varint), trailer])
     if joined_rows:  # one payload (omitted when empty, as proto3 omits an empty bytes field)
         payload = sum(row_bytes)
-        header = aligned_len_field(3, payload, 0) if payload else b""
+        header = b""
+        if payload:  # the watermark first, then the rows
+            header, tail = _joined_rows_header(watermark, payload), trailer
         headers = [header, *[b""] * (len(row_bytes) - 1)] if row_bytes else []
         offset = len(header) + payload
     else:
@@ -238,7 +245,6 @@ def encode_lookup_response(
         for size in row_bytes:
             headers.append(aligned_len_field(1, size, offset))
             offset += len(headers[-1]) + size
-    tail = b"".join([*_scalar(2, watermark, int64_varint), trailer])
     total = offset + len(tail)
 
     def fill(view: memoryview) -> None:
@@ -251,6 +257,21 @@ def encode_lookup_response(
         view[pos:] = tail
 
     return fill_new_bytes(total, fill)
+
+
+def _joined_rows_header(watermark: int, payload: int) -> bytes:
+    """A LookupResponse's start: its watermark, then the tag and length of ``rows``
+    (``payload`` bytes), so that the rows start 4-byte aligned from the message's start:
+    the watermark's varint is padded with continuation bytes where the length's padding
+    alone cannot align them (always possible below 256 MiB of rows; fillers must not rely
+    on it)."""
+    value = int64_varint(watermark)
+    for extra in range(min(4, _VARINT_BYTES - len(value) + 1)):
+        lead = _WATERMARK_TAG + overlong_varint(value, extra)
+        header = lead + aligned_len_field(3, payload, len(lead))
+        if len(header) % 4 == 0:
+            break
+    return header
 
 
 def encode_update_response(

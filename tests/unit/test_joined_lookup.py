@@ -14,7 +14,7 @@ from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_to_wire
 from ember.ps_server.wire.step_codec import LookupResponseView
 
-# Widths out of order (3, 8, 3, 5), every dtype, duplicates and a table without ids.
+# Widths out of order (3, 8, 3, 5, 8), every dtype, duplicates and a table without ids.
 TABLES = ["a", "b", "c", "d", "e"]
 DIMS = [3, 8, 3, 5, 8]
 DTYPES = [RowDtype.FLOAT32, RowDtype.BFLOAT16, RowDtype.FLOAT16, RowDtype.FLOAT32, RowDtype.FLOAT32]
@@ -37,7 +37,7 @@ def _answer(lookup: JoinedLookup, shard: int) -> bytes:
 
 def _arrays(seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    sizes = [40, 25, 0, 60, 1]
+    sizes = [40, 25, 7, 60, 0]  # an odd-sized float16 table shifts the next width
     return [rng.integers(0, 50, size).astype(np.int64) for size in sizes]
 
 
@@ -101,8 +101,9 @@ class _OneShard:
 @pytest.mark.parametrize(
     "reply, message",
     [
-        (LookupResponseView([memoryview(bytes(48))], -1), "predates LookupRequest.joined_rows"),
         (LookupResponseView([], -1, rows=memoryview(bytes(44))), "48 bytes of rows"),
+        (LookupResponseView([memoryview(bytes(44))], -1), r"3 ids x dim 4 float32 = 48 bytes"),
+        (LookupResponseView([memoryview(bytes(48))] * 2, -1), "1 tables' rows, got 2"),
     ],
 )
 def test_a_step_client_refuses_an_answer_it_did_not_ask_for_as_internal(reply, message):
@@ -110,3 +111,19 @@ def test_a_step_client_refuses_an_answer_it_did_not_ask_for_as_internal(reply, m
     with pytest.raises(PSClientError, match=message) as error:
         steps.lookup({"t": torch.tensor([1, 2, 1])})
     assert error.value.code == Status.INTERNAL and error.value.endpoint == "shard-0:7000"
+
+
+def test_a_shard_that_predates_joined_rows_is_read_from_its_per_table_values():
+    arrays = _arrays(8)
+    lookup = JoinedLookup(TABLES, arrays, DIMS, DTYPES, 2)
+    for shard in range(2):
+        values = [
+            memoryview(rows_to_wire(_row(t, ids, DIMS[TABLES.index(t)]), dtype, t, ids).tobytes())
+            for t, ids, dtype in lookup.entries(shard)
+        ]
+        lookup.place_values(shard, values)
+    for table, ids, dim, dtype in zip(TABLES, arrays, DIMS, DTYPES):
+        expected = _row(table, ids, dim).to(TORCH_DTYPES[dtype]).float()
+        assert torch.equal(lookup.rows()[table], expected), table
+    steps = StepClient(_OneShard(LookupResponseView([memoryview(bytes(48))], -1)))
+    assert torch.equal(steps.lookup({"t": torch.tensor([1, 2, 1])})[0]["t"], torch.zeros(3, 4))

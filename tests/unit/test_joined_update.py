@@ -2,14 +2,18 @@
 their summed rows, whatever the widths and dtypes; bad gradients are refused naming the
 table, before anything is packed."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.joined_update import JoinedUpdate
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.errors import OutOfRangeError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_from_wire
+from ember.ps_server.wire.step_codec import UpdateResponseView, decode_update_request
 
 TABLES = ["a", "b", "c", "d"]
 DIMS = [3, 8, 3, 5]  # widths out of order
@@ -18,7 +22,7 @@ DTYPES = [RowDtype.FLOAT32, RowDtype.BFLOAT16, RowDtype.FLOAT16, RowDtype.FLOAT3
 
 def _batch(seed: int):
     rng = np.random.default_rng(seed)
-    arrays = [rng.integers(0, 30, size).astype(np.int64) for size in (40, 25, 0, 60)]
+    arrays = [rng.integers(0, 30, size).astype(np.int64) for size in (40, 25, 7, 60)]
     grads = [torch.from_numpy(rng.standard_normal((len(a), d))) for a, d in zip(arrays, DIMS)]
     return arrays, grads  # float64 gradients: converted to float32 on the way
 
@@ -48,8 +52,8 @@ def test_each_shard_gets_its_distinct_ids_with_their_summed_rows(num_shards):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_gradient_that_is_not_finite_is_refused_naming_its_table(bad):
     arrays, grads = _batch(6)
-    grads[3][7, 2] = bad
-    with pytest.raises(ValueError, match="grads of table 'd' contain NaN or Inf"):
+    grads[2][5, 2] = bad  # "c" shares its width with "a"
+    with pytest.raises(ValueError, match="grads of table 'c' contain NaN or Inf"):
         JoinedUpdate(TABLES, arrays, grads, DIMS, DTYPES, 2)
 
 
@@ -62,7 +66,7 @@ def test_finite_duplicates_whose_sum_overflows_are_refused():
 def test_gradients_of_the_wrong_shape_are_refused():
     arrays, grads = _batch(7)
     grads[1] = grads[1][:, :7]
-    with pytest.raises(ValueError, match=r"grads must have shape \(25, 8\), got \(25, 7\)"):
+    with pytest.raises(ValueError, match=r"table 'b': grads must have shape \(25, 8\), got"):
         JoinedUpdate(TABLES, arrays, grads, DIMS, DTYPES, 2)
 
 
@@ -72,3 +76,53 @@ def test_a_gradient_beyond_its_wire_dtype_is_refused_when_packed():
     )
     with pytest.raises(OutOfRangeError, match="gradients of table 'a': the row of id 9"):
         update.grad_entries(0)
+
+
+class _TwoShards:
+    """Stands in for a PSClient of two shards that answer every update's refresh with
+    every other row asked for (its value a function of table and id)."""
+
+    num_shards = 2
+
+    def __init__(self) -> None:
+        self.endpoints = ["shard-0:7000", "shard-1:7000"]
+        self.dims = {"wide": 8, "narrow": 4, "wide2": 8}
+        self.shard_rpc = SimpleNamespace(data_plane=SimpleNamespace(trailer=b""), run=self._run)
+
+    def _run(self, calls, on_reply):
+        for index, call in enumerate(calls):
+            request = decode_update_request(call.request)
+            refreshed = []
+            for entry in request.refresh:
+                ids = np.frombuffer(entry.ids, "<i8")
+                found = np.arange(0, len(ids), 2, dtype=np.int64)
+                rows = _refreshed(entry.table, ids[found], self.dims[entry.table])
+                refreshed.append((memoryview(found.tobytes()), memoryview(rows.tobytes()), 0))
+            on_reply(index, UpdateResponseView(False, refreshed, 0))
+
+    def dim(self, table: str) -> int:
+        return self.dims[table]
+
+    def ensure_topology(self) -> None:
+        pass
+
+
+def _refreshed(table: str, ids: np.ndarray, dim: int) -> np.ndarray:
+    return (ids[:, None] * 10.0 + len(table) + np.arange(dim)[None, :]).astype("<f4")
+
+
+def test_refreshed_rows_come_back_at_their_tables_own_positions():
+    # Widths 8, 4, 8: the shards see the narrow table first; positions must map back.
+    client = _TwoShards()
+    refresh = {t: torch.arange(100, 100 + 7 * n, 7) for n, t in zip((30, 20, 25), client.dims)}
+    result, _ = StepClient(client, StepJob("job")).update({}, 0, refresh)
+    assert list(result) == list(refresh)
+    for table, ids in refresh.items():
+        positions, rows = result[table]
+        owners = shard_of(table, ids.numpy(), 2)
+        expected = np.concatenate(
+            [np.flatnonzero(owners == k)[::2] for k in range(2)]  # every other per shard
+        )
+        assert positions.tolist() == expected.tolist(), table
+        wanted = _refreshed(table, ids.numpy()[expected], client.dims[table])
+        assert np.array_equal(rows.numpy(), wanted), table

@@ -7,6 +7,7 @@ import sys
 import random
 
 import numpy as np
+import pytest
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.step_codec import (
@@ -222,21 +223,39 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
         assert outcomes == {True, False}
 
 
-def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path):
+@pytest.mark.parametrize("joined", [False, True])
+def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path, joined):
     # Its parser matches tags by their bytes: a padded tag would drop the entry silently.
+    # Joined rows come after an overlong watermark varint where alignment needs one.
     values = [bytes([n]) * size for n, size in enumerate([20_001, 3, 70_000, 2_100_003, 5])]
     path = tmp_path / "reply.bin"
-    path.write_bytes(_lookup_response(values, 7))
+    path.write_bytes(_lookup_response(values, 7, joined_rows=joined))
     script = (
         "import sys; from ember.v1 import parameter_server_pb2 as pb; "
         "from google.protobuf.internal import api_implementation as api; "
         "m = pb.LookupResponse.FromString(open(sys.argv[1], 'rb').read()); "
-        "print(api.Type(), m.watermark, [(len(v), v[:1].hex()) for v in m.values])"
+        "print(api.Type(), m.watermark, len(m.rows), "
+        "[(len(v), v[:1].hex()) for v in m.values])"
     )
     env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     out = subprocess.run(
         [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
         check=True,
-    ).stdout.split(" ", 2)  # fmt: skip
+    ).stdout.split(" ", 3)  # fmt: skip
     assert out[:2] == ["python", "7"]
-    assert out[2].strip() == str([(len(v), v[:1].hex()) for v in values])
+    if joined:  # the rows whole, and no values
+        assert out[2] == str(sum(map(len, values))) and out[3].strip() == "[]"
+    else:
+        assert out[2] == "0" and out[3].strip() == str([(len(v), v[:1].hex()) for v in values])
+
+
+@pytest.mark.parametrize("watermark", [-1, 0, 5, 127, 2**20, 2**27, 2**40, 2**50, -(2**63)])
+@pytest.mark.parametrize("size", [1, 3, 16_384, 2**21 - 7, 2**21, 3 << 21])
+def test_joined_rows_start_aligned_at_any_watermark_and_size(watermark, size):
+    # Up to a 4-byte length varint (256 MiB): beyond the length's own padding room.
+    encoded = _lookup_response([bytes(size)], watermark, joined_rows=True)
+    assert (len(encoded) - size) % 4 == 0  # the rows are the message's last field
+    parsed = pb.LookupResponse.FromString(encoded)
+    assert parsed.watermark == watermark and len(parsed.rows) == size and not parsed.values
+    view = decode_lookup_response(encoded)
+    assert view.watermark == watermark and len(view.rows) == size

@@ -9,6 +9,7 @@ from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_handlers import StepHandlers
+from ember.ps_server.shard.steps import write_joined_rows
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import aligned_len_field
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -303,7 +304,7 @@ def _values_and_joined(server, entries):
     return replies
 
 
-@pytest.mark.parametrize("rows", [1500, 180_000])  # the joined payload starts aligned, or not
+@pytest.mark.parametrize("rows", [1500, 180_000])  # a length varint of 3 bytes, and of 4
 def test_a_joined_lookup_answers_every_tables_rows_back_to_back(rows):
     server = shard()
     server.create_table(TableSpec("big", dim=5))
@@ -330,3 +331,17 @@ def test_a_joined_lookup_answers_every_tables_rows_back_to_back(rows):
 def test_a_joined_lookup_of_no_rows_has_an_empty_payload():
     _, joined = _values_and_joined(shard(), [("emb", np.empty(0, np.int64))])
     assert joined.rows == b"" and not joined.values
+
+
+def test_joined_float32_rows_are_copied_into_a_payload_that_is_not_aligned():
+    server = shard()
+    ids = np.arange(0, 3000, 3, dtype=np.int64)
+    written = ids[::2].copy()  # stored rows; the others read as initial rows
+    update(server, 0, written, np.ones((len(written), 3)), world=1)
+    request = encode_lookup_request([("emb", ids), ("other", ids[:5])], None)
+    reads, _ = server.steps.lookup(decode_lookup_request(request))
+    buffer = bytearray(len(ids) * 3 * 4 + 5 * 2 * 4 + 1)
+    write_joined_rows(reads, memoryview(buffer)[1:])  # one byte past an aligned start
+    expected = np.concatenate([table.read_weights(i).numpy().ravel() for table, i, _ in reads])
+    assert np.array_equal(np.frombuffer(bytes(buffer[1:]), "<f4"), expected)
+    assert not np.array_equal(expected[:3], initial_rows(ADAM, ids[:1]).numpy().ravel())
