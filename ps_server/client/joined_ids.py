@@ -35,6 +35,7 @@ class JoinedIds:
         num_shards: shards in the cluster.
 
     Attributes:
+        order: the tables in the caller's order.
         tables, dims, dtypes: per table, in the joined order.
         lengths, starts: how many ids each table has, and where they start among the
             joined ids.
@@ -51,6 +52,7 @@ class JoinedIds:
         dtypes: Sequence[RowDtype],
         num_shards: int,
     ) -> None:
+        self.order = list(tables)  # the caller's
         order = sorted(range(len(tables)), key=lambda t: dims[t])  # stable: width by width
         self.tables = [tables[t] for t in order]
         self.dims = [dims[t] for t in order]

@@ -20,40 +20,32 @@ from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_from_wire
 
 
-class JoinedLookup(JoinedIds):
-    """One step lookup's routing and its rows (arguments as :class:`JoinedIds`; ids may
-    repeat)."""
+class JoinedLookup:
+    """One step lookup's rows, for the routing of its ids (which may repeat).
 
-    def __init__(
-        self,
-        tables: Sequence[str],
-        arrays: Sequence[np.ndarray],
-        dims: Sequence[int],
-        dtypes: Sequence[RowDtype],
-        num_shards: int,
-    ) -> None:
-        super().__init__(tables, arrays, dims, dtypes, num_shards)
-        self._outs = [
-            torch.empty(width.count, width.dim, dtype=torch.float32) for width in self.widths
-        ]
+    Args:
+        ids: every table's ids, joined and routed.
+    """
+
+    def __init__(self, ids: JoinedIds) -> None:
+        self.ids = ids
+        self._outs = [torch.empty(w.count, w.dim, dtype=torch.float32) for w in ids.widths]
         self._rows = {}
-        for width, out in zip(self.widths, self._outs):
+        self._width_of = []
+        for w, (width, out) in enumerate(zip(ids.widths, self._outs)):
             for t in range(width.first, width.end):
-                begin = int(self.starts[t]) - width.start
-                self._rows[self.tables[t]] = out[begin : begin + int(self.lengths[t])]
-        self._order = list(tables)
-        self._width_of = [
-            w for w, width in enumerate(self.widths) for _ in range(width.first, width.end)
-        ]
+                begin = int(ids.starts[t]) - width.start
+                self._rows[ids.tables[t]] = out[begin : begin + int(ids.lengths[t])]
+                self._width_of.append(w)
 
     def place(self, shard: int, rows: memoryview) -> None:
-        """Scatter ``shard``'s answer (its rows back to back, as :meth:`entries` asked).
+        """Scatter ``shard``'s answer (its rows back to back, as ``ids.entries`` asked).
 
         Raises:
             InvalidArgumentError: ``rows`` is not as many bytes as asked for (nothing placed).
         """
-        part = self.shards[shard]
-        entry_bytes = np.diff(part.bounds) * self.row_bytes
+        ids, part = self.ids, self.ids.shards[shard]
+        entry_bytes = np.diff(part.bounds) * ids.row_bytes
         expected = int(entry_bytes.sum())
         if len(rows) != expected:
             raise InvalidArgumentError(
@@ -61,7 +53,7 @@ class JoinedLookup(JoinedIds):
                 f"({part.bounds[-1]} ids), got {len(rows)}"
             )
         offset = 0
-        for width, out in zip(self.widths, self._outs):
+        for width, out in zip(ids.widths, self._outs):
             lo, hi = int(part.bounds[width.first]), int(part.bounds[width.end])
             size = int(entry_bytes[width.first : width.end].sum())
             if hi > lo:
@@ -72,44 +64,45 @@ class JoinedLookup(JoinedIds):
 
     def place_values(self, shard: int, values: Sequence[memoryview]) -> None:
         """Scatter ``shard``'s answer as a shard that predates joined rows gives it: each
-        table's rows in its own entry, as :meth:`entries` asked.
+        table's rows in its own entry, as ``ids.entries`` asked.
 
         Raises:
             InvalidArgumentError: another number of entries, or an entry of the wrong size
                 (nothing placed).
         """
-        parts, part = self.parts(shard), self.shards[shard]
+        ids, parts, part = self.ids, self.ids.parts(shard), self.ids.shards[shard]
         if len(values) != len(parts):
             raise InvalidArgumentError(
                 f"a lookup's answer must hold {len(parts)} tables' rows, got {len(values)}"
             )
         blocks = [
-            rows_from_wire(value, self.dtypes[t], hi - lo, self.dims[t],
-                           f"lookup of table {self.tables[t]!r}")
+            rows_from_wire(value, ids.dtypes[t], hi - lo, ids.dims[t],
+                           f"lookup of table {ids.tables[t]!r}")
             for (t, lo, hi), value in zip(parts, values)
         ]  # fmt: skip
         for (t, lo, hi), block in zip(parts, blocks):
             w = self._width_of[t]
-            index = torch.from_numpy(part.positions[lo:hi] - self.widths[w].start)
+            index = torch.from_numpy(part.positions[lo:hi] - ids.widths[w].start)
             scatter_rows(self._outs[w], index, torch.from_numpy(np.array(block)))  # a copy: rare
 
     def rows(self) -> dict[str, torch.Tensor]:
         """Each table's rows [len(ids), dim], in the caller's order; every row is written once
         each shard's answer is placed. The tables of one row width are slices of one tensor:
         changing a table's rows in place is safe, resizing them is not."""
-        return {table: self._rows[table] for table in self._order}
+        return {table: self._rows[table] for table in self.ids.order}
 
     def _float_rows(self, width: Width, bounds: np.ndarray, block: memoryview) -> torch.Tensor:
         """The float32 rows of ``width``'s tables in ``block`` (a view when all are float32)."""
         tables = range(width.first, width.end)
-        if all(self.dtypes[t] is RowDtype.FLOAT32 for t in tables):
+        ids = self.ids
+        if all(ids.dtypes[t] is RowDtype.FLOAT32 for t in tables):
             return readonly_tensor(block, torch.float32).view(-1, width.dim)
         parts, offset = [], 0
         for t in tables:
             count = int(bounds[t + 1] - bounds[t])
-            size = count * int(self.row_bytes[t])
-            what = f"lookup of table {self.tables[t]!r}"
-            parts.append(rows_from_wire(block[offset : offset + size], self.dtypes[t], count,
+            size = count * int(ids.row_bytes[t])
+            what = f"lookup of table {ids.tables[t]!r}"
+            parts.append(rows_from_wire(block[offset : offset + size], ids.dtypes[t], count,
                                         width.dim, what))  # fmt: skip
             offset += size
         return torch.from_numpy(np.concatenate(parts))

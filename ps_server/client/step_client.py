@@ -153,16 +153,11 @@ class StepClient:
                 wire dtype.
         """
         clock_view = self._clock(clock) if clock is not None else None
-        tables = list(requests)
-        batch = JoinedLookup(
-            tables, [as_id_array(ids) for ids in requests.values()],
-            [self.client.dim(table) for table in tables],
-            [self.wire_dtype(table) for table in tables], self.client.num_shards,
-        )  # fmt: skip
+        batch = JoinedLookup(self._joined(requests))
         calls, shards = [], []
         wait_s, frame_clock = self._wait_s(clock_view), NO_CLOCK if clock is None else clock
         for shard in range(self.client.num_shards):
-            entries = batch.entries(shard)
+            entries = batch.ids.entries(shard)
             if not entries:
                 continue
             request = encode_lookup_request(entries, clock_view, self._trailer, joined_rows=True)
@@ -229,11 +224,7 @@ class StepClient:
             [self.wire_dtype(t) for t in tables], self.client.num_shards,
         )  # fmt: skip
         refresh_tables = list(refresh or {})
-        asked = JoinedIds(
-            refresh_tables, [as_id_array(ids) for ids in (refresh or {}).values()],
-            [self.client.dim(t) for t in refresh_tables],
-            [self.wire_dtype(t) for t in refresh_tables], self.client.num_shards,
-        )  # fmt: skip
+        asked = self._joined(refresh or {})
         calls = []
         for shard in range(self.client.num_shards):  # every entry packed before any is sent
             entries, refresh_entries = batch.grad_entries(shard), asked.entries(shard)
@@ -313,6 +304,15 @@ class StepClient:
             for k in range(self.client.num_shards)
         ]
         return all(reply.paused for reply in self.client.shard_rpc.run(calls))
+
+    def _joined(self, requests: Mapping[str, Any]) -> JoinedIds:
+        """``{table: ids}`` checked, joined and routed."""
+        tables = list(requests)
+        return JoinedIds(
+            tables, [as_id_array(ids) for ids in requests.values()],
+            [self.client.dim(t) for t in tables], [self.wire_dtype(t) for t in tables],
+            self.client.num_shards,
+        )  # fmt: skip
 
     def wire_dtype(self, table: str) -> RowDtype:
         """How ``table``'s rows and gradients travel."""

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client.joined_ids import JoinedIds
 from ember.ps_server.client.joined_lookup import JoinedLookup
 from ember.ps_server.client.step_client import StepClient
 from ember.ps_server.errors import InvalidArgumentError, PSClientError, Status
@@ -29,7 +30,7 @@ def _row(table: str, ids: np.ndarray, dim: int) -> torch.Tensor:
 def _answer(lookup: JoinedLookup, shard: int) -> bytes:
     """What a shard answers for :meth:`JoinedLookup.entries`: rows back to back."""
     parts = []
-    for table, ids, dtype in lookup.entries(shard):
+    for table, ids, dtype in lookup.ids.entries(shard):
         rows = _row(table, ids, DIMS[TABLES.index(table)])
         parts.append(rows_to_wire(rows, dtype, table, ids).tobytes())
     return b"".join(parts)
@@ -44,9 +45,9 @@ def _arrays(seed: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_every_tables_rows_land_in_the_callers_order(num_shards):
     arrays = _arrays(3)
-    lookup = JoinedLookup(TABLES, arrays, DIMS, DTYPES, num_shards)
+    lookup = JoinedLookup(JoinedIds(TABLES, arrays, DIMS, DTYPES, num_shards))
     for shard in range(num_shards):
-        for table, ids, _ in lookup.entries(shard):
+        for table, ids, _ in lookup.ids.entries(shard):
             t = TABLES.index(table)
             assert (shard_of(table, ids, num_shards) == shard).all()
             assert set(ids.tolist()) <= set(arrays[t].tolist())
@@ -60,7 +61,7 @@ def test_every_tables_rows_land_in_the_callers_order(num_shards):
 
 
 def test_an_answer_of_the_wrong_size_is_refused_and_places_nothing():
-    lookup = JoinedLookup(TABLES, _arrays(4), DIMS, DTYPES, 2)
+    lookup = JoinedLookup(JoinedIds(TABLES, _arrays(4), DIMS, DTYPES, 2))
     for shard in range(2):
         lookup.place(shard, memoryview(_answer(lookup, shard)))
     before = {table: rows.clone() for table, rows in lookup.rows().items()}
@@ -73,8 +74,8 @@ def test_an_answer_of_the_wrong_size_is_refused_and_places_nothing():
 
 
 def test_a_lookup_of_no_tables_has_no_entries_and_no_rows():
-    lookup = JoinedLookup([], [], [], [], 2)
-    assert lookup.entries(0) == [] and lookup.entries(1) == [] and lookup.rows() == {}
+    lookup = JoinedLookup(JoinedIds([], [], [], [], 2))
+    assert lookup.ids.entries(0) == [] and lookup.ids.entries(1) == [] and lookup.rows() == {}
     lookup.place(0, memoryview(b""))
 
 
@@ -115,11 +116,11 @@ def test_a_step_client_refuses_an_answer_it_did_not_ask_for_as_internal(reply, m
 
 def test_a_shard_that_predates_joined_rows_is_read_from_its_per_table_values():
     arrays = _arrays(8)
-    lookup = JoinedLookup(TABLES, arrays, DIMS, DTYPES, 2)
+    lookup = JoinedLookup(JoinedIds(TABLES, arrays, DIMS, DTYPES, 2))
     for shard in range(2):
         values = [
             memoryview(rows_to_wire(_row(t, ids, DIMS[TABLES.index(t)]), dtype, t, ids).tobytes())
-            for t, ids, dtype in lookup.entries(shard)
+            for t, ids, dtype in lookup.ids.entries(shard)
         ]
         lookup.place_values(shard, values)
     for table, ids, dim, dtype in zip(TABLES, arrays, DIMS, DTYPES):
