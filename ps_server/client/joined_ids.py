@@ -52,8 +52,12 @@ class JoinedIds:
         dtypes: Sequence[RowDtype],
         num_shards: int,
     ) -> None:
+        if not len(tables) == len(arrays) == len(dims) == len(dtypes):
+            raise ValueError("tables, arrays, dims and dtypes must have one entry per table")
         self.order = list(tables)  # the caller's
-        order = sorted(range(len(tables)), key=lambda t: dims[t])  # stable: width by width
+        # Width by width; within a width float32 first, so that a 2-byte dtype's odd-sized
+        # rows never push a float32 table's rows off 4-byte alignment in a joined payload.
+        order = sorted(range(len(tables)), key=lambda t: (dims[t], -dtypes[t].itemsize))
         self.tables = [tables[t] for t in order]
         self.dims = [dims[t] for t in order]
         self.dtypes = [dtypes[t] for t in order]

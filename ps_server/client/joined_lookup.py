@@ -95,7 +95,7 @@ class JoinedLookup:
         """The float32 rows of ``width``'s tables in ``block`` (a view when all are float32)."""
         tables = range(width.first, width.end)
         ids = self.ids
-        if all(ids.dtypes[t] is RowDtype.FLOAT32 for t in tables):
+        if all(ids.dtypes[t] is RowDtype.FLOAT32 for t in tables if bounds[t + 1] > bounds[t]):
             return readonly_tensor(block, torch.float32).view(-1, width.dim)
         parts, offset = [], 0
         for t in tables:

@@ -14,9 +14,9 @@ from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
 
 
-class JoinedUpdate(JoinedIds):
+class JoinedUpdate:
     """One rank's gradients of a step: each table's distinct ids with their summed rows,
-    routed and ready to pack per shard.
+    routed (``ids``) and ready to pack per shard.
 
     Args:
         tables: table names (distinct).
@@ -41,16 +41,16 @@ class JoinedUpdate(JoinedIds):
         num_shards: int,
     ) -> None:
         summed = []
-        for table, ids, rows, dim in zip(tables, arrays, grads, dims):
+        for table, ids, rows, dim in zip(tables, arrays, grads, dims, strict=True):
             try:
                 summed.append(sum_duplicates(ids, grad_tensor(rows, len(ids), dim)))
             except ValueError as error:
                 raise ValueError(f"table {table!r}: {error}") from None
-        super().__init__(tables, [ids for ids, _ in summed], dims, dtypes, num_shards)
+        self.ids = JoinedIds(tables, [ids for ids, _ in summed], dims, dtypes, num_shards)
         by_table = dict(zip(tables, (rows for _, rows in summed)))
         self._grads = []
-        for width in self.widths:
-            names = self.tables[width.first : width.end]
+        for width in self.ids.widths:
+            names = self.ids.tables[width.first : width.end]
             block = (
                 torch.cat([by_table[n] for n in names]) if len(names) > 1 else by_table[names[0]]
             )
@@ -69,9 +69,10 @@ class JoinedUpdate(JoinedIds):
         Raises:
             OutOfRangeError: a gradient beyond its table's wire dtype.
         """
-        part, bounds = self.shards[shard], self.shards[shard].bounds.tolist()
+        ids = self.ids
+        part, bounds = ids.shards[shard], ids.shards[shard].bounds.tolist()
         entries = []
-        for width, block in zip(self.widths, self._grads):
+        for width, block in zip(ids.widths, self._grads):
             lo, hi = bounds[width.first], bounds[width.end]
             if hi == lo:
                 continue
@@ -79,8 +80,8 @@ class JoinedUpdate(JoinedIds):
             for t in range(width.first, width.end):
                 start, end = bounds[t], bounds[t + 1]
                 if end > start:
-                    table, ids, dtype = self.tables[t], part.ids[start:end], self.dtypes[t]
-                    what = f"gradients of table {table!r}"
-                    wire = rows_to_wire(rows[start - lo : end - lo], dtype, what, ids)
-                    entries.append((table, ids, wire, dtype))
+                    table, dtype = ids.tables[t], ids.dtypes[t]
+                    shard_ids, what = part.ids[start:end], f"gradients of table {table!r}"
+                    wire = rows_to_wire(rows[start - lo : end - lo], dtype, what, shard_ids)
+                    entries.append((table, shard_ids, wire, dtype))
         return entries

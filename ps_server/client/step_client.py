@@ -141,10 +141,14 @@ class StepClient:
 
     def lookup(
         self, requests: Mapping[str, Any], clock: int | None = None
-    ) -> dict[str, torch.Tensor]:
+    ) -> tuple[dict[str, torch.Tensor], int]:
         """Rows of each table's ids, in the caller's order (duplicates allowed), read once every
         rank's updates up to ``clock`` are applied (needs a job; None: at once). Tables of one
         row width come as slices of one tensor (see :meth:`JoinedLookup.rows`).
+
+        Returns:
+            ``({table: rows [len(ids), dim]}, the lowest watermark the shards answered
+            with)``: without a clock, -1 (or ``clock`` when no shard was asked).
 
         Raises:
             ValueError: bad ids, or a clock without a job.
@@ -244,14 +248,19 @@ class StepClient:
         watermarks, flush_requests = [], []
         refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
 
-        def collect(shard: int, reply: UpdateResponseView) -> None:
+        def collect(index: int, reply: UpdateResponseView) -> None:
             self._count_wire(reply.size)
             watermarks.append(reply.watermark)
             flush_requests.append(reply.flush)
-            part = asked.shards[shard]
-            for (t, lo, hi), (found, values, dtype) in zip(
-                asked.parts(shard), reply.refreshed, strict=True
-            ):
+            shard = calls[index].shard
+            part, parts = asked.shards[shard], asked.parts(shard)
+            if len(reply.refreshed) != len(parts):  # the clock is applied: not a ValueError
+                raise PSClientError(
+                    self.client.endpoints[shard], Status.INTERNAL,
+                    f"an update's answer must refresh {len(parts)} tables, got "
+                    f"{len(reply.refreshed)}",
+                )  # fmt: skip
+            for (t, lo, hi), (found, values, dtype) in zip(parts, reply.refreshed):
                 table = asked.tables[t]
                 where = np.frombuffer(found, dtype="<i8")
                 if len(where) and (where.min() < 0 or where.max() >= hi - lo):

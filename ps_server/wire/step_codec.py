@@ -23,20 +23,17 @@ from ember.ps_server.wire.proto_wire import (
     VARINT,
     Buffer,
     aligned_len_field,
+    aligned_varint_then_len,
     bytes_view,
     fields,
     int64,
     int64_varint,
     len_field,
-    overlong_varint,
     uint32,
     utf8,
     varint,
 )
 from ember.ps_server.wire.row_dtype import RowDtype
-
-_WATERMARK_TAG = varint(2 << 3 | VARINT)  # LookupResponse.watermark
-_VARINT_BYTES = 10
 
 
 @dataclasses.dataclass
@@ -229,15 +226,17 @@ def encode_lookup_response(
     """Serialise a LookupResponse, then ``trailer``, in one pass: entry ``i``'s rows are
     ``row_bytes[i]`` bytes, written in place by ``fill_rows(i, view)`` (which must write all
     of them and keep no reference to the view; what it raises goes on, and nothing is
-    returned), each in its own ``values`` entry or (``joined_rows``) back to back in
-    ``rows``. Payloads start 4-byte aligned from the message's start where
-    :func:`aligned_len_field` has room (fillers must not rely on it)."""
+    returned), each in its own ``values`` entry or (``joined_rows``: the watermark first)
+    back to back in ``rows``. Payloads start 4-byte aligned from the message's start where
+    :func:`aligned_len_field` (or :func:`aligned_varint_then_len`) has room (fillers must
+    not rely on it)."""
     tail = b"".join([*_scalar(2, watermark, int64_varint), trailer])
     if joined_rows:  # one payload (omitted when empty, as proto3 omits an empty bytes field)
         payload = sum(row_bytes)
         header = b""
         if payload:  # the watermark first, then the rows
-            header, tail = _joined_rows_header(watermark, payload), trailer
+            header = aligned_varint_then_len(2, int64_varint(watermark), 3, payload)
+            tail = trailer
         headers = [header, *[b""] * (len(row_bytes) - 1)] if row_bytes else []
         offset = len(header) + payload
     else:
@@ -257,21 +256,6 @@ def encode_lookup_response(
         view[pos:] = tail
 
     return fill_new_bytes(total, fill)
-
-
-def _joined_rows_header(watermark: int, payload: int) -> bytes:
-    """A LookupResponse's start: its watermark, then the tag and length of ``rows``
-    (``payload`` bytes), so that the rows start 4-byte aligned from the message's start:
-    the watermark's varint is padded with continuation bytes where the length's padding
-    alone cannot align them (always possible below 256 MiB of rows; fillers must not rely
-    on it)."""
-    value = int64_varint(watermark)
-    for extra in range(min(4, _VARINT_BYTES - len(value) + 1)):
-        lead = _WATERMARK_TAG + overlong_varint(value, extra)
-        header = lead + aligned_len_field(3, payload, len(lead))
-        if len(header) % 4 == 0:
-            break
-    return header
 
 
 def encode_update_response(

@@ -128,3 +128,13 @@ def test_a_shard_that_predates_joined_rows_is_read_from_its_per_table_values():
         assert torch.equal(lookup.rows()[table], expected), table
     steps = StepClient(_OneShard(LookupResponseView([memoryview(bytes(48))], -1)))
     assert torch.equal(steps.lookup({"t": torch.tensor([1, 2, 1])})[0]["t"], torch.zeros(3, 4))
+
+
+def test_float32_tables_lead_their_width_so_their_rows_stay_aligned():
+    ids = JoinedIds(
+        ["h", "f", "w"], [np.arange(3)] * 3, [3, 3, 2],
+        [RowDtype.FLOAT16, RowDtype.FLOAT32, RowDtype.BFLOAT16], 1,
+    )  # fmt: skip
+    assert ids.tables == ["w", "f", "h"] and ids.order == ["h", "f", "w"]
+    with pytest.raises(ValueError, match="one entry per table"):
+        JoinedIds(["a", "b"], [np.arange(3)], [3, 3], [RowDtype.FLOAT32] * 2, 1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ember.ps_server.client.joined_update import JoinedUpdate
 from ember.ps_server.client.step_client import StepClient, StepJob
-from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.errors import OutOfRangeError, PSClientError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_from_wire
@@ -84,13 +84,14 @@ class _TwoShards:
 
     num_shards = 2
 
-    def __init__(self) -> None:
+    def __init__(self, drop: int = 0) -> None:
+        self.drop = drop  # refreshed entries each answer leaves out
         self.endpoints = ["shard-0:7000", "shard-1:7000"]
         self.dims = {"wide": 8, "narrow": 4, "wide2": 8}
         self.shard_rpc = SimpleNamespace(data_plane=SimpleNamespace(trailer=b""), run=self._run)
 
     def _run(self, calls, on_reply):
-        for index, call in enumerate(calls):
+        for index, call in reversed(list(enumerate(calls))):  # the last shard answers first
             request = decode_update_request(call.request)
             refreshed = []
             for entry in request.refresh:
@@ -98,7 +99,7 @@ class _TwoShards:
                 found = np.arange(0, len(ids), 2, dtype=np.int64)
                 rows = _refreshed(entry.table, ids[found], self.dims[entry.table])
                 refreshed.append((memoryview(found.tobytes()), memoryview(rows.tobytes()), 0))
-            on_reply(index, UpdateResponseView(False, refreshed, 0))
+            on_reply(index, UpdateResponseView(False, refreshed[self.drop :], 0))
 
     def dim(self, table: str) -> int:
         return self.dims[table]
@@ -119,10 +120,18 @@ def test_refreshed_rows_come_back_at_their_tables_own_positions():
     assert list(result) == list(refresh)
     for table, ids in refresh.items():
         positions, rows = result[table]
+        order = torch.argsort(positions)  # in the order the shards answered
         owners = shard_of(table, ids.numpy(), 2)
-        expected = np.concatenate(
-            [np.flatnonzero(owners == k)[::2] for k in range(2)]  # every other per shard
-        )
-        assert positions.tolist() == expected.tolist(), table
+        expected = np.sort(
+            np.concatenate([np.flatnonzero(owners == k)[::2] for k in range(2)])
+        )  # every other of each shard's ids
+        assert positions[order].tolist() == expected.tolist(), table
         wanted = _refreshed(table, ids.numpy()[expected], client.dims[table])
-        assert np.array_equal(rows.numpy(), wanted), table
+        assert np.array_equal(rows[order].numpy(), wanted), table
+
+
+def test_an_answer_that_refreshes_other_tables_than_asked_is_internal():
+    steps = StepClient(_TwoShards(drop=1), StepJob("job"))
+    with pytest.raises(PSClientError, match="must refresh 3 tables, got 2") as error:
+        steps.update({}, 0, {t: torch.arange(0, 60, 2) for t in ("wide", "narrow", "wide2")})
+    assert error.value.code == Status.INTERNAL

@@ -223,13 +223,15 @@ def test_mutated_step_messages_are_accepted_exactly_when_protobuf_accepts_them()
         assert outcomes == {True, False}
 
 
-@pytest.mark.parametrize("joined", [False, True])
-def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path, joined):
+@pytest.mark.parametrize(
+    "joined, watermark", [(False, 7), (True, 7), (True, -1), (True, 2**50), (True, 2**20)]
+)
+def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path, joined, watermark):
     # Its parser matches tags by their bytes: a padded tag would drop the entry silently.
     # Joined rows come after an overlong watermark varint where alignment needs one.
     values = [bytes([n]) * size for n, size in enumerate([20_001, 3, 70_000, 2_100_003, 5])]
     path = tmp_path / "reply.bin"
-    path.write_bytes(_lookup_response(values, 7, joined_rows=joined))
+    path.write_bytes(_lookup_response(values, watermark, joined_rows=joined))
     script = (
         "import sys; from ember.v1 import parameter_server_pb2 as pb; "
         "from google.protobuf.internal import api_implementation as api; "
@@ -242,7 +244,7 @@ def test_pure_python_protobuf_reads_large_aligned_responses(tmp_path, joined):
         [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
         check=True,
     ).stdout.split(" ", 3)  # fmt: skip
-    assert out[:2] == ["python", "7"]
+    assert out[:2] == ["python", str(watermark)]
     if joined:  # the rows whole, and no values
         assert out[2] == str(sum(map(len, values))) and out[3].strip() == "[]"
     else:
