@@ -55,8 +55,8 @@ class JoinedIds:
         if not len(tables) == len(arrays) == len(dims) == len(dtypes):
             raise ValueError("tables, arrays, dims and dtypes must have one entry per table")
         self.order = list(tables)  # the caller's
-        # Width by width; within a width float32 first, so that a 2-byte dtype's odd-sized
-        # rows never push a float32 table's rows off 4-byte alignment in a joined payload.
+        # Width by width, and float32 first within a width: a 2-byte dtype's odd-sized rows
+        # then push no float32 rows of their width off 4-byte alignment in a joined payload.
         order = sorted(range(len(tables)), key=lambda t: (dims[t], -dtypes[t].itemsize))
         self.tables = [tables[t] for t in order]
         self.dims = [dims[t] for t in order]
