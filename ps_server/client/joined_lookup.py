@@ -31,12 +31,10 @@ class JoinedLookup:
         self.ids = ids
         self._outs = [torch.empty(w.count, w.dim, dtype=torch.float32) for w in ids.widths]
         self._rows = {}
-        self._width_of = []
-        for w, (width, out) in enumerate(zip(ids.widths, self._outs)):
+        for width, out in zip(ids.widths, self._outs):
             for t in range(width.first, width.end):
                 begin = int(ids.starts[t]) - width.start
                 self._rows[ids.tables[t]] = out[begin : begin + int(ids.lengths[t])]
-                self._width_of.append(w)
 
     def place(self, shard: int, rows: memoryview) -> None:
         """Scatter ``shard``'s answer (its rows back to back, as ``ids.entries`` asked).
@@ -80,8 +78,11 @@ class JoinedLookup:
                            f"lookup of table {ids.tables[t]!r}")
             for (t, lo, hi), value in zip(parts, values)
         ]  # fmt: skip
+        width_of = {
+            t: w for w, width in enumerate(ids.widths) for t in range(width.first, width.end)
+        }
         for (t, lo, hi), block in zip(parts, blocks):
-            w = self._width_of[t]
+            w = width_of[t]
             index = torch.from_numpy(part.positions[lo:hi] - ids.widths[w].start)
             scatter_rows(self._outs[w], index, torch.from_numpy(np.array(block)))  # a copy: rare
 
