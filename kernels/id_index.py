@@ -9,8 +9,6 @@ rehashes when live ids plus tombstones pass the load factor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_gather_rows, hash_insert
 
@@ -71,21 +69,28 @@ class IdIndex:
         self._size += len(ids)
         self._used += len(ids)
 
-    def insert_with(
-        self, insert: Callable[[torch.Tensor, torch.Tensor, int], tuple[int, bool]]
-    ) -> tuple[int, bool]:
-        """Run ``insert(keys, slots, room)``: a native op that adds distinct ids to the
-        buckets if at most ``room`` of them are new (what fits before a rehash), returning
-        ``(how many are new, whether it added them)``. Added ones are counted; where they
-        did not fit, the buckets are sized for them (call again). Returns the op's answer."""
-        room = self._load_limit() - self._used
-        count, added = insert(self._keys, self._slots, room)
-        if added:
-            self._size += count
-            self._used += count
-        else:
-            self._reserve(self._used + count)
-        return count, added
+    @property
+    def buckets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bucket arrays ``(keys, slots)``, for a native op that inserts ids itself
+        (it then reports them: :meth:`added`)."""
+        return self._keys, self._slots
+
+    @property
+    def room(self) -> int:
+        """Ids an insert into :attr:`buckets` may add before the index must rehash."""
+        return self._load_limit() - self._used
+
+    def added(self, count: int) -> None:
+        """Count ``count`` ids a native op inserted into :attr:`buckets` (at most :attr:`room`)."""
+        if not 0 <= count <= self.room:
+            raise ValueError(f"{count} ids added, room for {self.room}")
+        self._size += count
+        self._used += count
+
+    def make_room(self, count: int) -> None:
+        """Size the buckets so that :attr:`room` is at least ``count`` (which may rehash and
+        so replace :attr:`buckets`)."""
+        self._reserve(self._used + count)
 
     def reserve(self, count: int) -> None:
         """Size the buckets for ``count`` ids in all: no rehash until more are added."""

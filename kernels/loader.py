@@ -65,7 +65,7 @@ OPS = (
     "unpack_rows",
     "shard_of",
     "uniform_rows",
-    "upsert_row_update",
+    "upsert_row_updates",
     "split_tables",
 )
 # Host-side ops (the shard's and the client's data path, the trainer's per-step bookkeeping):
@@ -74,7 +74,7 @@ CPU_ONLY_OPS = (
     "hash_gather_rows",
     "shard_of",
     "uniform_rows",
-    "upsert_row_update",
+    "upsert_row_updates",
     "plan_features",
     "split_tables",
 )

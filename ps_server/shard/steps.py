@@ -27,6 +27,7 @@ from ember.ps_server.errors import (
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
+from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -252,8 +253,7 @@ class StepService:
             return [pb.LogRecord(step=applied).SerializeToString()]
 
         def apply() -> None:
-            for target, ids, grads in summed:
-                target.push(ids, grads, request_id, distinct=True)
+            push_tables(summed, request_id)
             job.mark_applied(clock.rank, clock.clock)
 
         if log:

@@ -8,9 +8,10 @@ applied here as one unit.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from ember.ps_server.shard.changed_ids import ChangedIds
 from ember.ps_server.shard.initializers import hashed_init, initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, InitialRows, empty_batch
+from ember.ps_server.stores.memory import update_stores
 from ember.ps_server.wire.stats import TableCounters
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -194,15 +196,31 @@ class Table:
         """
         unique_ids, summed = (ids, grads) if distinct else sum_duplicates(ids, grads)
         with self._lock:
-            self.counters.push_requests += 1
-            if request_id in self._applied:
-                self.counters.duplicate_pushes += 1
+            if self._counted_duplicate(request_id):
                 return True, 0
             self.store.update(unique_ids, summed, self.spec.optimizer, create=self._initial_rows)
-            self.changes.add(unique_ids)
-            self._remember(request_id)
-            self.counters.rows_pushed += len(ids)
+            self._pushed(len(ids), unique_ids, request_id)
             return False, len(unique_ids)
+
+    def _counted_duplicate(self, request_id: str) -> bool:
+        """Count a push of ``request_id``; whether it was applied before (caller holds the
+        lock)."""
+        self.counters.push_requests += 1
+        if request_id in self._applied:
+            self.counters.duplicate_pushes += 1
+            return True
+        return False
+
+    def _pushed(self, rows: int, unique_ids: np.ndarray, request_id: str) -> None:
+        """Record an applied push of ``rows`` gradient rows (caller holds the lock)."""
+        self.changes.add(unique_ids)
+        self._remember(request_id)
+        self.counters.rows_pushed += rows
+
+    def _steps_natively(self) -> bool:
+        """Whether this table's pushes can join a native pass over several tables."""
+        store = self.store
+        return isinstance(store, InMemoryStore) and store.steps_natively(self._initial_rows)
 
     def _create(self, new_ids: np.ndarray) -> None:
         """Initialise and store the rows of distinct ``new_ids``."""
@@ -222,3 +240,34 @@ class Table:
         self._applied[request_id] = None
         if len(self._applied) > self._dedup_window:
             self._applied.popitem(last=False)
+
+
+def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], request_id: str) -> None:
+    """:meth:`Table.push` (``distinct``) of every ``(table, distinct ids, summed grads)``
+    under one request id; the tables whose rows live in memory and are made natively are
+    stepped in one native pass (:func:`update_stores`). Every table's lock is held
+    throughout, taken in name order, so two such calls never deadlock.
+
+    Raises:
+        ValueError: a table given twice.
+    """
+    ordered = sorted(pushes, key=lambda push: push[0].spec.name)
+    names = [table.spec.name for table, _, _ in ordered]
+    if len(set(names)) != len(names):
+        raise ValueError("push_tables was given one table twice")
+    with contextlib.ExitStack() as locks:
+        for table, _, _ in ordered:
+            locks.enter_context(table._lock)
+        fresh = [push for push in ordered if not push[0]._counted_duplicate(request_id)]
+        native: list[tuple[Table, np.ndarray, torch.Tensor]] = []
+        separate: list[tuple[Table, np.ndarray, torch.Tensor]] = []
+        for push in fresh:
+            (native if push[0]._steps_natively() else separate).append(push)
+        update_stores(
+            [(t.store, ids, grads, t.spec.optimizer, t._initial_rows.hashed)
+             for t, ids, grads in native]
+        )  # fmt: skip
+        for table, ids, grads in separate:
+            table.store.update(ids, grads, table.spec.optimizer, create=table._initial_rows)
+        for table, ids, _ in fresh:
+            table._pushed(len(ids), ids, request_id)

@@ -9,7 +9,7 @@ Evicted rows leave their slots on a free stack that later inserts reuse.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from ember.kernels.id_index import IdIndex
 from ember.kernels.loader import native_backend_for
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
-from ember.kernels.upsert import HashedInit, upsert_row_update
+from ember.kernels.upsert import HashedInit, TableUpsert, upsert_row_updates
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.stores.base import (
     DUMP_CHUNK_ROWS,
@@ -133,8 +133,8 @@ class InMemoryStore:
         made by ``create``; without it an absent id raises KeyError, changing
         nothing.
         """
-        if isinstance(create, InitialRows) and create.hashed and native_backend_for(self._weights):
-            self._upsert_step(id_tensor(ids), grads, optimizer, create.hashed)
+        if self.steps_natively(create):
+            update_stores([(self, ids, grads, optimizer, create.hashed)])
             return
         slots = self.locate(ids)
         missing = slots < 0
@@ -148,27 +148,31 @@ class InMemoryStore:
             slots[missing] = new_slots
         fused_row_update(optimizer, self._weights, self._state, self._versions, slots, grads)
 
-    def _upsert_step(
+    def steps_natively(self, create: RowFactory | None) -> bool:
+        """Whether :meth:`update` with ``create`` runs in one native pass (it can then join
+        other stores' in :func:`update_stores`)."""
+        return (
+            isinstance(create, InitialRows)
+            and create.hashed is not None
+            and native_backend_for(self._weights)
+        )
+
+    def _upsert(
         self, ids: torch.Tensor, grads: torch.Tensor, optimizer: RowOptimizer, init: HashedInit
-    ) -> None:
-        """:meth:`update` in one native pass: absent rows made by ``init``, every row stepped.
-        Where the absent rows do not fit, the index and the arrays grow by as much as the
-        separate ops would grow them, and the pass runs again."""
-        grads = grads.contiguous()
-        for _ in range(2):
-            arrays = (self._weights, self._state, self._versions)
-            absent, reused, applied = upsert_row_update(
-                self._index, arrays, ids, grads, self._free, self._slots_used, init, optimizer
-            )
-            if applied:
-                self._free = self._free[: len(self._free) - reused]
-                self._slots_used += absent - reused
-                self._rows += absent
-                if absent > reused:  # the arrays learn their size (huge pages past a threshold)
-                    self._grow(self._slots_used)
-                return
-            self._grow(self._slots_used + absent - reused)  # the index is sized already
-        raise AssertionError("unreachable: the second pass has room for the absent rows")
+    ) -> TableUpsert:
+        """This store's part of a native pass (its arrays as they are now)."""
+        arrays = (self._weights, self._state, self._versions)
+        return TableUpsert(
+            self._index, arrays, ids, grads, self._free, self._slots_used, init, optimizer
+        )
+
+    def _took(self, absent: int, reused: int) -> None:
+        """Count a native pass's ``absent`` new rows, ``reused`` of them in free slots."""
+        self._free = self._free[: len(self._free) - reused]
+        self._slots_used += absent - reused
+        self._rows += absent
+        if absent > reused:  # the arrays learn their size (huge pages past a threshold)
+            self._grow(self._slots_used)
 
     def insert(self, ids: np.ndarray, rows: RowBatch) -> None:
         """Write rows for distinct ids, adding those that are absent (upsert)."""
@@ -252,6 +256,40 @@ class InMemoryStore:
         (the fused ops index them together; a refused reservation leaves one shorter)."""
         rows = min(array.capacity for array in self._arrays)
         self._weights, self._state, self._versions = (a.tensor[:rows] for a in self._arrays)
+
+
+# One store's write in :func:`update_stores`: the store, distinct ids, their summed
+# gradients, the table's optimizer and the native form of its initial rows.
+StoreUpdate = tuple[InMemoryStore, np.ndarray, torch.Tensor, RowOptimizer, HashedInit]
+
+
+def update_stores(updates: Sequence[StoreUpdate]) -> None:
+    """:meth:`InMemoryStore.update` of several stores (one table each, every one
+    :meth:`~InMemoryStore.steps_natively`) in one native pass, all or none of them.
+    Where some store's absent rows do not fit, every store that lacks room grows by as
+    much as the separate ops would grow it, and the pass runs again.
+
+    Raises:
+        ValueError: a store given twice.
+        RuntimeError: bad arguments (see :func:`upsert_row_updates`); nothing is written.
+    """
+    if not updates:
+        return
+    inputs = [(id_tensor(ids), grads.contiguous()) for _, ids, grads, _, _ in updates]
+    for _ in range(2):
+        parts = [
+            store._upsert(ids, grads, optimizer, init)
+            for (store, _, _, optimizer, init), (ids, grads) in zip(updates, inputs)
+        ]
+        answers, applied = upsert_row_updates(parts)
+        for (store, *_), (absent, reused) in zip(updates, answers):
+            if applied:
+                store._took(absent, reused)
+            else:  # the index is sized already
+                store._grow(store._slots_used + absent - reused)
+        if applied:
+            return
+    raise AssertionError("unreachable: the second pass has room for the absent rows")
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
