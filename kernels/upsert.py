@@ -92,10 +92,3 @@ def upsert_row_updates(parts: Sequence[TableUpsert]) -> tuple[list[tuple[int, in
         else:
             part.index.make_room(count)
     return list(zip(absent, reused)), applied
-
-
-def upsert_row_update(part: TableUpsert) -> tuple[int, int, bool]:
-    """:func:`upsert_row_updates` of one table: ``(ids absent, how many take a free slot,
-    applied)``."""
-    [(absent, reused)], applied = upsert_row_updates([part])
-    return absent, reused, applied

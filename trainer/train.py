@@ -105,8 +105,8 @@ def train(config: TrainConfig) -> dict:
                 logits = dense_model(batch.dense, pooled)
                 loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
                 loss.backward()
+                ebc.step()  # first: the embedding update leaves while the dense step runs
                 dense_opt.step()
-                ebc.step()
                 losses.append(_mean_over_ranks(loss.detach(), world))
                 if _write_back_due(config, len(losses)):
                     with source.inside:

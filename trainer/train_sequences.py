@@ -97,8 +97,8 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
             _synchronize(device)
             seconds = time.perf_counter() - began
             _sum_over_ranks(model, world)
+            ebc.step()  # first: the embedding update leaves while the dense step runs
             dense_opt.step()
-            ebc.step()
             steps.append(_Step(share, *_gathered(seconds, loss.item(), world, device)))
         with source.inside:
             flush(inner)

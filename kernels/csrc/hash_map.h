@@ -1,5 +1,5 @@
 // The CPU hash map's probing (hash_map.cpp), shared by the ops that find and insert
-// ids: the hash_* ops and upsert_row_update.
+// ids: the hash_* ops and upsert_row_updates.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The hashed-uniform initial row of an id (init.cpp), shared by uniform_rows and
-// upsert_row_update, which makes the rows of ids a push writes for the first time.
+// upsert_row_updates, which makes the rows of ids a push writes for the first time.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The CPU optimizer step over a table's rows by slot (optim.cpp), shared by the ops
-// that step rows in place: fused_row_update and upsert_row_update.
+// that step rows in place: fused_row_update and upsert_row_updates.
 #pragma once
 
 #include <cstdint>

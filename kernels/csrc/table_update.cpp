@@ -12,9 +12,10 @@
 // next_slot, nothing is written to any table and applied is false: the caller makes
 // room for that many and calls again.
 //
-// All-or-nothing over every table: the arguments, the ids, the range of every slot and
-// the distinctness of each table's absent ids are checked for all tables before any is
-// written, so the writes that follow cannot fail.
+// All-or-nothing over every table: the arguments (no two tables sharing storage, map_room
+// below the map's buckets), the ids, the range of every slot and the distinctness of each
+// table's absent ids are checked for all tables before any is written, so the writes that
+// follow cannot fail.
 #include <torch/library.h>
 
 #include <algorithm>
@@ -57,6 +58,8 @@ TablePlan plan_table(const at::Tensor& keys, const at::Tensor& map_slots, const 
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
   TORCH_CHECK(next_slot >= 0 && next_slot <= rows, "next_slot ", next_slot, " is outside [0, ", rows, "]");
+  TORCH_CHECK(map_room >= 0 && map_room < keys.size(0), "map_room ", map_room, " is outside [0, ", keys.size(0),
+              ") (the map must keep an empty bucket)");
 
   TablePlan plan;
   plan.slot.resize(n);
@@ -103,6 +106,16 @@ std::tuple<std::vector<int64_t>, std::vector<int64_t>, bool> upsert_row_updates(
               "table_ints and table_floats must hold ", kIntsPerTable, " and ", kFloatsPerTable,
               " values per table, got ", table_ints.size(), " and ", table_floats.size(), " for ", tables,
               " tables");
+  // Tables must not share storage: a second table's writes would land on the first's.
+  std::vector<const void*> storage;
+  for (int64_t t = 0; t < tables; ++t) {
+    for (const at::Tensor* x : {&keys[t], &map_slots[t], &weights[t], &state[t], &versions[t]}) {
+      if (x->numel()) storage.push_back(x->data_ptr());
+    }
+  }
+  std::sort(storage.begin(), storage.end());
+  TORCH_CHECK(std::adjacent_find(storage.begin(), storage.end()) == storage.end(),
+              "two tables (or two arrays of one table) share storage");
   std::vector<TablePlan> plans;
   plans.reserve(tables);
   bool fits = true;

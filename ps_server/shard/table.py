@@ -244,30 +244,31 @@ class Table:
 
 def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], request_id: str) -> None:
     """:meth:`Table.push` (``distinct``) of every ``(table, distinct ids, summed grads)``
-    under one request id; the tables whose rows live in memory and are made natively are
-    stepped in one native pass (:func:`update_stores`). Every table's lock is held
-    throughout, taken in name order, so two such calls never deadlock.
+    under one request id. The tables whose rows live in memory and are made natively are
+    stepped in one native pass (:func:`update_stores`, all or none of them), their locks
+    held together, taken in name order (so two such calls never deadlock); every other
+    table is pushed alone after it. Each table remembers the request id as soon as it is
+    written, so a retry after a failure applies each table once.
 
     Raises:
         ValueError: a table given twice.
     """
-    ordered = sorted(pushes, key=lambda push: push[0].spec.name)
-    names = [table.spec.name for table, _, _ in ordered]
+    names = [table.spec.name for table, _, _ in pushes]
     if len(set(names)) != len(names):
         raise ValueError("push_tables was given one table twice")
+    native = sorted(
+        (push for push in pushes if push[0]._steps_natively()), key=lambda p: p[0].spec.name
+    )
     with contextlib.ExitStack() as locks:
-        for table, _, _ in ordered:
+        for table, _, _ in native:
             locks.enter_context(table._lock)
-        fresh = [push for push in ordered if not push[0]._counted_duplicate(request_id)]
-        native: list[tuple[Table, np.ndarray, torch.Tensor]] = []
-        separate: list[tuple[Table, np.ndarray, torch.Tensor]] = []
-        for push in fresh:
-            (native if push[0]._steps_natively() else separate).append(push)
+        fresh = [push for push in native if not push[0]._counted_duplicate(request_id)]
         update_stores(
             [(t.store, ids, grads, t.spec.optimizer, t._initial_rows.hashed)
-             for t, ids, grads in native]
+             for t, ids, grads in fresh]
         )  # fmt: skip
-        for table, ids, grads in separate:
-            table.store.update(ids, grads, table.spec.optimizer, create=table._initial_rows)
         for table, ids, _ in fresh:
             table._pushed(len(ids), ids, request_id)
+    for table, ids, grads in pushes:
+        if not table._steps_natively():
+            table.push(ids, grads, request_id, distinct=True)

@@ -266,8 +266,9 @@ StoreUpdate = tuple[InMemoryStore, np.ndarray, torch.Tensor, RowOptimizer, Hashe
 def update_stores(updates: Sequence[StoreUpdate]) -> None:
     """:meth:`InMemoryStore.update` of several stores (one table each, every one
     :meth:`~InMemoryStore.steps_natively`) in one native pass, all or none of them.
-    Where some store's absent rows do not fit, every store that lacks room grows by as
-    much as the separate ops would grow it, and the pass runs again.
+    Where some store's absent rows do not fit, nothing is written, every store grows to
+    what its absent rows need (as the separate ops would grow it; one with room already
+    stays as it is), and the pass runs again.
 
     Raises:
         ValueError: a store given twice.

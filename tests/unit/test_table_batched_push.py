@@ -6,9 +6,13 @@ bit, what each store's or table's own update gives, a refused table must leave
 every table as it was, and each table keeps its own deduplication and counters.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
+from ember.kernels.id_index import IdIndex
+from ember.kernels.upsert import upsert_row_updates
 from ember.ps_server.shard.initializers import hashed_init
 from ember.ps_server.shard.table import Table, push_tables
 from ember.ps_server.stores import memory
@@ -106,10 +110,16 @@ class _RecordingLock:
         return self._lock.__exit__(*exc)
 
 
-def test_push_tables_equals_each_table_pushed_alone():
+def test_push_tables_equals_each_table_pushed_alone(monkeypatch):
     """Native and separate-op tables (a normal initializer has no native form), a table
-    that already applied the request id (skipped, counted), locks in name order."""
+    that already applied the request id (skipped, counted), locks in name order, the
+    native tables in one pass."""
     require_native()
+    passes = []
+    original = memory.upsert_row_updates
+    monkeypatch.setattr(
+        memory, "upsert_row_updates", lambda p: passes.append(len(p)) or original(p)
+    )
     specs = [*SPECS, TableSpec("d", dim=4, initializer=InitializerSpec(InitKind.NORMAL, scale=0.1))]
     batched, alone = [Table(s) for s in specs], [Table(s) for s in specs]
     order: list[str] = []
@@ -126,8 +136,10 @@ def test_push_tables_equals_each_table_pushed_alone():
             batched[1].push(*pushes[1], request, distinct=True)
             alone[1].push(*pushes[1], request, distinct=True)
         order.clear()
+        passes.clear()
         push_tables([(t, ids, g) for t, (ids, g) in reversed(list(zip(batched, pushes)))], request)
-        assert order == sorted(order) == [s.spec.name for s in batched]
+        assert order == ["a", "b", "c", "d"]  # natives together in name order, then the other
+        assert passes == [2 if step == 2 else 3]  # a, b and c in one pass (b: a duplicate)
         for table, (ids, grads) in zip(alone, pushes):
             table.push(ids, grads, request, distinct=True)
     for a, b in zip(batched, alone):
@@ -144,3 +156,54 @@ def test_push_tables_refuses_a_table_given_twice_and_holds_no_lock():
     with pytest.raises(ValueError, match="twice"):
         push_tables([(table, ids, torch.ones(1, 8)), (table, ids, torch.ones(1, 8))], "r")
     assert not table._lock.locked() and table.counters.push_requests == 0
+
+
+class _FailingOnce:
+    """A store (not a memory store: pushed alone) whose first update fails, as a cold tier
+    whose connection drops would."""
+
+    def __init__(self, inner: InMemoryStore) -> None:
+        self._inner, self.failures = inner, 1
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def update(self, *args, **kwargs):
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the store's connection dropped")
+        return self._inner.update(*args, **kwargs)
+
+
+def test_a_retry_after_a_failed_table_applies_every_table_once():
+    """A table that fails leaves the tables already written remembered: the retry of the
+    same request applies only what was not applied."""
+    require_native()
+    flaky_spec = TableSpec("b", dim=4, optimizer=OPTIMIZERS[1])
+    tables = [Table(SPECS[0]), Table(flaky_spec, _FailingOnce(_store(flaky_spec)))]
+    twins = [Table(SPECS[0]), Table(flaky_spec)]
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    pushes = [(ids, torch.ones(3, 8)), (ids, torch.ones(3, 4))]
+    with pytest.raises(ConnectionError):
+        push_tables([(t, *p) for t, p in zip(tables, pushes)], "job@0")
+    push_tables([(t, *p) for t, p in zip(tables, pushes)], "job@0")  # the retry
+    for table, twin, push in zip(tables, twins, pushes):
+        twin.push(*push, "job@0", distinct=True)
+        _assert_same(_contents(table.store._inner if table is tables[1] else table.store),
+                     _contents(twin.store))  # fmt: skip
+        assert table.counters.rows_pushed == 3
+    assert tables[0].counters.duplicate_pushes == 1
+
+
+def test_tables_sharing_storage_are_refused_before_any_write():
+    require_native()
+    store, spec = _store(SPECS[1]), SPECS[1]
+    store.update(np.arange(8, dtype=np.int64), torch.ones(8, 4), spec.optimizer,
+                 create=_factory(spec, store))  # fmt: skip
+    before = _contents(store)
+    ids = torch.tensor([1, 50])
+    part = store._upsert(ids, torch.ones(2, 4), spec.optimizer, hashed_init(spec))
+    other = dataclasses.replace(part, index=IdIndex(16))  # another index over the same rows
+    with pytest.raises(RuntimeError, match="share storage"):
+        upsert_row_updates([part, other])
+    _assert_same(_contents(store), before)

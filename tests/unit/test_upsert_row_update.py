@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from ember.kernels.upsert import TableUpsert, upsert_row_update, upsert_row_updates
+from ember.kernels.upsert import TableUpsert, upsert_row_updates
 from ember.ps_server.shard.initializers import hashed_init, initial_rows
 from ember.ps_server.stores import memory
 from ember.ps_server.stores.base import InitialRows
@@ -160,13 +160,13 @@ def test_absent_rows_without_room_are_not_written_and_the_index_is_sized():
     rows = (store._weights, store._state, store._versions)
     next_slot = len(store._weights) - 1  # one row left, three needed (no free slots given)
     ids = torch.tensor([1, 3, 5])
-    answer = upsert_row_update(
+    answer = upsert_row_updates([
         TableUpsert(
             index, rows, ids, torch.ones(3, DIM), torch.empty(0, dtype=torch.int64), next_slot,
             hashed_init(TableSpec("t", dim=DIM)), optimizer,
         )
-    )  # fmt: skip
-    assert answer == (3, 0, False)
+    ])  # fmt: skip
+    assert answer == ([(3, 0)], False)
     _assert_same(_contents(store), before)
     assert len(index) == before[5] and index._used + 3 <= len(index._keys) * index.MAX_LOAD
 
