@@ -80,8 +80,9 @@ def upsert_row_updates(parts: Sequence[TableUpsert]) -> tuple[list[tuple[int, in
         ints += [part.next_slot, part.index.room, int(init.uniform), init.name_salt,
                  init.seed_key, kind_code(spec.kind)]  # fmt: skip
         floats += [init.scale, spec.lr, spec.eps, spec.beta1, spec.beta2, spec.weight_decay]
+    buckets = [part.index.buckets for part in parts]
     absent, reused, applied = torch.ops.ember.upsert_row_updates(
-        [part.index.buckets[0] for part in parts], [part.index.buckets[1] for part in parts],
+        [keys for keys, _ in buckets], [slots for _, slots in buckets],
         *([part.rows[k] for part in parts] for k in range(3)),
         [part.ids for part in parts], [part.grads for part in parts],
         [part.free_slots for part in parts], ints, floats,

@@ -224,8 +224,8 @@ class StepClient:
         tables = list(updates)
         batch = JoinedUpdate(
             tables, [as_id_array(ids) for ids, _ in updates.values()],
-            [grads for _, grads in updates.values()], [self.client.dim(t) for t in tables],
-            [self.wire_dtype(t) for t in tables], self.client.num_shards,
+            [grads for _, grads in updates.values()], *self._layout(tables),
+            self.client.num_shards,
         )  # fmt: skip
         refresh_tables = list(refresh or {})
         asked = self._joined(refresh or {})
@@ -318,10 +318,13 @@ class StepClient:
         """``{table: ids}`` checked, joined and routed."""
         tables = list(requests)
         return JoinedIds(
-            tables, [as_id_array(ids) for ids in requests.values()],
-            [self.client.dim(t) for t in tables], [self.wire_dtype(t) for t in tables],
+            tables, [as_id_array(ids) for ids in requests.values()], *self._layout(tables),
             self.client.num_shards,
         )  # fmt: skip
+
+    def _layout(self, tables: list[str]) -> tuple[list[int], list[RowDtype]]:
+        """Each table's row width and how its rows travel."""
+        return [self.client.dim(t) for t in tables], [self.wire_dtype(t) for t in tables]
 
     def wire_dtype(self, table: str) -> RowDtype:
         """How ``table``'s rows and gradients travel."""

@@ -256,9 +256,10 @@ def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], reques
     names = [table.spec.name for table, _, _ in pushes]
     if len(set(names)) != len(names):
         raise ValueError("push_tables was given one table twice")
-    native = sorted(
-        (push for push in pushes if push[0]._steps_natively()), key=lambda p: p[0].spec.name
-    )
+    native, separate = [], []
+    for push in pushes:
+        (native if push[0]._steps_natively() else separate).append(push)
+    native.sort(key=lambda push: push[0].spec.name)
     with contextlib.ExitStack() as locks:
         for table, _, _ in native:
             locks.enter_context(table._lock)
@@ -269,6 +270,5 @@ def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], reques
         )  # fmt: skip
         for table, ids, _ in fresh:
             table._pushed(len(ids), ids, request_id)
-    for table, ids, grads in pushes:
-        if not table._steps_natively():
-            table.push(ids, grads, request_id, distinct=True)
+    for table, ids, grads in separate:
+        table.push(ids, grads, request_id, distinct=True)
