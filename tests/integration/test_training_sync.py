@@ -147,12 +147,15 @@ def test_ps_training_matches_reference(cluster, table_name, optimizers, source_k
             # float32 rounding differs by design: torch's sparse path sums duplicate-id
             # gradients in another order, and its vectorised CPU sqrt is not correctly
             # rounded (1 ulp off for ~17% of inputs here) while the native Adagrad's is.
-            # 50 steps of feedback through the model grow such 1-ulp gaps to ~3e-5.
-            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=5e-5)
+            # 50 steps of feedback through the model grow such 1-ulp gaps to ~3e-5 on an
+            # Intel Xeon and up to 7.5e-5 on an AMD EPYC (torch's vectorised sqrt rounds by
+            # CPU). The losses above still match to rtol 1e-5, and every table must have
+            # rows that moved by more than twice this tolerance (below).
+            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=1e-4)
             initial = initial_rows(spec, np.arange(cardinality))
             moved = (
-                (rows - initial).abs().amax(dim=1).gt(1e-4)
-            )  # 10x the tolerance below which rows "match"
+                (rows - initial).abs().amax(dim=1).gt(2e-4)
+            )  # twice the tolerance: a row left unchanged could not "match"
             assert moved.sum() >= min(cardinality, 5)
 
 
