@@ -46,6 +46,7 @@ from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableS
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data
 from figures import Figures, add_json_flag
+from table_rows import create_rows
 
 ECHO_SERVER = Path(__file__).with_name("echo_server.py")
 DIM = 64
@@ -179,8 +180,7 @@ def main() -> int:
     ):
         client, raw = PSClient(cluster.endpoints), RawBytesClient(echo.endpoints)
         client.create_table(spec)
-        for start in range(0, TABLE_ROWS, 1 << 17):  # create every row before timing
-            client.pull("bench", torch.arange(start, start + (1 << 17)))
+        create_rows(client, "bench", TABLE_ROWS, DIM)
         print(
             f"2 shards, dim {DIM}, table of {TABLE_ROWS} rows, SGD; median of {args.rounds} rounds"
         )

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 from bench_timing import time_per_op
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
@@ -39,6 +38,7 @@ from ember.ps_server.wire.messages import encode_ids
 from ember.ps_server.wire.step_codec import encode_lookup_request, encode_update_request
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from figures import Figures, add_json_flag
+from table_rows import create_rows
 
 UCX_ECHO_SERVER = Path(__file__).with_name("ucx_echo_server.py")
 DIM = 64
@@ -140,8 +140,7 @@ def main() -> int:
             t: PSClient(cluster.endpoints, ClientConfig(transport=t)) for t in ("ucx", "grpc")
         }
         clients["grpc"].create_table(spec)
-        for start in range(0, TABLE_ROWS, 1 << 17):  # create every row before timing
-            clients["grpc"].pull(TABLE, torch.arange(start, start + (1 << 17)))
+        create_rows(clients["grpc"], TABLE, TABLE_ROWS, DIM)
         steps = {
             t: StepClient(c, StepJob(f"bench-ucx-{t}-{os.getpid()}", mode="async"))
             for t, c in clients.items()
