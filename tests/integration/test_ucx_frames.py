@@ -148,8 +148,9 @@ def test_five_thousand_malformed_frames_change_no_row_and_the_shard_serves_on(sh
         elif kind < 0.75:  # random bytes as a lookup or an update
             payload = rng.randbytes(rng.randint(0, 300)) + END_MARK
             op = rng.choice([Op.LOOKUP, Op.UPDATE])
-            # At least one table: random bytes can be a valid message of no table (empty, or
-            # unknown fields only), which a header of 0 tables would rightly have answered.
+            # At least one table: random bytes can be a valid lookup of no table (empty, or
+            # unknown fields only; the decoders skip those), which a header of 0 tables and
+            # no clock would rightly have answered OK.
             reply = raw.exchange(_frame(op, payload, tables=rng.randint(1, 3)), payload)
         elif kind < 0.9:  # a valid message cut short of what its header says
             payload = _update(table, ids, 0)
