@@ -12,12 +12,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+import torch
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.client.transport import ShardCall, TransportError
 from ember.ps_server.client.ucx_transport import UcxTransport
 from ember.ps_server.errors import Status
 from ember.ps_server.ucx import load_ucx, ucx_loop
 from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES
 from ember.ps_server.wire.stats import DataPlaneAddress
+from ember.ps_server.wire.table_spec import TableSpec
 
 from tests.support.raw_frames import require_ucx
 
@@ -91,6 +96,29 @@ def test_finding_a_lost_shard_again_counts_against_the_same_deadline(silent_list
     assert "did not say where its UCX listener is in time" in failed.details
     assert elapsed < TIMEOUT_S + 2.0  # not the lookup's 5 s
     assert len(asked) == 1 and asked[0] <= TIMEOUT_S  # it was given what was left
+
+
+def test_calls_that_ran_past_their_deadline_leave_later_calls_working(
+    silent_listener, cluster, table_name
+):
+    """Each expired call closes its endpoint with the reply's receive still posted; the
+    process's later calls, on new endpoints, must still get their replies (ucxx 0.52 stops
+    delivering active messages after such a close, so replies must not be sent as them)."""
+    transport = UcxTransport(
+        [DataPlaneAddress("ucx", "127.0.0.1", silent_listener)], 1 << 20, _unreachable_locate
+    )
+    try:
+        for _ in range(3):
+            assert _failed_call(transport)[0].status == Status.DEADLINE_EXCEEDED
+    finally:
+        transport.close()
+    ids = torch.arange(50)
+    with PSClient(cluster.endpoints, ClientConfig(transport="ucx")) as client:
+        client.create_table(TableSpec(table_name, dim=4))
+        steps = StepClient(client, StepJob(f"after-deadlines-{table_name}"))
+        assert client.shard_rpc.data_plane.name == "ucx"
+        rows, _ = steps.lookup({table_name: ids})
+        assert torch.equal(rows[table_name], client.pull(table_name, ids))
 
 
 def _failed_call(transport: UcxTransport) -> tuple[TransportError, float]:
