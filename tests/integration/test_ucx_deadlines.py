@@ -13,9 +13,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client.config import ClientConfig
-from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.client.transport import ShardCall, TransportError
 from ember.ps_server.client.ucx_transport import UcxTransport
 from ember.ps_server.errors import Status
@@ -24,7 +21,7 @@ from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES
 from ember.ps_server.wire.stats import DataPlaneAddress
 from ember.ps_server.wire.table_spec import TableSpec
 
-from tests.support.raw_frames import require_ucx
+from tests.support.raw_frames import assert_ucx_lookup_matches_pull, require_ucx
 
 TIMEOUT_S = 0.5
 
@@ -99,7 +96,7 @@ def test_finding_a_lost_shard_again_counts_against_the_same_deadline(silent_list
 
 
 def test_calls_that_ran_past_their_deadline_leave_later_calls_working(
-    silent_listener, cluster, table_name
+    silent_listener, client, table_name
 ):
     """Each expired call closes its endpoint with the reply's receive still posted; the
     process's later calls, on new endpoints, must still get their replies (ucxx 0.52 stops
@@ -112,13 +109,8 @@ def test_calls_that_ran_past_their_deadline_leave_later_calls_working(
             assert _failed_call(transport)[0].status == Status.DEADLINE_EXCEEDED
     finally:
         transport.close()
-    ids = torch.arange(50)
-    with PSClient(cluster.endpoints, ClientConfig(transport="ucx")) as client:
-        client.create_table(TableSpec(table_name, dim=4))
-        steps = StepClient(client, StepJob(f"after-deadlines-{table_name}"))
-        assert client.shard_rpc.data_plane.name == "ucx"
-        rows, _ = steps.lookup({table_name: ids})
-        assert torch.equal(rows[table_name], client.pull(table_name, ids))
+    client.create_table(TableSpec(table_name, dim=4))
+    assert_ucx_lookup_matches_pull(client, table_name, torch.arange(50))
 
 
 def _failed_call(transport: UcxTransport) -> tuple[TransportError, float]:

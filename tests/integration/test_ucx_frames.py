@@ -3,17 +3,13 @@ but its own endpoint; afterwards the shard answers correctly and no row has chan
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.errors import Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.frames import END_MARK, MIXED_DTYPES, NO_CLOCK, FrameHeader, Op
@@ -27,7 +23,7 @@ from ember.ps_server.wire.step_codec import (
 )
 from ember.ps_server.wire.table_spec import TableSpec
 
-from tests.support.raw_frames import RawFrames, require_ucx
+from tests.support.raw_frames import RawFrames, assert_ucx_lookup_matches_pull, require_ucx
 
 DIM = 4
 FUZZ_FRAMES = 5_000
@@ -123,9 +119,7 @@ def test_an_unreadable_header_or_a_short_payload_ends_only_its_endpoint(shard0):
     short = FrameHeader(Op.LOOKUP, 7, len(lookup) + 16, tables=1).encode()
     _assert_refused(raw.exchange(short, lookup), Status.INVALID_ARGUMENT, "shorter")
     raw.reconnect()
-    with _ucx_steps(client) as steps:
-        rows, _ = steps.lookup({table: torch.from_numpy(ids)})
-    assert torch.equal(rows[table], client.pull(table, torch.from_numpy(ids)))
+    assert_ucx_lookup_matches_pull(client, table, torch.from_numpy(ids))
 
 
 def test_five_thousand_malformed_frames_change_no_row_and_the_shard_serves_on(shard0):
@@ -165,15 +159,4 @@ def test_five_thousand_malformed_frames_change_no_row_and_the_shard_serves_on(sh
             raw.reconnect()
     print(f"{FUZZ_FRAMES} frames in {time.monotonic() - started:.1f} s: {statuses}")
     assert statuses.get("INVALID_ARGUMENT", 0) > FUZZ_FRAMES // 2
-    with _ucx_steps(client) as steps:
-        rows, _ = steps.lookup({table: torch.from_numpy(ids)})
-    assert torch.equal(rows[table], client.pull(table, torch.from_numpy(ids)))
-
-
-@contextlib.contextmanager
-def _ucx_steps(client: PSClient) -> Iterator[StepClient]:
-    """A StepClient over UCX to the same shards."""
-    with PSClient(client.endpoints, ClientConfig(transport="ucx")) as ucx_client:
-        steps = StepClient(ucx_client, StepJob("fuzz-check"))
-        assert ucx_client.shard_rpc.data_plane.name == "ucx"
-        yield steps
+    assert_ucx_lookup_matches_pull(client, table, torch.from_numpy(ids))

@@ -1,4 +1,5 @@
-"""A UCX endpoint to a shard's listener that sends whatever a test gives it."""
+"""UCX test support: a raw endpoint to a shard's listener that sends whatever a test gives it,
+and a check that the UCX data plane answers as gRPC does."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import os
 
 import numpy as np
 import pytest
+import torch
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.ucx import close_endpoint, load_ucx, ucx_errors, ucx_loop, ucx_missing
 from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES, FrameHeader
 
@@ -20,6 +25,16 @@ def require_ucx() -> None:
         if os.environ.get("EMBER_REQUIRE_UCX") == "1":
             pytest.fail(f"EMBER_REQUIRE_UCX=1 but UCX cannot be loaded: {reason}")
         pytest.skip(f"UCX cannot be loaded here: {reason}")
+
+
+def assert_ucx_lookup_matches_pull(client: PSClient, table: str, ids: torch.Tensor) -> None:
+    """A step Lookup of ``ids`` over UCX, from a new client to ``client``'s shards, returns the
+    rows ``client`` pulls."""
+    with PSClient(client.endpoints, ClientConfig(transport="ucx")) as ucx_client:
+        steps = StepClient(ucx_client, StepJob("ucx-check"))
+        assert ucx_client.shard_rpc.data_plane.name == "ucx"
+        rows, _ = steps.lookup({table: ids})
+    assert torch.equal(rows[table], client.pull(table, ids))
 
 
 class RawFrames:
