@@ -23,6 +23,7 @@ from tests.support.reference_dlrm import ReferenceEmbeddings, sparse_optimizer
 CARDINALITIES = (40, 300, 2000, 7)
 DIM = 8
 STEPS = 50
+ROW_ATOL = 1e-4  # rows against the torch reference (see the test for why not closer)
 
 
 def _cached(policy: str, overlap: bool = False):
@@ -151,10 +152,10 @@ def test_ps_training_matches_reference(cluster, table_name, optimizers, source_k
             # Intel Xeon and up to 7.5e-5 on an AMD EPYC (torch's vectorised sqrt rounds by
             # CPU). The losses above still match to rtol 1e-5, and every table must have
             # rows that moved by more than twice this tolerance (below).
-            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(rows, bag.weight.detach(), rtol=1e-4, atol=ROW_ATOL)
             initial = initial_rows(spec, np.arange(cardinality))
             moved = (
-                (rows - initial).abs().amax(dim=1).gt(2e-4)
+                (rows - initial).abs().amax(dim=1).gt(2 * ROW_ATOL)
             )  # twice the tolerance: a row left unchanged could not "match"
             assert moved.sum() >= min(cardinality, 5)
 
