@@ -6,6 +6,7 @@ shards and trainers overlap them with network work), median of several repeats:
   gather       gather_rows                  vs torch.index_select(out=)
   scatter_add  scatter_add_rows             vs Tensor.index_add_
   hash find    IdIndex.find (native)        vs the same map probed by the torch reference
+  hash gather  IdIndex.gather (a table read: find + copy rows) vs the torch reference
   optimizer    fused_row_update (Adagrad)   vs gather + apply_rows + scatter
   pack         pack_rows (fp16, bf16)       vs Tensor.to(float16 / bfloat16)
 plus gather and scatter-add bandwidth against a same-size memcpy (Tensor.copy_).
@@ -84,6 +85,11 @@ def main() -> int:
     index = IdIndex(len(unique))
     index.insert(unique, torch.arange(len(unique)))
     compare("hash find", lambda: index.find(ids), lambda: _with_reference(index.find, ids))
+    compare(
+        "hash gather",
+        lambda: index.gather(ids, table, gathered),
+        lambda: _with_reference(index.gather, ids, table, gathered),
+    )
     spec = OptimizerSpec(OptimizerKind.ADAGRAD, lr=0.01)
     state = torch.zeros(args.table_rows, dim)
     versions = torch.zeros(args.table_rows, dtype=torch.int64)

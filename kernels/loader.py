@@ -47,7 +47,10 @@ CPU_SOURCES = (
 )
 CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
 HEADERS = (
-    *(CSRC / name for name in ("checks.h", "hash_map.h", "init_rows.h", "optim_step.h")),
+    *(
+        CSRC / name
+        for name in ("checks.h", "hash_map.h", "init_rows.h", "optim_step.h", "prefetch.h")
+    ),
     CUDA_SRC / "cuda_checks.cuh",
 )
 OPS = (

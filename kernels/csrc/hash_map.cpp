@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "hash_map.h"
+#include "prefetch.h"
 
 namespace ember {
 namespace {
@@ -125,9 +126,11 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
                   id, new_slots.data_ptr<int64_t>(), n);
 }
 
-// out[i] = src[slot of ids[i]] for every id in the map, in one pass (the read path of a
-// table: no slot tensor, no second gather); returns the ascending positions of the ids
-// not in the map, whose rows of out are left as they were.
+// out[i] = src[slot of ids[i]] for every id in the map (the read path of a table: no
+// slot tensor crosses into Python); returns the ascending positions of the ids not in
+// the map, whose rows of out are left as they were. Two passes: every id's row is found
+// and checked before any is copied (a bad slot raises with out untouched), then the rows,
+// random in src, are copied with the next ones prefetched.
 at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& src,
                             const at::Tensor& ids, at::Tensor out) {
   check_cpu_map(keys, slots, ids);
@@ -138,20 +141,25 @@ at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, con
   check_same_rows(src, out, "src", "out");
   TORCH_CHECK(out.size(0) == ids.size(0), "out has ", out.size(0), " rows, ids has ", ids.size(0), " entries");
   const int64_t rows = src.size(0);
-  const int64_t bytes = src.size(1) * static_cast<int64_t>(src.element_size());
-  const char* from = static_cast<const char*>(src.data_ptr());
-  char* to = static_cast<char*>(out.data_ptr());
+  const int64_t n = ids.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
+  std::vector<int64_t> row(n);  // src row of ids[i], -1 where absent
   std::vector<int64_t> missing;
   for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
+    row[i] = pos < 0 ? -1 : slot[pos];
     if (pos < 0) {
       missing.push_back(i);
       return;
     }
-    const int64_t row = slot[pos];
-    TORCH_CHECK(row >= 0 && row < rows, "the map holds slot ", row, " outside src's ", rows, " rows");
-    std::memcpy(to + i * bytes, from + row * bytes, bytes);
+    TORCH_CHECK(row[i] >= 0 && row[i] < rows, "the map holds slot ", row[i], " outside src's ", rows, " rows");
   });
+  const int64_t bytes = src.size(1) * static_cast<int64_t>(src.element_size());
+  const char* from = static_cast<const char*>(src.data_ptr());
+  char* to = static_cast<char*>(out.data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kRowsAhead < n && row[i + kRowsAhead] >= 0) prefetch_row<0>(from + row[i + kRowsAhead] * bytes, bytes);
+    if (row[i] >= 0) std::memcpy(to + i * bytes, from + row[i] * bytes, bytes);
+  }
   at::Tensor result = at::empty({static_cast<int64_t>(missing.size())}, ids.options());
   std::copy(missing.begin(), missing.end(), result.data_ptr<int64_t>());
   return result;

@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "optim_step.h"
+#include "prefetch.h"
 
 namespace ember {
 namespace {
@@ -71,12 +72,11 @@ inline __attribute__((always_inline)) void step_rows(int64_t kind, const Optimiz
                                                       int64_t* version, const float* grad, const int64_t* slot,
                                                       int64_t n, int64_t dim, int64_t width) {
   std::vector<float> scratch(dim);
-  constexpr int64_t kAhead = 8;  // slots are random rows: fetch a few ahead
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const int64_t ahead = slot[i + kAhead];
-      for (int64_t j = 0; j < dim; j += 16) __builtin_prefetch(w + ahead * dim + j, 1);
-      for (int64_t j = 0; j < width; j += 16) __builtin_prefetch(s + ahead * width + j, 1);
+    if (i + kRowsAhead < n) {  // slots are random rows: fetch the weights and state a few rows ahead
+      const int64_t ahead = slot[i + kRowsAhead];
+      prefetch_row<1>(reinterpret_cast<const char*>(w + ahead * dim), dim * static_cast<int64_t>(sizeof(float)));
+      prefetch_row<1>(reinterpret_cast<const char*>(s + ahead * width), width * static_cast<int64_t>(sizeof(float)));
     }
     const int64_t r = slot[i];
     const int64_t t = ++version[r];

@@ -12,18 +12,10 @@
 #include <cstring>
 
 #include "checks.h"
+#include "prefetch.h"
 
 namespace ember {
 namespace {
-
-constexpr int64_t kAhead = 16;  // rows in flight: enough to cover DRAM latency on one core
-constexpr int64_t kLine = 64;
-
-// Every cache line of a row: rows are random, so the hardware prefetcher cannot guess them.
-template <int kWrite>
-inline void prefetch_row(const char* row, int64_t bytes) {
-  for (int64_t offset = 0; offset < bytes; offset += kLine) __builtin_prefetch(row + offset, kWrite);
-}
 
 // A "rows" tensor: contiguous CPU, >= 1 dimension; a row is one slice along dim 0.
 void check_row_tensor(const at::Tensor& rows, const char* what) {
@@ -58,7 +50,7 @@ void gather_rows(const at::Tensor& src, const at::Tensor& index, at::Tensor out)
   const int64_t* idx = index.data_ptr<int64_t>();
   const int64_t n = index.size(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_row<0>(from + idx[i + kAhead] * bytes, bytes);
+    if (i + kRowsAhead < n) prefetch_row<0>(from + idx[i + kRowsAhead] * bytes, bytes);
     std::memcpy(to + i * bytes, from + idx[i] * bytes, bytes);
   }
 }
@@ -72,7 +64,7 @@ void scatter_rows(at::Tensor dst, const at::Tensor& index, const at::Tensor& src
   const int64_t* idx = index.data_ptr<int64_t>();
   const int64_t n = index.size(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch_row<1>(to + idx[i + kAhead] * bytes, bytes);
+    if (i + kRowsAhead < n) prefetch_row<1>(to + idx[i + kRowsAhead] * bytes, bytes);
     std::memcpy(to + idx[i] * bytes, from + i * bytes, bytes);
   }
 }
@@ -80,8 +72,8 @@ void scatter_rows(at::Tensor dst, const at::Tensor& index, const at::Tensor& src
 template <typename T>
 void add_rows(T* dst, const int64_t* idx, const T* src, int64_t n, int64_t width) {
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      prefetch_row<1>(reinterpret_cast<const char*>(dst + idx[i + kAhead] * width), width * sizeof(T));
+    if (i + kRowsAhead < n) {
+      prefetch_row<1>(reinterpret_cast<const char*>(dst + idx[i + kRowsAhead] * width), width * sizeof(T));
     }
     T* __restrict__ to = dst + idx[i] * width;
     const T* __restrict__ from = src + i * width;

@@ -223,3 +223,13 @@ def test_gather_refuses_mismatched_rows(backend):
                        (torch.zeros(2, 4, dtype=torch.float64), "out must be")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             index.gather(ids_of([1, 2]), src, out)
+
+
+def test_gather_of_a_slot_outside_src_raises_before_writing_any_row(backend):
+    index = IdIndex(capacity=64)
+    index.insert(ids_of(range(40)), ids_of([*range(39), 99]))  # id 39 maps past src's 39 rows
+    src = torch.randn(39, 4)
+    out = torch.full((40, 4), -9.0)
+    with pytest.raises((RuntimeError, IndexError)):
+        index.gather(ids_of(range(40)), src, out)  # the bad id comes after 39 good ones
+    assert bool((out == -9.0).all())
