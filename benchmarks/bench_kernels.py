@@ -6,7 +6,7 @@ shards and trainers overlap them with network work), median of several repeats:
   gather       gather_rows                  vs torch.index_select(out=)
   scatter_add  scatter_add_rows             vs Tensor.index_add_
   hash find    IdIndex.find (native)        vs the same map probed by the torch reference
-  hash gather  IdIndex.gather (a table read: find + copy rows) vs the torch reference
+  hash gather  IdIndex.gather (find + copy) vs the same map read by the torch reference
   optimizer    fused_row_update (Adagrad)   vs gather + apply_rows + scatter
   pack         pack_rows (fp16, bf16)       vs Tensor.to(float16 / bfloat16)
 plus gather and scatter-add bandwidth against a same-size memcpy (Tensor.copy_).

@@ -4,8 +4,9 @@ The map is two int64 tensors of a power-of-two length on one device: ``keys``
 (-1 empty, -2 erased) and ``slots``. An id's home bucket is
 ``mix64(id ^ INDEX_SALT) & (capacity - 1)``; collisions probe linearly. Erase
 leaves a tombstone that lookups step over and inserts never reuse, so native
-(CPU, CUDA) and reference backends read each other's layout. Sizing and
-rehashing belong to the owner (:class:`ember.kernels.id_index.IdIndex`).
+(CPU, CUDA) and reference backends read each other's layout. Inserts refuse a
+negative id, so the other ops find none (never the empty or erased marker).
+Sizing and rehashing belong to the owner (:class:`ember.kernels.id_index.IdIndex`).
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def hash_gather_rows(
 ) -> torch.Tensor:
     """``out[i] = src[slot of ids[i]]`` for every id in the map (duplicates allowed);
     returns the ascending positions of the ids not in it, whose rows of ``out`` are left
-    as they were. The read path of a table: find and copy in one pass (native on CPU)."""
+    as they were. The read path of a table. ``out`` must not share ``src``'s storage.
+
+    Raises:
+        RuntimeError: the map holds a slot outside ``src`` (``out`` untouched).
+    """
     _check_map(keys, slots, ids)
     if src.dim() != 2 or out.shape != (len(ids), src.shape[1]) or out.dtype != src.dtype:
         raise ValueError(
@@ -62,9 +67,14 @@ def hash_gather_rows(
         )
     if src.device.type == "cpu" and native_backend_for(keys):
         return torch.ops.ember.hash_gather_rows(keys, slots, src, ids, out)
-    found = hash_find(keys, slots, ids)
-    present = found >= 0
-    out[present] = src[found[present]]
+    buckets = _locate(keys, ids)
+    present = buckets >= 0
+    rows = slots[buckets[present]]
+    outside = (rows < 0) | (rows >= len(src))
+    if bool(outside.any()):
+        bad = int(rows[outside][0])
+        raise RuntimeError(f"the map holds slot {bad} outside src's {len(src)} rows")
+    out[present] = src[rows]
     return (~present).nonzero().squeeze(1)
 
 
@@ -124,11 +134,12 @@ def _check_map(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> No
 
 
 def _locate(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Bucket holding each id, or -1: every pending id advances one bucket per round."""
+    """Bucket holding each id, or -1 (always for a negative id): every pending id advances
+    one bucket per round."""
     mask = len(keys) - 1
     result = torch.full_like(ids, -1)
-    pending = torch.arange(len(ids), device=ids.device)
-    pos = home_buckets(ids, len(keys))
+    pending = (ids >= 0).nonzero().squeeze(1)
+    pos = home_buckets(ids[pending], len(keys))
     for _ in range(len(keys)):
         if not len(pending):
             break

@@ -31,6 +31,11 @@ inline void check_same_rows(const at::Tensor& a, const at::Tensor& b, const char
               b.size(1));
 }
 
+// Host-side check that the n ids at id (in CPU memory) are all >= 0.
+inline void check_non_negative_ids(const int64_t* id, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
+}
+
 // Host-side range check of an index held in CPU memory.
 inline void check_index_range(const at::Tensor& index, int64_t bound, const char* what) {
   const int64_t* idx = index.data_ptr<int64_t>();
@@ -71,8 +76,11 @@ EMBER_HOST_DEVICE inline uint64_t home_bucket(int64_t id, uint64_t mask) {
 }
 
 // The bucket holding ``id`` in a map of mask + 1 buckets, or -1 when absent:
-// linear probing from the home bucket, over tombstones, up to an empty bucket.
+// linear probing from the home bucket, over tombstones, up to an empty bucket. A
+// negative id is never held (inserts refuse them): it must not match the empty (-1)
+// or erased (-2) marker of a bucket.
 EMBER_HOST_DEVICE inline int64_t locate_bucket(const int64_t* keys, uint64_t mask, int64_t id) {
+  if (id < 0) return -1;
   uint64_t pos = home_bucket(id, mask);
   for (uint64_t probes = 0; probes <= mask; ++probes) {
     const int64_t k = keys[pos];

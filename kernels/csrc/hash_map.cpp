@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@
 namespace ember {
 namespace {
 
-constexpr int64_t kAhead = 16;  // home buckets are random: prefetch a few ids ahead
+constexpr int64_t kBucketsAhead = 16;  // home buckets are random: prefetch a few ids ahead
 
 struct Probe {
   const int64_t* key;
@@ -41,10 +42,10 @@ template <typename Visit>
 void for_each_bucket(const int64_t* key, const int64_t* slot, uint64_t mask, const int64_t* id, int64_t n,
                      Visit visit) {
   const Probe probe{key, mask};
-  for (int64_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(probe.key + probe.home(id[i]));
+  for (int64_t i = 0; i < std::min(n, kBucketsAhead); ++i) __builtin_prefetch(probe.key + probe.home(id[i]));
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) {
-      const uint64_t ahead = probe.home(id[i + kAhead]);
+    if (i + kBucketsAhead < n) {
+      const uint64_t ahead = probe.home(id[i + kBucketsAhead]);
       __builtin_prefetch(probe.key + ahead);
       __builtin_prefetch(slot + ahead);
     }
@@ -121,7 +122,7 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
               " and ", new_slots.size(0));
   const int64_t n = ids.size(0);
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
+  check_non_negative_ids(id, n);
   insert_distinct(keys.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), static_cast<uint64_t>(keys.size(0) - 1),
                   id, new_slots.data_ptr<int64_t>(), n);
 }
@@ -129,8 +130,9 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
 // out[i] = src[slot of ids[i]] for every id in the map (the read path of a table: no
 // slot tensor crosses into Python); returns the ascending positions of the ids not in
 // the map, whose rows of out are left as they were. Two passes: every id's row is found
-// and checked before any is copied (a bad slot raises with out untouched), then the rows,
-// random in src, are copied with the next ones prefetched.
+// and checked, and the result allocated, before any row is copied (an error leaves out
+// untouched), then the rows, random in src, are copied with the next ones prefetched.
+// out must not share src's storage (a row could be overwritten before it is read).
 at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& src,
                             const at::Tensor& ids, at::Tensor out) {
   check_cpu_map(keys, slots, ids);
@@ -140,28 +142,33 @@ at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, con
   check_device(out, at::kCPU, "out");
   check_same_rows(src, out, "src", "out");
   TORCH_CHECK(out.size(0) == ids.size(0), "out has ", out.size(0), " rows, ids has ", ids.size(0), " entries");
+  TORCH_CHECK(!out.is_alias_of(src), "out must not share src's storage");
   const int64_t rows = src.size(0);
   const int64_t n = ids.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
-  std::vector<int64_t> row(n);  // src row of ids[i], -1 where absent
+  std::unique_ptr<int64_t[]> src_row(new int64_t[n]);  // src row of ids[i], -1 where absent
   std::vector<int64_t> missing;
   for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
-    row[i] = pos < 0 ? -1 : slot[pos];
     if (pos < 0) {
+      src_row[i] = -1;
       missing.push_back(i);
       return;
     }
-    TORCH_CHECK(row[i] >= 0 && row[i] < rows, "the map holds slot ", row[i], " outside src's ", rows, " rows");
+    src_row[i] = slot[pos];
+    TORCH_CHECK(src_row[i] >= 0 && src_row[i] < rows, "the map holds slot ", src_row[i], " outside src's ", rows,
+                " rows");
   });
+  at::Tensor result = at::empty({static_cast<int64_t>(missing.size())}, ids.options());
+  std::copy(missing.begin(), missing.end(), result.data_ptr<int64_t>());
   const int64_t bytes = src.size(1) * static_cast<int64_t>(src.element_size());
   const char* from = static_cast<const char*>(src.data_ptr());
   char* to = static_cast<char*>(out.data_ptr());
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kRowsAhead < n && row[i + kRowsAhead] >= 0) prefetch_row<0>(from + row[i + kRowsAhead] * bytes, bytes);
-    if (row[i] >= 0) std::memcpy(to + i * bytes, from + row[i] * bytes, bytes);
+    if (i + kRowsAhead < n && src_row[i + kRowsAhead] >= 0) {
+      prefetch_row<0>(from + src_row[i + kRowsAhead] * bytes, bytes);
+    }
+    if (src_row[i] >= 0) std::memcpy(to + i * bytes, from + src_row[i] * bytes, bytes);
   }
-  at::Tensor result = at::empty({static_cast<int64_t>(missing.size())}, ids.options());
-  std::copy(missing.begin(), missing.end(), result.data_ptr<int64_t>());
   return result;
 }
 

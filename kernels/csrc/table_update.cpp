@@ -56,7 +56,7 @@ TablePlan plan_table(const at::Tensor& keys, const at::Tensor& map_slots, const 
   const int64_t n = ids.size(0);
   const int64_t rows = weights.size(0);
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0, "ids must be >= 0, got ", id[i], " at [", i, "]");
+  check_non_negative_ids(id, n);
   TORCH_CHECK(next_slot >= 0 && next_slot <= rows, "next_slot ", next_slot, " is outside [0, ", rows, "]");
   TORCH_CHECK(map_room >= 0 && map_room < keys.size(0), "map_room ", map_room, " is outside [0, ", keys.size(0),
               ") (the map must keep an empty bucket)");

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_insert
+from ember.kernels.hash_map import EMPTY, hash_erase, hash_find, hash_gather_rows, hash_insert
 from ember.kernels.id_index import IdIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -230,6 +230,33 @@ def test_gather_of_a_slot_outside_src_raises_before_writing_any_row(backend):
     index.insert(ids_of(range(40)), ids_of([*range(39), 99]))  # id 39 maps past src's 39 rows
     src = torch.randn(39, 4)
     out = torch.full((40, 4), -9.0)
-    with pytest.raises((RuntimeError, IndexError)):
+    with pytest.raises(RuntimeError, match="slot 99 outside src's 39 rows"):
         index.gather(ids_of(range(40)), src, out)  # the bad id comes after 39 good ones
     assert bool((out == -9.0).all())
+
+
+def test_negative_ids_are_never_found_even_where_they_equal_a_bucket_marker(backend):
+    # 30 of 32 buckets erased, two empty: a probe for -2 meets tombstones (-2) and one
+    # for -1 ends at an empty bucket (-1); neither marker is an id.
+    keys, slots = fresh_map(32)
+    hash_insert(keys, slots, ids_of(range(100, 130)), ids_of(range(30)))
+    hash_erase(keys, slots, ids_of(range(100, 130)))
+    hash_insert(keys, slots, ids_of([7]), ids_of([3]))
+    probe = ids_of([-1, -2, 7, -(2**63)])
+    assert hash_find(keys, slots, probe).tolist() == [-1, -1, 3, -1]
+    src, out = torch.arange(16.0).view(4, 4), torch.full((4, 4), -9.0)
+    assert hash_gather_rows(keys, slots, src, probe, out).tolist() == [0, 1, 3]
+    assert out[2].tolist() == src[3].tolist() and bool((out[[0, 1, 3]] == -9.0).all())
+    before = keys.clone()
+    assert hash_erase(keys, slots, probe).tolist() == [-1, -1, 3, -1]
+    assert torch.equal(keys[keys != before], torch.tensor([-2]))  # only 7's bucket erased
+
+
+def test_native_gather_refuses_an_out_that_shares_src(backend):
+    if backend != "native":
+        pytest.skip("the reference gathers through a copy: sharing cannot corrupt it")
+    index = IdIndex(capacity=16)
+    index.insert(ids_of([1, 2]), ids_of([1, 0]))
+    src = torch.randn(2, 4)
+    with pytest.raises(RuntimeError, match="must not share src's storage"):
+        index.gather(ids_of([1, 2]), src, src)
