@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ember.ps_server.durability.checkpoint_format import MANIFEST, Manifest, next_checkpoint_id
-from ember.ps_server.durability.durable_files import fsync_directory
+from ember.ps_server.durability.durable_files import fsync_directory, make_directory_durably
 from ember.ps_server.durability.retention import prune_checkpoints
 from ember.ps_server.errors import CheckpointStateError, ShardFailedError
 
@@ -134,9 +134,7 @@ class AutoCheckpoints:
             PermissionDeniedError: the directory resolves outside the checkpoint root.
             OSError: it cannot be made.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for made in (self.directory.parent, self.directory.parent.parent):
-            fsync_directory(made)
+        make_directory_durably(self.directory)
         self._server.checkpoints.checked_directory(str(self.directory))
         self._log.on_append = self._heard
         self._thread.start()

@@ -14,7 +14,7 @@ from ember.ps_server.durability.checkpoint_format import (
     latest_checkpoint,
     next_checkpoint_id,
 )
-from ember.ps_server.durability.durable_files import fsync_directory
+from ember.ps_server.durability.durable_files import fsync_directory, make_directory_durably
 from ember.ps_server.durability.replica_checkpoint import (
     flush_replicas,
     flush_wait_ms,
@@ -69,8 +69,7 @@ def take_checkpoint(
     """
     wait_ms = flush_wait_ms(flush_wait_s)
     root = root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    fsync_directory(root.parent)
+    make_directory_durably(root)
     base = latest_checkpoint(root) if incremental else None
     if incremental and base is None:
         raise ValueError(f"no checkpoint under {root} to be incremental to; take a full one first")

@@ -177,6 +177,18 @@ def fsync_directory(directory: Path) -> None:
         os.close(handle)
 
 
+def make_directory_durably(directory: Path) -> None:
+    """Create ``directory`` and any missing parents (as ``mkdir -p``), each one's entry made
+    durable in its parent: files fsynced inside a directory a crash forgets are lost too."""
+    missing = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for made in reversed(missing):
+        made.mkdir(exist_ok=True)
+        fsync_directory(made.parent)
+
+
 def verify_file(path: Path, sha256: str, size: int | None = None, contents: bool = True) -> None:
     """Raise DurableFileCorruptError, naming the file and checksums, unless ``path`` matches
     (only its presence and size without ``contents``: the reader checks the sha256).

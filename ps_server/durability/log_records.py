@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from ember.ps_server.errors import DurableFileCorruptError
+from ember.ps_server.errors import DurableFileCorruptError, DurableStateError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,9 @@ def segment_records(path: Path, last: bool) -> Iterator[bytes]:
 
     Raises:
         DurableFileCorruptError: any other damage, naming the file and byte offset.
+        DurableStateError: the file cannot be fsynced before it is read.
     """
+    fsync_before_replay(path)
     data = path.read_bytes()
     if data.startswith(OLD_MAGIC):
         raise DurableFileCorruptError(
@@ -72,6 +74,27 @@ def segment_records(path: Path, last: bool) -> Iterator[bytes]:
             f"file to {offset} bytes and delete later segments), or start from a checkpoint "
             "with an empty --wal directory"
         )
+
+
+def fsync_before_replay(path: Path) -> None:
+    """fsync ``path`` (a segment, or the log's directory) before it is replayed: what the
+    page cache holds may not be on the disk (its writer died before its fsync), and a
+    replayed record is built on (retries of it are acknowledged as duplicates).
+
+    Raises:
+        DurableStateError: the fsync failed.
+    """
+    try:
+        handle = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+    except OSError as error:
+        raise DurableStateError(
+            f"{path}: cannot make the write-ahead log durable before replaying it ({error}); "
+            "fix the disk, then restart the shard"
+        ) from error
 
 
 def header(length: int, crc: int) -> bytes:

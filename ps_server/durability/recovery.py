@@ -94,6 +94,10 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
         )
     checkpoint = requested or base
     chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
+    if requested is not None and base is None:
+        # The log continues the restored checkpoint from now on: recorded before anything
+        # is deleted, so a start that dies midway restores it again even without --restore.
+        write_log.record_base(requested, first_segment)
     # The log's new segment exists before the marker: a start that dies from here on
     # leaves a log that has begun, so the next start rebuilds instead of refusing.
     write_log.open()
@@ -103,5 +107,3 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     if chain is not None:
         server.checkpoints.restore(chain)
     replay(server, write_log)
-    if requested is not None and base is None:  # the log now continues the restored checkpoint
-        write_log.commit_base(requested, first_segment)

@@ -29,7 +29,7 @@ from ember.ps_server.durability.checkpoint_format import (
     row_file_name,
 )
 from ember.ps_server.durability.checkpoint_restore import check_specs, restore_chain, shard_meta
-from ember.ps_server.durability.durable_files import write_durably
+from ember.ps_server.durability.durable_files import make_directory_durably, write_durably
 from ember.ps_server.errors import (
     CheckpointStateError,
     InvalidArgumentError,
@@ -301,7 +301,7 @@ def write_shard_files(
     """Write a row file per table and the shard's metadata file into ``directory``
     (the push deduplication windows, the training jobs' step clocks and which of them hold
     or released hot-row replicas)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_directory_durably(directory)
     files = [
         table.write_snapshot(
             directory / row_file_name(shard, num_shards, table.spec.name), incremental

@@ -37,9 +37,20 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ember.ps_server.durability.durable_files import fsync_directory, write_all, write_durably
+from ember.ps_server.durability.durable_files import (
+    fsync_directory,
+    make_directory_durably,
+    write_all,
+    write_durably,
+)
 from ember.ps_server.durability.log_ownership import check_shard_count, lock_shard_log
-from ember.ps_server.durability.log_records import FRAMING, TRAILER, header, segment_records
+from ember.ps_server.durability.log_records import (
+    FRAMING,
+    TRAILER,
+    fsync_before_replay,
+    header,
+    segment_records,
+)
 from ember.ps_server.durability.shard_fault import ShardFault
 from ember.ps_server.errors import (
     DurableFileCorruptError,
@@ -83,7 +94,7 @@ class WriteLog:
         self._shard, self._num_shards = shard, num_shards
         self._prefix = f"shard-{shard}-of-{num_shards}"
         self._pattern = re.compile(rf"^{re.escape(self._prefix)}\.(\d{{8}})\.wal$")
-        directory.mkdir(parents=True, exist_ok=True)
+        make_directory_durably(directory)
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._appended = 0  # bytes handed to the OS, over all segments
@@ -144,14 +155,17 @@ class WriteLog:
     def replay(self) -> Iterator[bytes]:
         """Every record payload after the base checkpoint, in order (claims the log first).
 
-        A torn last record is cut off the file, with a warning.
+        A torn last record is cut off the file, with a warning. The directory and each
+        segment are fsynced before they are read (:func:`fsync_before_replay`).
 
         Raises:
             DurableFileCorruptError: a segment is missing, or a record fails its
                 checks anywhere but as a torn tail of the last segment.
+            DurableStateError: a segment or the directory cannot be fsynced.
         """
         self.claim()
         _, first = self.base()
+        fsync_before_replay(self.directory)
         segments = [n for n in self.segments() if n >= first]
         if segments and segments[0] != first:
             raise DurableFileCorruptError(
@@ -317,6 +331,7 @@ class WriteLog:
             fsync_directory(self.directory)
         except OSError:
             os.close(fd)
+            path.unlink(missing_ok=True)  # left behind, it would block every later rotation
             raise
         return fd
 

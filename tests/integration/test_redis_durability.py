@@ -275,3 +275,48 @@ def test_a_first_start_that_dies_midway_does_not_block_the_next(own_redis, tmp_p
     server = ParameterServer(0, 1, store=own_redis.url)
     recovery.recover(server, config)  # not refused
     server.journal.close()
+
+
+def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once(
+    own_redis, tmp_path, monkeypatch
+):
+    """Redis applied a push, but its reply was lost: the shard never recorded the request id,
+    so the client's retry would apply it again. The shard stops instead; its restart rebuilds
+    the rows from the log, where the push counts once."""
+    from ember.ps_server.durability import recovery
+    from ember.ps_server.errors import StoreUnavailableError
+    from ember.ps_server.shard.config import ShardConfig
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.stores import redis_connection
+    from ember.ps_server.stores.resp import pack
+    from ember.ps_server.wire.messages import encode_ids
+
+    config = ShardConfig(store=own_redis.url, wal=str(tmp_path / "wal"), wal_fsync="always")
+    server = ParameterServer(0, 1, store=own_redis.url)
+    recovery.recover(server, config)
+    server.create_table(SPEC)
+    ids = encode_ids(np.arange(8, dtype=np.int64))
+    grads = np.full((8, SPEC.dim), 0.25, dtype="<f4").tobytes()
+    start = server.pull(SPEC.name, ids).values.copy()
+    real_run_on = redis_connection.run_on
+
+    def reply_lost(connection, commands):
+        replies = real_run_on(connection, commands)
+        if commands and commands[-1] == pack(b"EXEC"):
+            raise StoreUnavailableError("redis: the reply to EXEC was lost")
+        return replies
+
+    with monkeypatch.context() as patch:
+        patch.setattr(redis_connection, "run_on", reply_lost)
+        with pytest.raises(StoreUnavailableError, match="lost"):
+            server.push(SPEC.name, ids, grads, "push-1")
+    assert "Restart the shard" in server.fault.reason
+    with pytest.raises(ShardFailedError):  # the client's retry of the same request
+        server.push(SPEC.name, ids, grads, "push-1")
+    server.journal.close()
+    restarted = ParameterServer(0, 1, store=own_redis.url)
+    recovery.recover(restarted, config)
+    np.testing.assert_allclose(
+        restarted.pull(SPEC.name, ids).values, start - SPEC.optimizer.lr * 0.25, rtol=1e-6
+    )
+    restarted.journal.close()

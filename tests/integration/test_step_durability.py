@@ -102,3 +102,33 @@ def test_a_logged_clock_whose_gradients_are_not_float32_is_refused_as_corrupt(tm
         server.steps.replay(record)
     assert rows(server)[1].tolist() == [0] * len(IDS)
     server.journal.close()
+
+
+def test_a_first_restore_into_a_log_that_dies_midway_is_restored_by_a_plain_restart(
+    tmp_path, monkeypatch
+):
+    """The first start with --restore C --wal W dies after its log began and before C was
+    restored. The next start, without --restore (a log that has begun refuses one, and says
+    to start without it), must restore C again, not serve empty tables."""
+    first = started(tmp_path)
+    update(first, 0, world=1)
+    first.checkpoints.pause("c1", 60)
+    files, specs = first.checkpoints.write("c1", str(tmp_path / "c1"), "")
+    Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
+    first.checkpoints.commit("c1")
+    saved = rows(first)
+    first.journal.close()
+    wal = str(tmp_path / "new-wal")
+
+    def killed(chain):
+        raise OSError("killed mid-restore")
+
+    dying = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    monkeypatch.setattr(dying.checkpoints, "restore", killed)
+    with pytest.raises(OSError, match="killed mid-restore"):
+        recover(dying, ShardConfig(restore=str(tmp_path / "c1"), wal=wal))
+    plain = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    recover(plain, ShardConfig(wal=wal))
+    after = rows(plain)
+    assert np.array_equal(after[0], saved[0]) and np.array_equal(after[1], saved[1])
+    plain.journal.close()

@@ -104,3 +104,20 @@ def test_a_row_file_is_checked_as_the_same_open_file_it_is_read_from(tmp_path):
     early = read_row_file(path, 4, 0, good)
     next(early)
     early.close()  # stops the check without judging: the caller took only part
+
+
+def test_directories_made_for_durable_files_are_durable_in_their_parents(tmp_path, monkeypatch):
+    """A file fsynced into a directory whose own entry a crash forgets is lost with it: every
+    directory created is fsynced into its parent, in order, and nothing more is created."""
+    (tmp_path / "kept").mkdir()
+    synced = []
+    real = durable_files.fsync_directory
+    monkeypatch.setattr(
+        durable_files, "fsync_directory", lambda path: synced.append(path) or real(path)
+    )
+    durable_files.make_directory_durably(tmp_path / "kept" / "a" / "b")
+    assert synced == [tmp_path / "kept", tmp_path / "kept" / "a"]
+    assert (tmp_path / "kept" / "a" / "b").is_dir()
+    synced.clear()
+    durable_files.make_directory_durably(tmp_path / "kept" / "a" / "b")  # there already
+    assert synced == []

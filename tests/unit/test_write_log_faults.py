@@ -8,11 +8,9 @@ import threading
 
 import numpy as np
 import pytest
-from ember.ps_server.durability import write_log
+from ember.ps_server.durability import log_records, write_log
 from ember.ps_server.durability.write_log import WriteLog
-from ember.ps_server.errors import (
-    ShardFailedError,
-)
+from ember.ps_server.errors import DurableStateError, ShardFailedError
 
 from tests.support.write_logs import open_log
 
@@ -116,20 +114,27 @@ def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_rec
             assert synced and max(synced) >= record_end, events
 
 
-def test_a_rotation_that_cannot_create_the_next_segment_fails_alone(tmp_path, monkeypatch):
-    """Out of file descriptors: the checkpoint that rotates fails, the log goes on in its
-    current segment (never through a closed descriptor)."""
+@pytest.mark.parametrize("failing", ["open", "directory fsync"])
+def test_a_rotation_that_cannot_create_the_next_segment_fails_alone(tmp_path, monkeypatch, failing):
+    """Out of file descriptors, or the new segment's entry cannot be made durable: the
+    checkpoint that rotates fails, the log goes on in its current segment (never through a
+    closed descriptor), and no half-made segment blocks the next rotation."""
     log = open_log(tmp_path)
     log.sync(log.append(b"before"))
-    real_open = os.open
+    if failing == "open":
+        real_open = os.open
 
-    def no_more_files(path, flags, *rest, **kwargs):
-        if str(path).endswith(".wal"):
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return real_open(path, flags, *rest, **kwargs)
+        def no_more_files(path, flags, *rest, **kwargs):
+            if str(path).endswith(".wal"):
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return real_open(path, flags, *rest, **kwargs)
 
-    monkeypatch.setattr(write_log.os, "open", no_more_files)
-    with pytest.raises(OSError, match="Too many open files"):
+        monkeypatch.setattr(write_log.os, "open", no_more_files)
+        match = "Too many open files"
+    else:
+        monkeypatch.setattr(write_log, "fsync_directory", _failing(errno.EIO))
+        match = "Input/output error"
+    with pytest.raises(OSError, match=match):
         log.rotate()
     monkeypatch.undo()
     assert log.fault.reason is None
@@ -139,6 +144,42 @@ def test_a_rotation_that_cannot_create_the_next_segment_fails_alone(tmp_path, mo
     log.close()
     assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"before", b"after", b"rotated"]
     assert WriteLog(tmp_path, 1, 3).segments() == [1, 2]
+
+
+def test_replay_fsyncs_the_directory_and_each_segment_before_yielding_its_records(
+    tmp_path, monkeypatch
+):
+    """A record whose writer died before fsyncing it is still in the page cache: a restart
+    replays it and acknowledges retries of it as duplicates, so it must be durable first.
+    A crash test cannot see this (the page cache outlives the process): record the fsyncs."""
+    log = open_log(tmp_path, fsync="interval")
+    log.append(b"segment 1")
+    log.rotate()
+    log.append(b"segment 2")
+    log.close()
+    files = {os.stat(tmp_path / f"shard-1-of-3.{n:08d}.wal").st_ino: f"segment {n}" for n in (1, 2)}
+    files[os.stat(tmp_path).st_ino] = "directory"
+    synced = []
+    real_fsync = os.fsync
+
+    def recording(fd):
+        real_fsync(fd)
+        synced.append(files.get(os.fstat(fd).st_ino))
+
+    monkeypatch.setattr(log_records.os, "fsync", recording)
+    for payload in WriteLog(tmp_path, 1, 3).replay():
+        assert synced[0] == "directory" and payload.decode() in synced, (payload, synced)
+
+
+def test_a_log_that_cannot_be_fsynced_at_replay_is_not_replayed(tmp_path, monkeypatch):
+    log = open_log(tmp_path, fsync="interval")
+    log.append(b"never fsynced")
+    log.close()
+    monkeypatch.setattr(log_records.os, "fsync", _failing(errno.EIO))
+    with pytest.raises(
+        DurableStateError, match="cannot make the write-ahead log durable.*Input/output"
+    ):
+        next(iter(WriteLog(tmp_path, 1, 3).replay()))
 
 
 def test_a_fault_elsewhere_in_the_shard_still_lets_acknowledged_records_become_durable(
