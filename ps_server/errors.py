@@ -116,6 +116,11 @@ class TooManyJobsError(EmberError):
     """The shard already tracks as many jobs of a kind as it keeps."""
 
 
+class TooManyWaitingError(EmberError):
+    """As many requests wait for clocks on the shard as it lets wait: each holds a worker
+    thread, and the rest are kept for calls that never wait."""
+
+
 class UnauthenticatedError(EmberError):
     """A caller without the cluster's token (a UCX connection that did not present it)."""
 
@@ -137,6 +142,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     ClockTimeoutError: Status.DEADLINE_EXCEEDED,
     ShardStoppingError: Status.UNAVAILABLE,
     TooManyJobsError: Status.RESOURCE_EXHAUSTED,
+    TooManyWaitingError: Status.RESOURCE_EXHAUSTED,
     ReplicaReleasedError: Status.FAILED_PRECONDITION,
     UnauthenticatedError: Status.UNAUTHENTICATED,
 }

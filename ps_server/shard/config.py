@@ -161,6 +161,12 @@ class ShardConfig:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
     @property
+    def max_waiting(self) -> int:
+        """Step requests that may wait for clocks at once: each holds a worker thread, and
+        an eighth of the threads (at least one) stay free for calls that never wait."""
+        return max(1, self.workers - max(1, self.workers // 8))
+
+    @property
     def auto_checkpoints(self) -> bool:
         """Whether the shard checkpoints itself (a log size or an interval is set)."""
         return self.wal_max_bytes is not None or self.checkpoint_interval_s is not None

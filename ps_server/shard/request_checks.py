@@ -23,11 +23,28 @@ if TYPE_CHECKING:
 
 # Room for the reply's field tags and lengths next to its packed payload.
 REPLY_OVERHEAD_BYTES = 1024
+# A request id is remembered (a table keeps its dedup window of them) and goes into the
+# write-ahead log and checkpoints: a client's uuid and sequence number fit many times over.
+MAX_REQUEST_ID_CHARS = 256
 
 Bytes = bytes | memoryview
 # Table names a not-found error lists (128 characters at most each): the error fits in gRPC's
 # 8 KiB of trailing metadata however many tables a shard holds.
 _NAMES_LISTED = 10
+
+
+def check_request_id(request_id: str, what: str) -> None:
+    """Refuse a ``what`` (push, assign) whose request id is empty, longer than
+    :data:`MAX_REQUEST_ID_CHARS` or not printable.
+
+    Raises:
+        InvalidArgumentError: naming the rule.
+    """
+    if not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS or not request_id.isprintable():
+        raise InvalidArgumentError(
+            f"{what} needs a request_id of 1..{MAX_REQUEST_ID_CHARS} printable characters "
+            f"for retry deduplication, got {len(request_id)} starting {request_id[:40]!r}"
+        )
 
 
 class RequestChecks:

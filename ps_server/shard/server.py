@@ -23,7 +23,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     TableExistsError,
 )
-from ember.ps_server.shard.request_checks import RequestChecks
+from ember.ps_server.shard.request_checks import RequestChecks, check_request_id
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
@@ -79,6 +79,8 @@ class ParameterServer:
             rows while serving, go on from initial rows instead of stopping.
         checkpoint_root: the only directory checkpoint files may be written
             under ('' refuses every checkpoint request).
+        max_waiting: step requests that may wait for clocks at once (None: no limit;
+            a shard process sets it from its worker threads).
 
     Attributes:
         fault: trips when the shard can no longer vouch for its data; from then
@@ -99,6 +101,7 @@ class ParameterServer:
         store: str = "memory",
         accept_empty_store: bool = False,
         checkpoint_root: str = "",
+        max_waiting: int | None = None,
     ) -> None:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
@@ -116,7 +119,7 @@ class ParameterServer:
         self.journal = WriteJournal()
         self.checkpoints = ShardCheckpoints(self, checkpoint_root)
         self.auto_checkpoints: AutoCheckpoints | None = None  # the shard process starts them
-        self.steps = StepService(self)
+        self.steps = StepService(self, max_waiting)
 
     def create_table(self, spec: TableSpec) -> bool:
         """Create a table; returns False if an identical one exists.
@@ -260,8 +263,7 @@ class ParameterServer:
     def _validate_push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
     ) -> tuple[Table, np.ndarray, np.ndarray, str]:
-        if not request_id:
-            raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
+        check_request_id(request_id, "push")
         return (*self.checks.writes([(table, ids, grads, RowDtype.FLOAT32)])[0], request_id)
 
     def assign(
@@ -277,10 +279,7 @@ class ParameterServer:
         ``versions`` is not empty, else each version + 1); returns duplicate."""
         self.fault.check()
         target = self.checks.table(table)
-        if not request_id:
-            raise InvalidArgumentError(
-                "assign needs a non-empty request_id for retry deduplication"
-            )
+        check_request_id(request_id, "assign")
         id_array = decode_ids(ids)
         if len(np.unique(id_array)) != len(id_array):
             raise InvalidArgumentError("assign needs distinct ids")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError, TooManyWaitingError
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.step_codec import StepClockView
 
@@ -31,6 +31,41 @@ MAX_WAIT_MS = 3_600_000
 MAX_JOB_CHARS = 128
 REMEMBERED_CLOCKS = 8  # clocks whose changed rows are kept for refreshes
 MODES = {pb.EXACT: "exact", pb.ASYNC: "async"}
+RANKS_NAMED = 10  # ranks a timeout names: its message must fit gRPC's trailing metadata
+
+
+class WaitSlots:
+    """How many requests may wait on clocks at once, over every job of a shard (None: no
+    limit). Each waiting request holds a worker thread; the others stay free for calls that
+    never wait (other ranks' updates, health, checkpoints), so waits cannot starve them."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"the wait limit must be >= 1, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._taken = 0
+
+    def take(self, what: str) -> None:
+        """Take a slot for a request about to wait for ``what``.
+
+        Raises:
+            TooManyWaitingError: every slot is taken (the request does not wait).
+        """
+        with self._lock:
+            if self.limit is not None and self._taken >= self.limit:
+                raise TooManyWaitingError(
+                    f"not waiting for {what}: {self._taken} requests already wait for clocks "
+                    "on this shard, as many as it lets wait (each holds a worker thread). A "
+                    "rank may be far behind; else start shards with more --workers than ranks "
+                    "x (staleness + 2)"
+                )
+            self._taken += 1
+
+    def give(self) -> None:
+        """Return a slot :meth:`take` gave."""
+        with self._lock:
+            self._taken -= 1
 
 
 @dataclasses.dataclass
@@ -46,6 +81,7 @@ class Job:
         default_factory=collections.OrderedDict
     )
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
+    slots: WaitSlots = dataclasses.field(default_factory=WaitSlots)  # the shard's, shared
     waiters: int = 0
     # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
     # request may have released the condition while a checkpoint holds its write.
@@ -60,8 +96,12 @@ class Job:
         """Wait on the condition (held by the caller) until ``ready()``.
 
         Raises:
+            TooManyWaitingError: it is not ready and the shard lets no more requests wait.
             ClockTimeoutError: the deadline passed; names the ranks behind ``needed``.
         """
+        if ready():
+            return
+        self.slots.take(what)
         self.waiters += 1
         self.cond.notify_all()  # for await_waiters
         try:
@@ -70,19 +110,31 @@ class Job:
                 if remaining <= 0 or not self.cond.wait(remaining):
                     if ready():
                         return
-                    delivered = self.pending.get(needed, {})
-                    behind = [
-                        r for r, clock in enumerate(self.applied)
-                        if clock < needed and r not in delivered
-                    ]  # fmt: skip
-                    raise ClockTimeoutError(
-                        f"job {self.name!r}: gave up waiting for {what}: rank(s) "
-                        f"{', '.join(map(str, behind)) or 'none'} have not delivered clock "
-                        f"{needed} (applied clocks by rank: {self.applied}); a rank has died or "
-                        "fallen behind"
-                    )
+                    raise ClockTimeoutError(self._timeout_message(what, needed))
         finally:
             self.waiters -= 1
+            self.slots.give()
+
+    def _timeout_message(self, what: str, needed: int) -> str:
+        """Why a wait for ``what`` (clock ``needed``) gave up: the first ranks behind, and
+        the range of applied clocks (a short message, however many ranks)."""
+        delivered = self.pending.get(needed, {})
+        behind = [
+            r for r, clock in enumerate(self.applied) if clock < needed and r not in delivered
+        ]
+        named = ", ".join(map(str, behind[:RANKS_NAMED])) or "none"
+        if len(behind) > RANKS_NAMED:
+            named += f" and {len(behind) - RANKS_NAMED} more"
+        applied = (
+            f"applied clocks by rank: {self.applied}"
+            if self.world <= RANKS_NAMED
+            else f"applied clocks from {min(self.applied)} to {max(self.applied)} over "
+            f"{self.world} ranks"
+        )
+        return (
+            f"job {self.name!r}: gave up waiting for {what}: rank(s) {named} have not "
+            f"delivered clock {needed} ({applied}); a rank has died or fallen behind"
+        )
 
     def await_waiters(self, count: int, timeout_s: float) -> bool:
         """Wait until ``count`` requests wait on this job (tests, diagnostics); False on timeout."""
@@ -130,9 +182,14 @@ class Retired:
 
 
 class StepClocks:
-    """The jobs of one shard, by name."""
+    """The jobs of one shard, by name.
 
-    def __init__(self) -> None:
+    Args:
+        max_waiting: requests that may wait on clocks at once (None: no limit).
+    """
+
+    def __init__(self, max_waiting: int | None = None) -> None:
+        self.slots = WaitSlots(max_waiting)
         self._lock = threading.Lock()
         self._jobs: collections.OrderedDict[str, Job] = collections.OrderedDict()
         # Applied clocks of jobs forgotten as idle: a clock cut may still name them.
@@ -155,7 +212,7 @@ class StepClocks:
                     _check_same_job(clock, retired.world, retired.mode)
                     self._unretire(clock.job)  # back from idle, with its clocks
                 applied = list(retired.applied) if retired else [-1] * clock.world
-                job = Job(clock.job, clock.world, clock.mode, applied)
+                job = Job(clock.job, clock.world, clock.mode, applied, slots=self.slots)
                 self._jobs[clock.job] = job
                 self._forget_idle()
             self._jobs.move_to_end(clock.job)
@@ -231,10 +288,12 @@ class StepClocks:
         with self._lock:
             self._retired.clear()
             self._retired_ranks = 0
-            self._jobs = collections.OrderedDict(
-                (name, Job(name, state["world"], state["mode"], list(state["applied"])))
-                for name, state in jobs.items()
-            )
+            self._jobs = collections.OrderedDict()
+            for name, state in jobs.items():
+                applied = list(state["applied"])
+                self._jobs[name] = Job(
+                    name, state["world"], state["mode"], applied, slots=self.slots
+                )
 
     def _forget_idle(self) -> None:
         """Drop the least recently used idle jobs beyond MAX_JOBS (caller holds the lock)."""

@@ -23,6 +23,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     OutOfRangeError,
     StoreCorruptError,
+    TooManyWaitingError,
 )
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
@@ -51,11 +52,12 @@ TableRead = tuple["Table", np.ndarray, RowDtype]
 
 
 class StepService:
-    """Lookup and Update on the tables of ``server``."""
+    """Lookup and Update on the tables of ``server``; at most ``max_waiting`` of them wait for
+    clocks at once (None: no limit)."""
 
-    def __init__(self, server: ParameterServer) -> None:
+    def __init__(self, server: ParameterServer, max_waiting: int | None = None) -> None:
         self._server = server
-        self.clocks = StepClocks()
+        self.clocks = StepClocks(max_waiting)
         self.replicas = ReplicaFlushes()
 
     def lookup(self, request: LookupRequestView) -> tuple[list[TableRead], int]:
@@ -76,6 +78,11 @@ class StepService:
                 raise InvalidArgumentError(f"a lookup's clock must be >= -1, got {needed}")
             job = self.clocks.job(request.clock)
             with job.cond:
+                if needed > job.watermark + MAX_CLOCKS_AHEAD:  # no update may be that far ahead
+                    raise InvalidArgumentError(
+                        f"a lookup of clock {needed} is more than {MAX_CLOCKS_AHEAD} clocks past "
+                        f"job {job.name!r}'s watermark {job.watermark}"
+                    )
                 job.wait(
                     lambda: job.watermark >= needed, _deadline(request.clock),
                     f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
@@ -122,10 +129,12 @@ class StepService:
                     try:
                         job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
                         break
-                    except ClockTimeoutError:
+                    except (ClockTimeoutError, TooManyWaitingError) as error:
                         if not job.being_applied(step):
                             job.withdraw(step, rank)  # told "not applied": it never will be
                             raise
+                        if isinstance(error, TooManyWaitingError):
+                            raise  # being applied: a retry is answered as a duplicate
                         deadline = _deadline(clock)  # complete, its write held: wait it out
             else:
                 job.wait(

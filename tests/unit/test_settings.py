@@ -168,3 +168,8 @@ def test_ucx_beside_tls_needs_the_network_to_be_declared_trusted():
     with pytest.raises(ValueError, match="UCX data plane is not encrypted"):
         ShardConfig(ucx=True, **tls).check_ucx_trust()
     ShardConfig(ucx=True, ucx_unencrypted=True, **tls).check_ucx_trust()
+
+
+@pytest.mark.parametrize(("workers", "waiting"), [(32, 28), (8, 7), (2, 1), (1, 1)])
+def test_a_shard_keeps_an_eighth_of_its_workers_from_waiting_on_clocks(workers, waiting):
+    assert ShardConfig(workers=workers).max_waiting == waiting

@@ -5,7 +5,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
+from ember.ps_server.errors import (
+    ClockTimeoutError,
+    InvalidArgumentError,
+    Status,
+    TooManyWaitingError,
+    status_for,
+)
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_handlers import StepHandlers
@@ -190,6 +196,47 @@ def test_a_clock_far_past_the_watermark_is_refused_before_it_is_buffered():
     with pytest.raises(InvalidArgumentError, match="more than 1024 clocks past"):
         update(server, 10**12, [4], np.ones((1, 3)))
     assert server.steps.clocks.job(clock(0)).pending == {}
+
+
+def test_a_lookup_of_a_clock_no_update_could_reach_is_refused_without_waiting():
+    server = shard()
+    with pytest.raises(InvalidArgumentError, match="lookup of clock 1025 is more than 1024"):
+        lookup(server, [4], step=1025, wait_ms=50)
+    assert server.steps.clocks.job(clock(0)).waiters == 0
+
+
+def test_waits_beyond_the_shards_limit_are_refused_and_calls_that_need_no_wait_go_on():
+    """Each waiting request holds a worker thread: past the shard's limit a request that would
+    wait is refused at once (RESOURCE_EXHAUSTED; an update is withdrawn), requests that are
+    ready need no slot, and a wait that ends gives its slot back."""
+    server = ParameterServer(0, 1, max_waiting=2)
+    server.create_table(ADAM)
+    parked = [in_thread(lookup, server, [4], step=0, rank=r, mode=pb.ASYNC) for r in (0, 1)]
+    job = server.steps.clocks.job(clock(0, mode=pb.ASYNC))
+    assert job.await_waiters(2, 30)
+    with pytest.raises(TooManyWaitingError, match="2 requests already wait") as refused:
+        lookup(server, [4], step=0, mode=pb.ASYNC)
+    assert status_for(refused.value) is Status.RESOURCE_EXHAUSTED
+    with pytest.raises(TooManyWaitingError):  # an exact update waits for the other rank's
+        update(server, 0, [4], np.ones((1, 3)), rank=0, job="job-x")
+    assert server.steps.clocks.job(clock(0, job="job-x")).pending == {}  # never applied
+    assert lookup(server, [4], step=-1, mode=pb.ASYNC)[1] == -1  # ready: no slot needed
+    for rank in (0, 1):  # async updates of clock 0 wait for nothing
+        update(server, 0, [4], np.ones((1, 3)), rank=rank, mode=pb.ASYNC)
+    for thread, result in parked:
+        thread.join(30)
+        assert result["value"][1] == 0
+    with pytest.raises(ClockTimeoutError):  # admitted again: it waits, then times out
+        lookup(server, [4], step=1, mode=pb.ASYNC, wait_ms=20)
+
+
+def test_a_timeout_names_at_most_ten_ranks_however_many_the_job_has():
+    server = shard()
+    with pytest.raises(ClockTimeoutError) as timed_out:
+        lookup(server, [4], step=0, world=5000, wait_ms=20, job="wide")
+    message = str(timed_out.value)
+    assert "rank(s) 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 4990 more" in message
+    assert "applied clocks from -1 to -1 over 5000 ranks" in message and len(message) < 400
 
 
 def test_an_update_that_gave_up_waiting_is_withdrawn_and_never_applied():
