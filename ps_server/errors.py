@@ -68,6 +68,11 @@ class StoreUnavailableError(EmberError):
     """The store behind a table (e.g. Redis) cannot be reached; nothing was applied."""
 
 
+class StoreWriteUnknownError(StoreUnavailableError):
+    """The store's connection failed while a write was in flight: it may have been applied
+    (a logged write then stops the shard, whose restart rebuilds the store from its log)."""
+
+
 class StoreCorruptError(EmberError):
     """The store holds a value Ember cannot read (another format or table layout)."""
 

@@ -168,13 +168,18 @@ def write_all(fd: int, parts: list[memoryview]) -> None:
             pending[0] = pending[0][written:]
 
 
-def fsync_directory(directory: Path) -> None:
-    """Make renames and creations in ``directory`` durable."""
-    handle = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync the file or directory at ``path`` (through a descriptor of its own)."""
+    handle = os.open(path, os.O_RDONLY)
     try:
         os.fsync(handle)
     finally:
         os.close(handle)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make renames and creations in ``directory`` durable."""
+    fsync_path(directory)
 
 
 def make_directory_durably(directory: Path) -> None:

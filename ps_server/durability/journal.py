@@ -4,11 +4,13 @@ Without a :class:`WriteLog` attached it does nothing. With one, every write
 request is appended to the log (one record per request: group commit of all
 its sub-requests) and applied under one lock, so the log's order is the
 order of application, and the request is acknowledged only after
-:meth:`WriteLog.sync`. A logged request whose application then fails in its
-store (unreachable, or its reply lost) may be in that store in part or whole,
-unrecorded, so a retry would apply it again: the shard stops serving, and its
-restart rebuilds the store's rows from the checkpoint and the log, where the
-request is applied once (replay keeps the request-id deduplication).
+:meth:`WriteLog.sync`. A logged request whose application then fails before
+its store was written (unreachable) is applied at replay: an unacknowledged
+request may be applied, never twice (replay keeps the request-id
+deduplication). One whose store write was in flight when the connection failed
+may be in the store, unrecorded, so a retry would apply it again: the shard
+stops serving, and its restart rebuilds the store's rows from the checkpoint
+and the log, where the request is applied once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ember.ps_server.durability.write_log import WriteLog
-from ember.ps_server.errors import StoreCorruptError, StoreUnavailableError, TableExistsError
+from ember.ps_server.errors import StoreCorruptError, StoreWriteUnknownError, TableExistsError
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import Buffer
 from ember.ps_server.wire.table_spec import TableSpec
@@ -41,8 +43,8 @@ class WriteJournal:
     @contextlib.contextmanager
     def record(self, build: Callable[[], list[Buffer]]) -> Iterator[None]:
         """Log the serialised ``LogRecord`` whose buffers ``build`` returns, run the block (the
-        write), then wait until the record is durable. A store error in the block stops the
-        shard (see the module docstring)."""
+        write), then wait until the record is durable. A store write of unknown outcome, or a
+        corrupt store, in the block stops the shard (see the module docstring)."""
         if self.log is None:
             yield
             return
@@ -50,10 +52,10 @@ class WriteJournal:
             ticket = self.log.append(build())
             try:
                 yield
-            except (StoreUnavailableError, StoreCorruptError) as error:
+            except (StoreWriteUnknownError, StoreCorruptError) as error:
                 self.log.fault.trip(
-                    f"a logged write failed in the store ({error}); the store may hold it in "
-                    "part, and a retry would apply it again. Restart the shard: it rebuilds its "
+                    f"a logged write failed in the store ({error}); the store may hold it, "
+                    "and a retry would apply it again. Restart the shard: it rebuilds its "
                     "rows from the checkpoint and the write-ahead log, which holds the write"
                 )
                 raise

@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from ember.ps_server.durability.durable_files import fsync_path
 from ember.ps_server.errors import DurableFileCorruptError, DurableStateError
 
 log = logging.getLogger(__name__)
@@ -85,11 +86,7 @@ def fsync_before_replay(path: Path) -> None:
         DurableStateError: the fsync failed.
     """
     try:
-        handle = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(handle)
-        finally:
-            os.close(handle)
+        fsync_path(path)
     except OSError as error:
         raise DurableStateError(
             f"{path}: cannot make the write-ahead log durable before replaying it ({error}); "

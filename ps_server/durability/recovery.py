@@ -32,12 +32,13 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
         DurableStateError: Redis holds this shard's rows but the log is empty.
         WriteLogLockedError: another live process owns this shard's log.
         CheckpointStateError: ``--restore`` names another checkpoint than the
-            one the log continues, or the log already holds requests that a
-            restored checkpoint would precede.
+            one the log continues while the log holds requests after it, or the log
+            already holds requests that a restored checkpoint would precede.
         FileNotFoundError, DurableFileCorruptError: a checkpoint or log file
-            is missing or damaged (nothing durable was changed: over Redis every file is
-            checked before its rows are deleted; into memory a row file's sha256 is
-            checked as it loads, and the log may have begun an empty segment).
+            is missing or damaged (over Redis every file is checked before its rows are
+            deleted; into memory a row file's sha256 is checked as it loads; the log may
+            have begun an empty segment and, with ``--restore``, name the checkpoint as its
+            base: a start with another ``--restore`` replaces it).
     """
     marker = server.store_marker
     if marker is not None:
@@ -73,10 +74,11 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     started = bool(write_log.segments())  # a segment, even empty: the log began here
     records = write_log.verify()  # reads every record (cutting a torn tail), changes nothing else
     requested = resolve_checkpoint(Path(config.restore)) if config.restore else None
-    if requested is not None and base is not None and requested != base.resolve():
+    if requested is not None and base is not None and requested != base.resolve() and records:
         raise CheckpointStateError(
             f"--restore {requested} is not the checkpoint the write log in {config.wal} "
-            f"continues ({base}); restore without --wal, or start without --restore"
+            f"continues ({base}), and the log holds {records} request(s) after it; restore "
+            "without --wal, or start without --restore"
         )
     if requested is not None and base is None and records:
         raise CheckpointStateError(
@@ -94,9 +96,10 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
         )
     checkpoint = requested or base
     chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
-    if requested is not None and base is None:
-        # The log continues the restored checkpoint from now on: recorded before anything
-        # is deleted, so a start that dies midway restores it again even without --restore.
+    if requested is not None and (base is None or requested != base.resolve()):
+        # The log (with no request after its base) continues the restored checkpoint from
+        # now on: recorded before anything is deleted, so a start that dies midway restores
+        # it again even without --restore, and --restore of another one replaces it.
         write_log.record_base(requested, first_segment)
     # The log's new segment exists before the marker: a start that dies from here on
     # leaves a log that has begun, so the next start rebuilds instead of refusing.

@@ -162,8 +162,9 @@ class ShardConfig:
 
     @property
     def max_waiting(self) -> int:
-        """Step requests that may wait for clocks at once: each holds a worker thread, and
-        an eighth of the threads (at least one) stay free for calls that never wait."""
+        """Step requests that may wait for clocks at once, over gRPC and UCX together: each
+        holds a worker thread, and an eighth of the threads (at least one, unless there is
+        only one) stay free for calls that never wait."""
         return max(1, self.workers - max(1, self.workers // 8))
 
     @property

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 # Room for the reply's field tags and lengths next to its packed payload.
 REPLY_OVERHEAD_BYTES = 1024
 # A request id is remembered (a table keeps its dedup window of them) and goes into the
-# write-ahead log and checkpoints: a client's uuid and sequence number fit many times over.
+# write-ahead log and checkpoints. PSClient's (a uuid, a sequence number and, per table of
+# a batch, the table's name of at most 128 characters) stay under 200.
 MAX_REQUEST_ID_CHARS = 256
 
 Bytes = bytes | memoryview
@@ -35,7 +36,8 @@ _NAMES_LISTED = 10
 
 def check_request_id(request_id: str, what: str) -> None:
     """Refuse a ``what`` (push, assign) whose request id is empty, longer than
-    :data:`MAX_REQUEST_ID_CHARS` or not printable.
+    :data:`MAX_REQUEST_ID_CHARS` or not printable. Checked where requests arrive, not at
+    replay: a log written before this rule may hold longer ids, and must still replay.
 
     Raises:
         InvalidArgumentError: naming the rule.

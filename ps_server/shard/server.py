@@ -23,7 +23,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     TableExistsError,
 )
-from ember.ps_server.shard.request_checks import RequestChecks, check_request_id
+from ember.ps_server.shard.request_checks import RequestChecks
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
@@ -263,7 +263,8 @@ class ParameterServer:
     def _validate_push(
         self, table: str, ids: bytes | memoryview, grads: bytes | memoryview, request_id: str
     ) -> tuple[Table, np.ndarray, np.ndarray, str]:
-        check_request_id(request_id, "push")
+        if not request_id:
+            raise InvalidArgumentError("push needs a non-empty request_id for retry deduplication")
         return (*self.checks.writes([(table, ids, grads, RowDtype.FLOAT32)])[0], request_id)
 
     def assign(
@@ -279,7 +280,10 @@ class ParameterServer:
         ``versions`` is not empty, else each version + 1); returns duplicate."""
         self.fault.check()
         target = self.checks.table(table)
-        check_request_id(request_id, "assign")
+        if not request_id:
+            raise InvalidArgumentError(
+                "assign needs a non-empty request_id for retry deduplication"
+            )
         id_array = decode_ids(ids)
         if len(np.unique(id_array)) != len(id_array):
             raise InvalidArgumentError("assign needs distinct ids")

@@ -16,6 +16,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     status_for,
 )
+from ember.ps_server.shard.request_checks import check_request_id
 from ember.ps_server.shard.server import ParameterServer, PullStaleReply
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import SERVICE_NAME, pb, pb_grpc
@@ -118,6 +119,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Push(self, request: PushRequestView, context: grpc.ServicerContext) -> pb.PushResponse:
         """Takes the PushRequest as decoded by the zero-copy codec (see pull_push_codec)."""
+        check_request_id(request.request_id, "push")
         duplicate, rows = self.server.push(
             request.table, request.ids, request.grads, request.request_id
         )
@@ -132,6 +134,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         return _pull_stale_response(reply)
 
     def Assign(self, request: pb.AssignRequest, context: grpc.ServicerContext) -> pb.AssignResponse:
+        check_request_id(request.request_id, "assign")
         duplicate = self.server.assign(
             request.table,
             request.ids,
@@ -163,6 +166,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def PushBatch(
         self, request: pb.PushBatchRequest, context: grpc.ServicerContext
     ) -> pb.PushBatchResponse:
+        for sub in request.requests:
+            check_request_id(sub.request_id, "push")
         outcomes = self.server.push_batch(
             [(s.table, s.ids, s.grads, s.request_id) for s in request.requests]
         )

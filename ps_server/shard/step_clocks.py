@@ -56,9 +56,9 @@ class WaitSlots:
             if self.limit is not None and self._taken >= self.limit:
                 raise TooManyWaitingError(
                     f"not waiting for {what}: {self._taken} requests already wait for clocks "
-                    "on this shard, as many as it lets wait (each holds a worker thread). A "
-                    "rank may be far behind; else start shards with more --workers than ranks "
-                    "x (staleness + 2)"
+                    f"on this shard, its limit ({self.limit}: --workers less an eighth, as "
+                    "each waiting request holds a worker thread). A rank may be far behind; "
+                    "else give shards more --workers than ranks x (staleness + 2) x 8/7"
                 )
             self._taken += 1
 
@@ -81,7 +81,7 @@ class Job:
         default_factory=collections.OrderedDict
     )
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-    slots: WaitSlots = dataclasses.field(default_factory=WaitSlots)  # the shard's, shared
+    slots: WaitSlots = dataclasses.field(kw_only=True)  # the shard's, shared by its jobs
     waiters: int = 0
     # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
     # request may have released the condition while a checkpoint holds its write.
@@ -92,8 +92,9 @@ class Job:
         """The highest clock up to which every rank's updates are applied (-1: none)."""
         return min(self.applied)
 
-    def wait(self, ready, deadline: float, what: str, needed: int) -> None:
-        """Wait on the condition (held by the caller) until ``ready()``.
+    def wait(self, ready, deadline: float, what: str, needed: int, take_slot: bool = True) -> None:
+        """Wait on the condition (held by the caller) until ``ready()``, in one of the
+        shard's wait slots (``take_slot`` False: a wait the caller knows is short).
 
         Raises:
             TooManyWaitingError: it is not ready and the shard lets no more requests wait.
@@ -101,7 +102,8 @@ class Job:
         """
         if ready():
             return
-        self.slots.take(what)
+        if take_slot:
+            self.slots.take(what)
         self.waiters += 1
         self.cond.notify_all()  # for await_waiters
         try:
@@ -113,7 +115,8 @@ class Job:
                     raise ClockTimeoutError(self._timeout_message(what, needed))
         finally:
             self.waiters -= 1
-            self.slots.give()
+            if take_slot:
+                self.slots.give()
 
     def _timeout_message(self, what: str, needed: int) -> str:
         """Why a wait for ``what`` (clock ``needed``) gave up: the first ranks behind, and

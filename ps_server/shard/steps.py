@@ -125,17 +125,21 @@ class StepService:
             if job.mode == pb.EXACT:
                 job.pending.setdefault(step, {}).setdefault(rank, updates)
                 self._apply_complete_clocks(job)
+                take_slot = True
                 while True:
                     try:
-                        job.wait(lambda: job.applied[rank] >= step, deadline, f"clock {step}", step)
+                        job.wait(
+                            lambda: job.applied[rank] >= step, deadline, f"clock {step}", step,
+                            take_slot=take_slot,
+                        )  # fmt: skip
                         break
-                    except (ClockTimeoutError, TooManyWaitingError) as error:
+                    except (ClockTimeoutError, TooManyWaitingError):
                         if not job.being_applied(step):
                             job.withdraw(step, rank)  # told "not applied": it never will be
                             raise
-                        if isinstance(error, TooManyWaitingError):
-                            raise  # being applied: a retry is answered as a duplicate
-                        deadline = _deadline(clock)  # complete, its write held: wait it out
+                        # Complete, its write held by a checkpoint's pause: wait it out, with
+                        # or without a slot (the pause's lease bounds the wait).
+                        deadline, take_slot = _deadline(clock), False
             else:
                 job.wait(
                     lambda: job.applied[rank] >= step - 1 and rank not in job.applying,

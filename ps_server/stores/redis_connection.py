@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
-from ember.ps_server.errors import StoreUnavailableError
+from ember.ps_server.errors import StoreUnavailableError, StoreWriteUnknownError
 from ember.ps_server.stores.resp import pack, pooled_connection, run_on, run_packed
 
 if TYPE_CHECKING:
@@ -123,15 +123,16 @@ class Transaction:
         Raises:
             ShardFailedError: the marker changed since it was read (nothing was written).
             StoreUnavailableError: an emptied store was accepted meanwhile: retry.
+            StoreWriteUnknownError: the connection failed with the write in flight.
         """
         if not commands:
             return
         if self._marker is not None and not self._watching:
             self.read([])
         if self._marker is None and len(commands) == 1:
-            run_on(self._connection, commands)
+            self._in_flight(commands)
             return
-        *_, applied = run_on(self._connection, [pack(b"MULTI"), *commands, pack(b"EXEC")])
+        *_, applied = self._in_flight([pack(b"MULTI"), *commands, pack(b"EXEC")])
         self._watching = False  # EXEC ends the WATCH, whether it ran or not
         if applied is None:  # the marker changed since WATCH: nothing was written
             held = run_on(self._connection, [self._marker.command()])[0]
@@ -142,6 +143,20 @@ class Transaction:
         for reply in applied:
             if isinstance(reply, Exception):
                 raise reply
+
+    def _in_flight(self, commands: list[bytes]) -> list[Any]:
+        """Run a write's ``commands``; a connection lost meanwhile leaves its outcome unknown.
+
+        Raises:
+            StoreWriteUnknownError: the connection failed after the write may have been sent.
+        """
+        try:
+            return run_on(self._connection, commands)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreWriteUnknownError(
+                f"redis at {self._url}: the connection failed during a write, which may or "
+                f"may not have been applied ({error})"
+            ) from error
 
     def end(self) -> None:
         """Drop a WATCH no write ended, before the connection goes back to the pool."""

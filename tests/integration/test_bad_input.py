@@ -68,6 +68,31 @@ def test_nan_gradient_is_invalid_argument_and_changes_no_row(stubs, client, tabl
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
+@pytest.mark.parametrize("request_id", ["", "x" * 257, "tab\there"])
+def test_a_write_needs_a_short_printable_request_id(stubs, client, table, request_id):
+    """A request id is remembered per table and logged: an empty, huge or unprintable one
+    is refused by Push, PushBatch and Assign, and changes nothing."""
+    ids = _owned(table.name, 0, 2)
+    rows = np.ones((2, 4), dtype=np.float32).tobytes()
+    before = client.pull_with_versions(table.name, ids)
+    push = pb.PushRequest(table=table.name, ids=encode_ids(ids), grads=rows, request_id=request_id)
+    assign = pb.AssignRequest(
+        table=table.name, ids=encode_ids(ids), values=rows, request_id=request_id
+    )
+    for call, request in (
+        (stubs[0].Push, push),
+        (stubs[0].PushBatch, pb.PushBatchRequest(requests=[push])),
+        (stubs[0].Assign, assign),
+    ):
+        code, details = _status(call, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "request_id of 1..256 printable characters" in details
+    after = client.pull_with_versions(table.name, ids)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    push.request_id = "x" * 256
+    assert stubs[0].Push(push, timeout=10).rows_updated == 2
+
+
 def test_client_rejects_bad_input_before_sending(client, table):
     with pytest.raises(ValueError, match="NaN or Inf"):
         client.push(table.name, [1], [[0.0, float("nan"), 0.0, 0.0]])

@@ -277,6 +277,35 @@ def test_a_first_start_that_dies_midway_does_not_block_the_next(own_redis, tmp_p
     server.journal.close()
 
 
+def _logged_redis_shard(own_redis, tmp_path):
+    from ember.ps_server.durability import recovery
+    from ember.ps_server.shard.config import ShardConfig
+    from ember.ps_server.shard.server import ParameterServer
+
+    config = ShardConfig(store=own_redis.url, wal=str(tmp_path / "wal"), wal_fsync="always")
+    server = ParameterServer(0, 1, store=own_redis.url)
+    recovery.recover(server, config)
+    server.create_table(SPEC)
+    return server, config
+
+
+def _failing_redis(monkeypatch, lose_reply_of: bytes):
+    """Redis runs every command, but the connection fails at the first batch that holds
+    ``lose_reply_of`` (after Redis ran it: its reply is lost)."""
+    from ember.ps_server.stores import redis_connection
+
+    real_run_on, failed = redis_connection.run_on, []
+
+    def lossy(connection, commands):
+        replies = real_run_on(connection, commands)
+        if not failed and any(c.split(b"\r\n", 3)[2:3] == [lose_reply_of] for c in commands):
+            failed.append(commands)
+            raise redis.TimeoutError("Timeout reading from socket")
+        return replies
+
+    monkeypatch.setattr(redis_connection, "run_on", lossy)
+
+
 def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once(
     own_redis, tmp_path, monkeypatch
 ):
@@ -284,31 +313,17 @@ def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once
     so the client's retry would apply it again. The shard stops instead; its restart rebuilds
     the rows from the log, where the push counts once."""
     from ember.ps_server.durability import recovery
-    from ember.ps_server.errors import StoreUnavailableError
-    from ember.ps_server.shard.config import ShardConfig
+    from ember.ps_server.errors import StoreWriteUnknownError
     from ember.ps_server.shard.server import ParameterServer
-    from ember.ps_server.stores import redis_connection
-    from ember.ps_server.stores.resp import pack
     from ember.ps_server.wire.messages import encode_ids
 
-    config = ShardConfig(store=own_redis.url, wal=str(tmp_path / "wal"), wal_fsync="always")
-    server = ParameterServer(0, 1, store=own_redis.url)
-    recovery.recover(server, config)
-    server.create_table(SPEC)
+    server, config = _logged_redis_shard(own_redis, tmp_path)
     ids = encode_ids(np.arange(8, dtype=np.int64))
     grads = np.full((8, SPEC.dim), 0.25, dtype="<f4").tobytes()
     start = server.pull(SPEC.name, ids).values.copy()
-    real_run_on = redis_connection.run_on
-
-    def reply_lost(connection, commands):
-        replies = real_run_on(connection, commands)
-        if commands and commands[-1] == pack(b"EXEC"):
-            raise StoreUnavailableError("redis: the reply to EXEC was lost")
-        return replies
-
     with monkeypatch.context() as patch:
-        patch.setattr(redis_connection, "run_on", reply_lost)
-        with pytest.raises(StoreUnavailableError, match="lost"):
+        _failing_redis(patch, b"EXEC")
+        with pytest.raises(StoreWriteUnknownError, match="may or may not have been applied"):
             server.push(SPEC.name, ids, grads, "push-1")
     assert "Restart the shard" in server.fault.reason
     with pytest.raises(ShardFailedError):  # the client's retry of the same request
@@ -320,3 +335,28 @@ def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once
         restarted.pull(SPEC.name, ids).values, start - SPEC.optimizer.lr * 0.25, rtol=1e-6
     )
     restarted.journal.close()
+
+
+def test_a_logged_push_that_never_reached_redis_keeps_the_shard_serving(
+    own_redis, tmp_path, monkeypatch
+):
+    """A connection lost while the rows are read, before any write: nothing was applied, so
+    the shard goes on, and the client's retry applies the push once."""
+    from ember.ps_server.errors import StoreUnavailableError, StoreWriteUnknownError
+    from ember.ps_server.wire.messages import encode_ids
+
+    server, _ = _logged_redis_shard(own_redis, tmp_path)
+    ids = encode_ids(np.arange(8, dtype=np.int64))
+    grads = np.full((8, SPEC.dim), 0.25, dtype="<f4").tobytes()
+    start = server.pull(SPEC.name, ids).values.copy()
+    with monkeypatch.context() as patch:
+        _failing_redis(patch, b"WATCH")
+        with pytest.raises(StoreUnavailableError) as lost:
+            server.push(SPEC.name, ids, grads, "push-1")
+    assert not isinstance(lost.value, StoreWriteUnknownError)
+    assert server.fault.reason is None
+    assert server.push(SPEC.name, ids, grads, "push-1") == (False, 8)
+    np.testing.assert_allclose(
+        server.pull(SPEC.name, ids).values, start - SPEC.optimizer.lr * 0.25, rtol=1e-6
+    )
+    server.journal.close()

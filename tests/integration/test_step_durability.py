@@ -1,13 +1,15 @@
 """Clocked updates survive a restart: the write-ahead log and checkpoints keep the clocks,
 so an update retried after the restart is a duplicate, never applied twice."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.durability.write_log import WriteLog
-from ember.ps_server.errors import StoreCorruptError
+from ember.ps_server.errors import CheckpointStateError, StoreCorruptError
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids, pb
@@ -104,12 +106,8 @@ def test_a_logged_clock_whose_gradients_are_not_float32_is_refused_as_corrupt(tm
     server.journal.close()
 
 
-def test_a_first_restore_into_a_log_that_dies_midway_is_restored_by_a_plain_restart(
-    tmp_path, monkeypatch
-):
-    """The first start with --restore C --wal W dies after its log began and before C was
-    restored. The next start, without --restore (a log that has begun refuses one, and says
-    to start without it), must restore C again, not serve empty tables."""
+def _checkpointed(tmp_path):
+    """A checkpoint ``c1`` of a shard that applied clock 0, and that shard's rows."""
     first = started(tmp_path)
     update(first, 0, world=1)
     first.checkpoints.pause("c1", 60)
@@ -118,7 +116,11 @@ def test_a_first_restore_into_a_log_that_dies_midway_is_restored_by_a_plain_rest
     first.checkpoints.commit("c1")
     saved = rows(first)
     first.journal.close()
-    wal = str(tmp_path / "new-wal")
+    return saved
+
+
+def _dies_restoring(tmp_path, monkeypatch, checkpoint, wal):
+    """A first start with ``--restore checkpoint --wal wal`` killed while it restores."""
 
     def killed(chain):
         raise OSError("killed mid-restore")
@@ -126,9 +128,55 @@ def test_a_first_restore_into_a_log_that_dies_midway_is_restored_by_a_plain_rest
     dying = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     monkeypatch.setattr(dying.checkpoints, "restore", killed)
     with pytest.raises(OSError, match="killed mid-restore"):
-        recover(dying, ShardConfig(restore=str(tmp_path / "c1"), wal=wal))
+        recover(dying, ShardConfig(restore=str(checkpoint), wal=wal))
+
+
+def test_a_first_restore_into_a_log_that_dies_midway_is_restored_by_a_plain_restart(
+    tmp_path, monkeypatch
+):
+    """The first start with --restore C --wal W dies after its log began and before C was
+    restored. The next start, without --restore (a log that has begun refuses one, and says
+    to start without it), must restore C again, not serve empty tables."""
+    saved = _checkpointed(tmp_path)
+    wal = str(tmp_path / "new-wal")
+    _dies_restoring(tmp_path, monkeypatch, tmp_path / "c1", wal)
     plain = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     recover(plain, ShardConfig(wal=wal))
     after = rows(plain)
     assert np.array_equal(after[0], saved[0]) and np.array_equal(after[1], saved[1])
     plain.journal.close()
+
+
+def test_a_log_with_no_request_after_its_base_may_restore_another_checkpoint(tmp_path, monkeypatch):
+    """A start that failed restoring a (damaged) checkpoint left it as the new log's base;
+    with no request logged after it, --restore of another checkpoint replaces it."""
+    saved = _checkpointed(tmp_path)
+    shutil.copytree(tmp_path / "c1", tmp_path / "damaged")
+    wal = str(tmp_path / "new-wal")
+    _dies_restoring(tmp_path, monkeypatch, tmp_path / "damaged", wal)
+    other = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    recover(other, ShardConfig(restore=str(tmp_path / "c1"), wal=wal))
+    after = rows(other)
+    assert np.array_equal(after[0], saved[0]) and np.array_equal(after[1], saved[1])
+    update(other, 1, world=1)  # now the log holds a request after its base, c1
+    other.journal.close()
+    with pytest.raises(CheckpointStateError, match=r"holds 1 request\(s\) after it"):
+        recover(
+            ParameterServer(0, 1, checkpoint_root=str(tmp_path)),
+            ShardConfig(restore=str(tmp_path / "damaged"), wal=wal),
+        )
+
+
+def test_a_log_holding_a_request_id_longer_than_new_requests_may_send_still_replays(tmp_path):
+    """The request-id limit is checked where requests arrive: a log written before it, with
+    a longer id, must still replay."""
+    first = started(tmp_path)
+    grads = np.full((len(IDS), 4), 0.5, dtype="<f4").tobytes()
+    first.push("emb", encode_ids(IDS), grads, "r" * 300)
+    before = rows(first)
+    first.journal.close()
+    second = started(tmp_path)
+    after = rows(second)
+    assert np.array_equal(after[0], before[0]) and np.array_equal(after[1], before[1])
+    assert second.push("emb", encode_ids(IDS), grads, "r" * 300) == (True, 0)  # remembered
+    second.journal.close()

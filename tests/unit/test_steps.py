@@ -291,6 +291,35 @@ def test_a_wait_that_times_out_while_its_clock_is_written_keeps_waiting():
     assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [1]
 
 
+def test_a_retry_that_finds_its_clock_being_written_waits_even_without_a_free_slot():
+    """The clock is complete and its write held by a checkpoint's pause: a retry of an update
+    of it must wait for the write (it will be applied), not be refused, even with every wait
+    slot taken."""
+    server = ParameterServer(0, 1, max_waiting=2)
+    server.create_table(ADAM)
+    server.gate.pause("c1", 60)
+    try:
+        first = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0)
+        job = server.steps.clocks.job(clock(0))
+        assert job.await_waiters(1, 30)
+        other = in_thread(lookup, server, [4], step=0, mode=pb.ASYNC, job="job-b")
+        assert server.steps.clocks.job(clock(0, mode=pb.ASYNC, job="job-b")).await_waiters(1, 30)
+        completing = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=1)
+        assert server.gate.await_held(1, 30)  # clock 0 is complete; its write is held
+        retry = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0)
+        assert job.await_waiters(2, 30)  # the retry waits, though both slots are taken
+    finally:
+        server.gate.resume("c1")
+    for thread, result in (first, completing, retry):
+        thread.join(30)
+        assert "error" not in result, result
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [1]
+    for rank in (0, 1):
+        update(server, 0, [4], np.ones((1, 3)), rank=rank, mode=pb.ASYNC, job="job-b")
+    other[0].join(30)
+    assert other[1]["value"][1] == 0
+
+
 def test_a_forgotten_job_comes_back_with_its_clocks_and_its_world():
     from ember.ps_server.shard import step_clocks
 

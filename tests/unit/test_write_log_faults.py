@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from ember.ps_server.durability import log_records, write_log
+from ember.ps_server.durability import durable_files, write_log
 from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import DurableStateError, ShardFailedError
 
@@ -166,16 +166,19 @@ def test_replay_fsyncs_the_directory_and_each_segment_before_yielding_its_record
         real_fsync(fd)
         synced.append(files.get(os.fstat(fd).st_ino))
 
-    monkeypatch.setattr(log_records.os, "fsync", recording)
+    monkeypatch.setattr(durable_files.os, "fsync", recording)
+    replayed = []
     for payload in WriteLog(tmp_path, 1, 3).replay():
         assert synced[0] == "directory" and payload.decode() in synced, (payload, synced)
+        replayed.append(payload)
+    assert replayed == [b"segment 1", b"segment 2"]
 
 
 def test_a_log_that_cannot_be_fsynced_at_replay_is_not_replayed(tmp_path, monkeypatch):
     log = open_log(tmp_path, fsync="interval")
     log.append(b"never fsynced")
     log.close()
-    monkeypatch.setattr(log_records.os, "fsync", _failing(errno.EIO))
+    monkeypatch.setattr(durable_files.os, "fsync", _failing(errno.EIO))
     with pytest.raises(
         DurableStateError, match="cannot make the write-ahead log durable.*Input/output"
     ):
