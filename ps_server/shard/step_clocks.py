@@ -83,6 +83,11 @@ class Job:
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     slots: WaitSlots = dataclasses.field(kw_only=True)  # the shard's, shared by its jobs
     waiters: int = 0
+    # Exact-mode requests (a rank's update and its retries) holding each buffered
+    # (clock, rank) entry: the last to give up withdraws it.
+    attempts: collections.Counter[tuple[int, int]] = dataclasses.field(
+        default_factory=collections.Counter
+    )
     # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
     # request may have released the condition while a checkpoint holds its write.
     applying: set[int] = dataclasses.field(default_factory=set)

@@ -123,23 +123,7 @@ class StepService:
                     f"job {job.name!r}'s watermark {job.watermark}"
                 )
             if job.mode == pb.EXACT:
-                job.pending.setdefault(step, {}).setdefault(rank, updates)
-                self._apply_complete_clocks(job)
-                take_slot = True
-                while True:
-                    try:
-                        job.wait(
-                            lambda: job.applied[rank] >= step, deadline, f"clock {step}", step,
-                            take_slot=take_slot,
-                        )  # fmt: skip
-                        break
-                    except (ClockTimeoutError, TooManyWaitingError):
-                        if not job.being_applied(step):
-                            job.withdraw(step, rank)  # told "not applied": it never will be
-                            raise
-                        # Complete, its write held by a checkpoint's pause: wait it out, with
-                        # or without a slot (the pause's lease bounds the wait).
-                        deadline, take_slot = _deadline(clock), False
+                self._buffer_and_await(job, clock, updates, deadline)
             else:
                 job.wait(
                     lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
@@ -310,6 +294,42 @@ class StepService:
         dtypes = [RowDtype.from_wire(e.dtype) for e in entries]
         reads = self._server.checks.reads([(e.table, e.ids) for e in entries])
         return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
+
+    def _buffer_and_await(
+        self, job: Job, clock: StepClockView, updates: list[TableUpdate], deadline: float
+    ) -> None:
+        """Buffer a rank's update of an exact-mode clock, apply the clock once every rank's
+        is in, and wait until it is applied (the caller holds the job's condition).
+
+        Raises:
+            ClockTimeoutError, TooManyWaitingError: it was not applied; the update is
+                withdrawn, unless another attempt of it (the rank's retry) still waits.
+        """
+        rank, step = clock.rank, clock.clock
+        job.pending.setdefault(step, {}).setdefault(rank, updates)
+        job.attempts[(step, rank)] += 1
+        try:
+            self._apply_complete_clocks(job)
+            take_slot = True
+            while True:
+                try:
+                    job.wait(
+                        lambda: job.applied[rank] >= step, deadline, f"clock {step}", step,
+                        take_slot=take_slot,
+                    )  # fmt: skip
+                    return
+                except (ClockTimeoutError, TooManyWaitingError):
+                    if not job.being_applied(step):
+                        if job.attempts[(step, rank)] == 1:  # no retry of it waits on
+                            job.withdraw(step, rank)  # told "not applied": it never will be
+                        raise
+                    # Complete, its write held by a checkpoint's pause: wait it out, with or
+                    # without a slot (the pause's lease bounds the wait).
+                    deadline, take_slot = _deadline(clock), False
+        finally:
+            job.attempts[(step, rank)] -= 1
+            if not job.attempts[(step, rank)]:
+                del job.attempts[(step, rank)]
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")

@@ -250,6 +250,25 @@ def test_an_update_that_gave_up_waiting_is_withdrawn_and_never_applied():
     assert server.steps.clocks.job(clock(0)).pending == {}
 
 
+def test_a_first_attempt_that_gives_up_does_not_withdraw_the_update_its_retry_waits_on():
+    """The client retried rank 0's update while the first attempt still waited on the shard:
+    when the first attempt times out, the retry still holds the buffered update, so rank 1's
+    update completes the clock, applied once."""
+    server = shard()
+    first = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=3_000)
+    job = server.steps.clocks.job(clock(0))
+    assert job.await_waiters(1, 30)
+    retry = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=30_000)
+    assert job.await_waiters(2, 30) and first[0].is_alive()  # both attempts wait
+    first[0].join(30)
+    assert isinstance(first[1].get("error"), ClockTimeoutError)
+    assert update(server, 0, [4], np.ones((1, 3)), rank=1, wait_ms=2_000)[0] is False
+    retry[0].join(30)
+    assert retry[1]["value"][0] is False  # applied, the retry told so
+    rows, _ = lookup(server, [4])
+    np.testing.assert_allclose(rows, reference_rows([4], [np.full((1, 3), 2.0)]), rtol=1e-5)
+
+
 def test_lookups_go_on_while_a_checkpoint_holds_a_clock_being_applied():
     server = shard()
     server.gate.pause("c1", 60)
