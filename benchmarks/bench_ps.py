@@ -36,6 +36,7 @@ from bench_timing import process_cpu_seconds, time_per_op, timed_loop
 from ember.kernels.dedup import unique_inverse
 from ember.ps_server.client.fanout import FanOut
 from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.shard_rpc import fan_out_threads
 from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.routing import positions_by_shard, shard_of
@@ -63,7 +64,7 @@ class RawBytesClient:
         self._pull = [c.unary_unary("/ember.bench.Echo/Pull") for c in self._channels]
         self._push = [c.unary_unary("/ember.bench.Echo/Push") for c in self._channels]
 
-        self._fan_out = FanOut(max_workers=max(8, 2 * len(endpoints)))  # as PSClient
+        self._fan_out = FanOut(fan_out_threads(len(endpoints)))  # as PSClient
         self._rows = [c.unary_unary("/ember.bench.Echo/Rows") for c in self._channels]
 
     def call(self, method: str, payloads: list[bytes]) -> None:

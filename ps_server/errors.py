@@ -109,6 +109,11 @@ class ClockTimeoutError(EmberError):
     """A request waited past its deadline for other ranks of its job (named in the message)."""
 
 
+class CallEndedError(EmberError):
+    """The caller of a request that waited for a clock is gone (it cancelled the call, its
+    deadline passed, or its connection closed): the wait ends, as if timed out."""
+
+
 class PermissionDeniedError(EmberError):
     """A control request names something outside what this shard may touch."""
 
@@ -145,6 +150,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     WriteLogLockedError: Status.FAILED_PRECONDITION,
     PermissionDeniedError: Status.PERMISSION_DENIED,
     ClockTimeoutError: Status.DEADLINE_EXCEEDED,
+    CallEndedError: Status.CANCELLED,
     ShardStoppingError: Status.UNAVAILABLE,
     TooManyJobsError: Status.RESOURCE_EXHAUSTED,
     TooManyWaitingError: Status.RESOURCE_EXHAUSTED,

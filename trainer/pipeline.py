@@ -30,10 +30,13 @@ import time
 from typing import Any
 
 import torch
+from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
 from ember.ps_server.client.step_client import StepClient
 from ember.trainer.traffic import TrafficStats
 
-MAX_STALENESS = 64  # each step in flight holds a thread here and a request on the shards
+# Each step in flight holds a thread here and a request on the shards; with the next
+# step's lookup and one more caller, every fan-out of the client can run at once.
+MAX_STALENESS = CONCURRENT_FAN_OUTS - 3
 ASYNC_NEEDS_STALENESS = (
     "update mode async needs staleness >= 1: staleness 0 patches the next step's rows with "
     "every rank's update of this step, which only exact mode applies as one clock"
@@ -234,8 +237,18 @@ class PipelinedRowSource:
         return pool.submit(timed)
 
     def _wait(self, future: concurrent.futures.Future):
+        """``future``'s result; but an update in flight that fails first raises at once,
+        rather than after a lookup that can no longer be answered times out."""
         started = time.perf_counter()
         try:
+            watched = {future, *self._updates.values()}
+            while not future.done():
+                done, watched = concurrent.futures.wait(
+                    watched, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for update in done:
+                    if update is not future and update.exception() is not None:
+                        raise update.exception()
             return future.result()
         finally:
             self.timing.exposed_wait += time.perf_counter() - started

@@ -20,7 +20,11 @@ class ClientConfig:
     ENV_PREFIX: ClassVar[str] = "EMBER_CLIENT_"
 
     timeout_s: float = setting(30.0, "deadline of each call to a shard, seconds")
-    max_attempts: int = setting(5, "tries per call while a shard is UNAVAILABLE (1: no retry)")
+    max_attempts: int = setting(
+        12,
+        "tries per call while a shard is UNAVAILABLE (1: no retry); the default backoff "
+        "retries for about 13 s, long enough for a shard to restart",
+    )
     initial_backoff_s: float = setting(0.05, "wait before the first retry; doubles each retry")
     max_backoff_s: float = setting(2.0, "longest wait between retries")
     max_message_bytes: int = setting(

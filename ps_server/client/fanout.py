@@ -8,17 +8,24 @@ wait) avoids that cost on every request. A single call runs inline.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
 
 Outcome = tuple[Any, BaseException | None]
 
 
+class FanOutClosedError(RuntimeError):
+    """The fan-out was closed before a call could start."""
+
+
 class FanOut:
     """Runs zero-argument callables concurrently and returns their outcomes in order.
 
+    The pool starts threads as calls need them, up to ``max_workers``, and keeps them.
+
     Args:
-        max_workers: threads in the pool.
+        max_workers: most calls running at once; more wait for a thread.
 
     Example:
         >>> with FanOut(4) as fan_out:
@@ -30,6 +37,9 @@ class FanOut:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max_workers, thread_name_prefix="ember-fanout"
         )
+        self._lock = threading.Lock()
+        self._pending: set[concurrent.futures.Future] = set()
+        self._closed = False
 
     def __enter__(self) -> Self:
         return self
@@ -46,17 +56,46 @@ class FanOut:
 
     def as_completed(self, calls: Sequence[Callable[[], Any]]) -> Iterator[tuple[int, Outcome]]:
         """``(index, outcome)`` of every call as it finishes, so results can be
-        consumed while other calls are still in flight."""
+        consumed while other calls are still in flight. A call that :meth:`close`
+        kept from starting has a :class:`FanOutClosedError` as its outcome."""
         if len(calls) == 1:
             yield 0, _outcome(calls[0])
             return
-        futures = {self._pool.submit(_outcome, call): index for index, call in enumerate(calls)}
-        for future in concurrent.futures.as_completed(futures):
-            yield futures[future], future.result()
+        futures = {self._submit(call): index for index, call in enumerate(calls)}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                if future.cancelled():
+                    yield futures[future], (None, FanOutClosedError(_CLOSED))
+                else:
+                    yield futures[future], future.result()
+        finally:
+            with self._lock:
+                self._pending.difference_update(futures)
 
     def close(self) -> None:
-        """Stop the pool's threads."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the pool's threads: calls not yet started end with FanOutClosedError at
+        once (calls already running finish first), and later calls are refused."""
+        with self._lock:
+            self._closed = True
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            cancelled = [future for future in self._pending if future.cancelled()]
+        for future in cancelled:
+            # Future.cancel() does not wake as_completed's waiters (CPython gh-87893);
+            # this call does, as a worker would have on taking the call.
+            future.set_running_or_notify_cancel()
+
+    def _submit(self, call: Callable[[], Any]) -> concurrent.futures.Future:
+        with self._lock:
+            if self._closed:
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                future.set_result((None, FanOutClosedError(_CLOSED)))
+                return future
+            future = self._pool.submit(_outcome, call)
+            self._pending.add(future)
+            return future
+
+
+_CLOSED = "the client was closed before this call could start"
 
 
 def _outcome(call: Callable[[], Any]) -> Outcome:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.data_plane import open_data_plane
-from ember.ps_server.client.fanout import FanOut
+from ember.ps_server.client.fanout import FanOut, FanOutClosedError
 from ember.ps_server.client.grpc_transport import GrpcTransport
 from ember.ps_server.client.transport import STEP_METHODS, ShardCall, Transport, TransportError
 from ember.ps_server.errors import PSClientError, Status
@@ -26,10 +26,20 @@ from ember.ps_server.security.credentials import load_token
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.stats import DataPlaneAddress
 
-__all__ = ["REQUEST_OVERHEAD_BYTES", "ShardCall", "ShardRPC"]
+__all__ = ["CONCURRENT_FAN_OUTS", "REQUEST_OVERHEAD_BYTES", "ShardCall", "ShardRPC"]
 
 # Room for field tags, the table name and the request id beside the payload.
 REQUEST_OVERHEAD_BYTES = 4096
+# Fan-outs (a call to each shard) one client may have running at once: a trainer's
+# pipeline keeps up to s+1 updates and a lookup in flight, and updates park on the shards
+# until other ranks catch up, so a call queued behind them for a thread could stall every
+# rank. The pool starts threads only as calls need them.
+CONCURRENT_FAN_OUTS = 67
+
+
+def fan_out_threads(shards: int) -> int:
+    """Threads for a client of ``shards`` shards: every fan-out it may run at once."""
+    return CONCURRENT_FAN_OUTS * shards
 
 
 class ShardRPC:
@@ -46,7 +56,7 @@ class ShardRPC:
         self._grpc = GrpcTransport(self.endpoints, config)
         self._data: Transport = self._grpc
         self._data_lock = threading.Lock()
-        self._fan_out = FanOut(max_workers=max(8, 2 * len(self.endpoints)))
+        self._fan_out = FanOut(fan_out_threads(len(self.endpoints)))
 
     @property
     def data_plane(self) -> Transport:
@@ -93,6 +103,8 @@ class ShardRPC:
                 [self._invoker(calls[i]) for i in pending]
             ):
                 i = pending[k]
+                if isinstance(error, FanOutClosedError):
+                    error = TransportError(Status.CANCELLED, str(error))
                 if error is None:
                     replies[i] = reply
                     if on_reply is not None:
@@ -146,7 +158,14 @@ class ShardRPC:
         replies: list[Any] = [None] * len(calls)
 
         def unpack(number: int, batch_reply: Any) -> None:
-            for index, reply in zip(groups[number][1], batch_reply.responses):
+            shard, members = groups[number]
+            if len(batch_reply.responses) != len(members):
+                raise PSClientError(
+                    self.endpoints[shard], Status.INTERNAL,
+                    f"{batch_method}: {len(batch_reply.responses)} answers to "
+                    f"{len(members)} requests",
+                )  # fmt: skip
+            for index, reply in zip(members, batch_reply.responses):
                 replies[index] = reply
                 if on_reply is not None:
                     on_reply(index, reply)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from ember.ps_server.client.shard_rpc import ShardCall
+from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.id_arrays import as_id_array
 from ember.ps_server.wire.messages import encode_ids, pb
 
@@ -52,14 +53,13 @@ def pull_stale_many(
             sizes.append(len(chunk) * (4 * dims[-1] + 32))
     parts: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in requests]
     replies = client.shard_rpc.run_packed(calls, sizes, single_table=len(requests) == 1)
-    for (number, chunk), reply in zip(targets, replies):
-        parts[number].append(
-            (
-                chunk[np.frombuffer(reply.positions, dtype=np.int64)],
-                np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dims[number]),
-                np.frombuffer(reply.versions, dtype=np.int64),
-            )
-        )
+    for call, (number, chunk), reply in zip(calls, targets, replies):
+        try:
+            positions, rows, versions = _stale_rows(reply, len(chunk), dims[number])
+        except ValueError as error:
+            endpoint = client.endpoints[call.shard]
+            raise PSClientError(endpoint, Status.INTERNAL, f"PullStale: {error}") from None
+        parts[number].append((chunk[positions], rows, versions))
     results = []
     for dim, pieces in zip(dims, parts):
         positions = np.concatenate([p for p, _, _ in pieces] or [np.empty(0, np.int64)])
@@ -74,3 +74,25 @@ def pull_stale_many(
             )
         )
     return results
+
+
+def _stale_rows(reply: Any, asked: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A PullStale reply's positions, rows [k, dim] and versions, checked against each other
+    and the ``asked`` ids.
+
+    Raises:
+        ValueError: parts of other lengths, or a position outside the ids asked for.
+    """
+    if len(reply.positions) % 8 or len(reply.versions) % 8 or len(reply.values) % (4 * dim):
+        raise ValueError("an answer whose parts are not whole positions, rows and versions")
+    positions = np.frombuffer(reply.positions, dtype=np.int64)
+    rows = np.frombuffer(reply.values, dtype=np.float32).reshape(-1, dim)
+    versions = np.frombuffer(reply.versions, dtype=np.int64)
+    if not len(positions) == len(rows) == len(versions):
+        raise ValueError(
+            f"an answer of {len(positions)} positions, {len(rows)} rows and "
+            f"{len(versions)} versions"
+        )
+    if len(positions) and (positions.min() < 0 or positions.max() >= asked):
+        raise ValueError(f"an answer naming positions outside the {asked} ids asked for")
+    return positions, rows, versions

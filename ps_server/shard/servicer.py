@@ -18,6 +18,7 @@ from ember.ps_server.errors import (
 )
 from ember.ps_server.shard.request_checks import check_request_id
 from ember.ps_server.shard.server import ParameterServer, PullStaleReply
+from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import (
@@ -247,11 +248,11 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Lookup(self, request: LookupRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the LookupRequest as decoded by the step codec; returns the serialised reply."""
-        return self.steps.lookup(request)
+        return self.steps.lookup(request, call=_watch(context))
 
     def Update(self, request: UpdateRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the UpdateRequest as decoded by the step codec; returns the serialised reply."""
-        return self.steps.update(request)
+        return self.steps.update(request, call=_watch(context))
 
     def FlushReplicas(
         self, request: pb.FlushReplicasRequest, context: grpc.ServicerContext
@@ -272,6 +273,14 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             request.job, request.flush_id, request.clock, request.wait_ms
         )
         return pb.ReplicasFlushedResponse(paused=paused)
+
+
+def _watch(context: grpc.ServicerContext) -> CallWatch:
+    """A watch that ends when the call does (cancelled, past its deadline, disconnected)."""
+    call = CallWatch()
+    if not context.add_callback(call.end):  # the call has already ended
+        call.end()
+    return call
 
 
 def _pull_stale_response(reply: PullStaleReply) -> pb.PullStaleResponse:

@@ -18,7 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError, TooManyWaitingError
+from ember.ps_server.errors import (
+    CallEndedError,
+    ClockTimeoutError,
+    InvalidArgumentError,
+    TooManyWaitingError,
+)
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.step_codec import StepClockView
 
@@ -68,6 +73,42 @@ class WaitSlots:
             self._taken -= 1
 
 
+class CallWatch:
+    """Whether the caller of the request being served is gone (a transport calls :meth:`end`
+    when the call is cancelled, passes its deadline or loses its connection). A request
+    waiting for a clock wakes and gives up then, rather than holding a wait slot and a
+    worker thread until its own deadline for an answer nobody reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = False
+        self._conditions: list[threading.Condition] = []
+
+    @property
+    def ended(self) -> bool:
+        """Whether :meth:`end` was called."""
+        return self._ended
+
+    def end(self) -> None:
+        """The caller is gone: wake every wait watching this call."""
+        with self._lock:
+            self._ended = True
+            conditions = list(self._conditions)
+        for cond in conditions:
+            with cond:
+                cond.notify_all()
+
+    def watch(self, cond: threading.Condition) -> None:
+        """Wake waiters on ``cond`` (held by the caller) when the call ends."""
+        with self._lock:
+            self._conditions.append(cond)
+
+    def unwatch(self, cond: threading.Condition) -> None:
+        """Undo :meth:`watch`."""
+        with self._lock:
+            self._conditions.remove(cond)
+
+
 @dataclasses.dataclass
 class Job:
     """One job's clock state on this shard (guarded by its condition)."""
@@ -97,13 +138,23 @@ class Job:
         """The highest clock up to which every rank's updates are applied (-1: none)."""
         return min(self.applied)
 
-    def wait(self, ready, deadline: float, what: str, needed: int, take_slot: bool = True) -> None:
+    def wait(
+        self,
+        ready: Callable[[], bool],
+        deadline: float,
+        what: str,
+        needed: int,
+        call: CallWatch | None = None,
+        take_slot: bool = True,
+    ) -> None:
         """Wait on the condition (held by the caller) until ``ready()``, in one of the
-        shard's wait slots (``take_slot`` False: a wait the caller knows is short).
+        shard's wait slots (``take_slot`` False: a wait the caller knows is short), for as
+        long as ``call``'s caller is there (None: a caller this shard cannot watch).
 
         Raises:
             TooManyWaitingError: it is not ready and the shard lets no more requests wait.
             ClockTimeoutError: the deadline passed; names the ranks behind ``needed``.
+            CallEndedError: the caller went away first.
         """
         if ready():
             return
@@ -111,14 +162,20 @@ class Job:
             self.slots.take(what)
         self.waiters += 1
         self.cond.notify_all()  # for await_waiters
+        if call is not None:
+            call.watch(self.cond)
         try:
             while not ready():
+                if call is not None and call.ended:
+                    raise CallEndedError(f"the caller waiting for {what} went away")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.cond.wait(remaining):
                     if ready():
                         return
                     raise ClockTimeoutError(self._timeout_message(what, needed))
         finally:
+            if call is not None:
+                call.unwatch(self.cond)
             self.waiters -= 1
             if take_slot:
                 self.slots.give()

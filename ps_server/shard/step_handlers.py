@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.steps import wire_row_bytes, write_joined_rows, write_wire_rows
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
@@ -32,13 +33,16 @@ class StepHandlers:
     def __init__(self, server: ParameterServer) -> None:
         self.server = server
 
-    def lookup(self, request: LookupRequestView, trailer: bytes = b"") -> bytes:
-        """The serialised LookupResponse (then ``trailer``).
+    def lookup(
+        self, request: LookupRequestView, trailer: bytes = b"", call: CallWatch | None = None
+    ) -> bytes:
+        """The serialised LookupResponse (then ``trailer``); ``call`` tells a wait for a
+        clock that the caller is gone.
 
         Raises:
             OutOfRangeError: a row its entry's dtype cannot hold (nothing answered).
         """
-        reads, watermark = self.server.steps.lookup(request)
+        reads, watermark = self.server.steps.lookup(request, call)
         if request.joined_rows:  # one payload, filled in one pass
             return encode_lookup_response(
                 [sum(wire_row_bytes(read) for read in reads)],
@@ -51,9 +55,11 @@ class StepHandlers:
             watermark, trailer,
         )  # fmt: skip
 
-    def update(self, request: UpdateRequestView, trailer: bytes = b"") -> bytes:
-        """The serialised UpdateResponse (then ``trailer``)."""
-        duplicate, refreshed, watermark = self.server.steps.update(request)
+    def update(
+        self, request: UpdateRequestView, trailer: bytes = b"", call: CallWatch | None = None
+    ) -> bytes:
+        """The serialised UpdateResponse (then ``trailer``); ``call`` as in :meth:`lookup`."""
+        duplicate, refreshed, watermark = self.server.steps.update(request, call)
         flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
         return encode_update_response(duplicate, refreshed, watermark, flush, trailer)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from ember.ps_server.errors import (
+    CallEndedError,
     CheckpointStateError,
     ClockTimeoutError,
     InvalidArgumentError,
@@ -27,7 +28,13 @@ from ember.ps_server.errors import (
 )
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
-from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
+from ember.ps_server.shard.step_clocks import (
+    EXACT_APPLIER,
+    MAX_CLOCKS_AHEAD,
+    CallWatch,
+    Job,
+    StepClocks,
+)
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
@@ -60,10 +67,12 @@ class StepService:
         self.clocks = StepClocks(max_waiting)
         self.replicas = ReplicaFlushes()
 
-    def lookup(self, request: LookupRequestView) -> tuple[list[TableRead], int]:
+    def lookup(
+        self, request: LookupRequestView, call: CallWatch | None = None
+    ) -> tuple[list[TableRead], int]:
         """The validated reads of every table of ``request``, in order, once its clock is
         reached (their rows are written by :func:`write_wire_rows` or, joined,
-        :func:`write_joined_rows`).
+        :func:`write_joined_rows`); a wait ends early when ``call``'s caller is gone.
 
         Returns:
             ``(reads, the job's watermark or -1)``.
@@ -85,15 +94,16 @@ class StepService:
                     )
                 job.wait(
                     lambda: job.watermark >= needed, _deadline(request.clock),
-                    f"clock {needed} for a lookup of rank {request.clock.rank}", needed,
+                    f"clock {needed} for a lookup of rank {request.clock.rank}", needed, call,
                 )  # fmt: skip
                 watermark = job.watermark
         return reads, watermark
 
     def update(
-        self, request: UpdateRequestView
+        self, request: UpdateRequestView, call: CallWatch | None = None
     ) -> tuple[bool, list[tuple[np.ndarray, np.ndarray, RowDtype]], int]:
-        """Apply one rank's update of one clock (see the module docstring).
+        """Apply one rank's update of one clock (see the module docstring); a wait ends
+        early when ``call``'s caller is gone.
 
         Returns:
             ``(duplicate, (positions, rows, their dtype) per refresh entry, the job's
@@ -102,6 +112,8 @@ class StepService:
         Raises:
             InvalidArgumentError: a malformed request (nothing buffered or applied).
             ClockTimeoutError: the other ranks did not deliver in time (nothing applied).
+            CallEndedError: the caller went away while the update waited (nothing
+                applied, unless every rank's update of its clock was in).
         """
         self._server.fault.check()
         clock = request.clock
@@ -123,11 +135,11 @@ class StepService:
                     f"job {job.name!r}'s watermark {job.watermark}"
                 )
             if job.mode == pb.EXACT:
-                self._buffer_and_await(job, clock, updates, deadline)
+                self._buffer_and_await(job, clock, updates, deadline, call)
             else:
                 job.wait(
                     lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
-                    deadline, f"clock {step - 1} of rank {rank}", step - 1,
+                    deadline, f"clock {step - 1} of rank {rank}", step - 1, call,
                 )  # fmt: skip
                 if step <= job.applied[rank]:  # a retry of this update won the race
                     return True, self._refreshed(job, step, refresh), job.watermark
@@ -296,14 +308,21 @@ class StepService:
         return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
 
     def _buffer_and_await(
-        self, job: Job, clock: StepClockView, updates: list[TableUpdate], deadline: float
+        self,
+        job: Job,
+        clock: StepClockView,
+        updates: list[TableUpdate],
+        deadline: float,
+        call: CallWatch | None,
     ) -> None:
         """Buffer a rank's update of an exact-mode clock, apply the clock once every rank's
         is in, and wait until it is applied (the caller holds the job's condition).
 
         Raises:
-            ClockTimeoutError, TooManyWaitingError: it was not applied; the update is
-                withdrawn, unless another attempt of it (the rank's retry) still waits.
+            ClockTimeoutError, TooManyWaitingError, CallEndedError: it was not applied; the
+                update is withdrawn, unless another attempt of it (the rank's retry) still
+                waits. CallEndedError also when the clock is complete and its write held
+                by a checkpoint's pause: it will be applied, and nobody waits to hear so.
         """
         rank, step = clock.rank, clock.clock
         job.pending.setdefault(step, {}).setdefault(rank, updates)
@@ -315,13 +334,15 @@ class StepService:
                 try:
                     job.wait(
                         lambda: job.applied[rank] >= step, deadline, f"clock {step}", step,
-                        take_slot=take_slot,
+                        call, take_slot=take_slot,
                     )  # fmt: skip
                     return
-                except (ClockTimeoutError, TooManyWaitingError):
+                except (ClockTimeoutError, TooManyWaitingError, CallEndedError) as error:
                     if not job.being_applied(step):
                         if job.attempts[(step, rank)] == 1:  # no retry of it waits on
                             job.withdraw(step, rank)  # told "not applied": it never will be
+                        raise
+                    if isinstance(error, CallEndedError):
                         raise
                     # Complete, its write held by a checkpoint's pause: wait it out, with or
                     # without a slot (the pause's lease bounds the wait).

@@ -1,6 +1,8 @@
 """The step pipeline against real shards: with staleness 0 it trains exactly as the serial path,
 including when consecutive batches share most of their ids (collision rows)."""
 
+import threading
+import time
 import uuid
 
 import numpy as np
@@ -132,3 +134,37 @@ def test_rows_that_no_prefetch_asked_for_still_include_the_previous_step(cluster
         assert source.timing.lags == [0, 0]
         source.flush()
         source.close()
+
+
+def test_a_failed_update_surfaces_at_the_next_wait_not_after_the_lookup_it_stalls(
+    cluster, table_name
+):
+    """Staleness 1: step 2's lookup needs clock 0. If clock 0's update fails while that
+    lookup waits, it can never be answered; the step raises the update's error at once, not
+    the lookup's DEADLINE_EXCEEDED a minute later."""
+    spec = TableSpec(table_name, DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    ids = {table_name: torch.tensor([1, 2])}
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(spec)
+        steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
+        send, clock_0_leaves = steps.update, threading.Event()
+
+        def update(updates, clock, refresh):
+            if clock == 0:
+                assert clock_0_leaves.wait(timeout=60)
+            return send(updates, clock, refresh)
+
+        steps.update = update
+        source = PipelinedRowSource(steps, staleness=1)
+        source.rows(ids)
+        source.prefetch(ids)
+        source.apply_gradients({table_name: (ids[table_name], torch.ones(2, DIM + 1))})
+        source.rows(ids)
+        source.prefetch(ids)  # asks for clock 0
+        source.apply_gradients({table_name: (ids[table_name], torch.ones(2, DIM))})
+        clock_0_leaves.set()  # and fails: its gradients have the wrong width
+        started = time.perf_counter()
+        with pytest.raises(ValueError, match="grads must have shape"):
+            source.rows(ids)
+        assert time.perf_counter() - started < 20
+    source.close()  # the client's close ended the calls still waiting on the shards

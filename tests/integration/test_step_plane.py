@@ -1,6 +1,7 @@
 """The step data plane against real shards: clocked lookups and exact updates of 2 ranks."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -256,6 +257,36 @@ def test_closing_the_client_cancels_a_call_in_flight_on_every_transport(
     assert not sender.is_alive(), "the call outlived its client"
     (failure,) = failures
     assert failure.code == Status.CANCELLED, failure
+
+
+def test_a_client_gone_mid_wait_frees_the_shard_at_once_and_withdraws_its_update(
+    cluster, table_name
+):
+    """Over gRPC the shard watches the call: when the client goes, its update that waited
+    for rank 1 stops waiting (freeing a wait slot and a worker thread) and is withdrawn, as
+    after a timeout, rather than held for its 60 s wait. (UCX waits end at their deadline.)"""
+    t = spec(table_name)
+    client = PSClient(cluster.endpoints)
+    client.create_table(t)
+    held = StepClient(client, StepJob(table_name, world=2, rank=0, wait_s=60))
+    sender = threading.Thread(
+        target=lambda: pytest.raises(
+            PSClientError, held.update, {t.name: (torch.arange(4), torch.ones(4, 4))}, 0
+        )
+    )
+    sender.start()
+    _wait_until_held(cluster.endpoints, table_name, torch.arange(4))
+    client.close()
+    sender.join(10)
+    started = time.monotonic()
+    with PSClient(cluster.endpoints) as other:
+        probe = StepClient(other, StepJob(table_name, world=2, rank=1, wait_s=0.2))
+        while time.monotonic() - started < 20:
+            with pytest.raises(PSClientError) as waited:
+                probe.lookup({t.name: torch.arange(4)}, clock=0)
+            if "rank(s) 0, 1 have not delivered clock 0" in waited.value.details:
+                return
+    raise AssertionError(f"rank 0's update stayed held: {waited.value.details}")
 
 
 def test_a_step_message_over_the_limit_is_resource_exhausted_on_every_transport(

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from ember.ps_server.errors import (
+    CallEndedError,
     ClockTimeoutError,
     InvalidArgumentError,
     Status,
@@ -14,6 +15,7 @@ from ember.ps_server.errors import (
 )
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.steps import write_joined_rows
 from ember.ps_server.wire.messages import pb
@@ -46,13 +48,13 @@ def clock(step, rank=0, world=2, mode=pb.EXACT, job="job-a", wait_ms=20_000):
     return StepClockView(job, world, rank, step, mode, wait_ms)
 
 
-def update(server, step, ids, grads, rank=0, refresh=(), **kwargs):
+def update(server, step, ids, grads, rank=0, refresh=(), call=None, **kwargs):
     request = encode_update_request(
         [("emb", np.asarray(ids, "<i8"), np.asarray(grads, "<f4"))],
         clock(step, rank, **kwargs),
         [("emb", np.asarray(r, "<i8")) for r in refresh],
     )
-    return server.steps.update(decode_update_request(request))
+    return server.steps.update(decode_update_request(request), call)
 
 
 def lookup(server, ids, step=None, rank=0, **kwargs):
@@ -248,6 +250,41 @@ def test_an_update_that_gave_up_waiting_is_withdrawn_and_never_applied():
     assert isinstance(result.get("error"), ClockTimeoutError)  # rank 0's update is gone
     assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
     assert server.steps.clocks.job(clock(0)).pending == {}
+
+
+def test_an_update_whose_caller_is_gone_stops_waiting_at_once_and_is_withdrawn():
+    server = shard()
+    call = CallWatch()
+    waiting = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, call=call)
+    job = server.steps.clocks.job(clock(0))
+    assert job.await_waiters(1, 30)
+    call.end()
+    waiting[0].join(10)
+    error = waiting[1].get("error")
+    assert isinstance(error, CallEndedError) and status_for(error) == Status.CANCELLED
+    assert job.pending == {} and job.waiters == 0
+    assert job.slots._taken == 0
+
+
+def test_a_caller_gone_while_its_clock_is_written_stops_waiting_and_the_clock_applies():
+    """Clock 0 is complete, its write held by a checkpoint's pause: rank 0's caller going
+    away ends its wait (no spin until the pause ends), and the clock is still applied."""
+    server = shard()
+    server.gate.pause("c1", 60)
+    call = CallWatch()
+    try:
+        gone = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, call=call)
+        assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)
+        completing = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=1)
+        assert server.gate.await_held(1, 30)
+        call.end()
+        gone[0].join(10)
+        assert not gone[0].is_alive() and isinstance(gone[1].get("error"), CallEndedError)
+    finally:
+        server.gate.resume("c1")
+    completing[0].join(30)
+    assert completing[1]["value"][0] is False
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [1]
 
 
 def test_a_first_attempt_that_gives_up_does_not_withdraw_the_update_its_retry_waits_on():

@@ -1,0 +1,78 @@
+"""FanOut: outcomes in order, a close that ends every waiting caller, and a client pool that
+runs every fan-out a trainer's pipeline may have in flight at once."""
+
+import threading
+
+import pytest
+from ember.ps_server.client.fanout import FanOut, FanOutClosedError
+from ember.ps_server.client.shard_rpc import fan_out_threads
+from ember.trainer.pipeline import MAX_STALENESS
+
+
+def test_outcomes_come_back_in_call_order_with_errors_handed_back():
+    def fail():
+        raise KeyError("no")
+
+    with FanOut(2) as fan_out:
+        outcomes = fan_out.run([lambda: 1, fail, lambda: 3])
+    assert [result for result, _ in outcomes] == [1, None, 3]
+    assert [type(error) for _, error in outcomes] == [type(None), KeyError, type(None)]
+
+
+def test_close_ends_a_caller_whose_calls_wait_for_a_thread():
+    """One thread, held by the first call: the caller waits on two queued calls. Closing
+    must end it (queued calls are cancelled, and a cancelled future does not wake
+    as_completed by itself), or a failed trainer never exits."""
+    fan_out = FanOut(1)
+    started, release = threading.Event(), threading.Event()
+    outcomes = []
+
+    def held():
+        started.set()
+        assert release.wait(timeout=30)
+        return "held"
+
+    caller = threading.Thread(
+        target=lambda: outcomes.extend(fan_out.run([held, lambda: 2, lambda: 3]))
+    )
+    caller.start()
+    assert started.wait(timeout=10)
+    fan_out.close()
+    release.set()  # the running call finishes; the queued ones never start
+    caller.join(timeout=10)
+    assert not caller.is_alive(), "close left the caller waiting"
+    assert outcomes[0] == ("held", None)
+    assert all(isinstance(error, FanOutClosedError) for _, error in outcomes[1:])
+
+
+def test_calls_after_close_are_refused_with_the_closed_error():
+    fan_out = FanOut(2)
+    fan_out.close()
+    outcomes = fan_out.run([lambda: 1, lambda: 2])
+    assert all(isinstance(error, FanOutClosedError) for _, error in outcomes)
+    with pytest.raises(FanOutClosedError):
+        raise outcomes[0][1]
+
+
+def test_a_client_pool_runs_every_fan_out_of_a_pipeline_at_its_largest_staleness_at_once():
+    """s+1 updates and a lookup in flight, each a call to every shard, and one more caller:
+    all must run at once (an update parks on the shards until other ranks catch up, so a
+    call queued behind it for a thread could stall every rank)."""
+    shards, callers = 3, MAX_STALENESS + 3
+    everyone = threading.Barrier(shards * callers, timeout=30)
+
+    def call():
+        everyone.wait()
+        return True
+
+    with FanOut(fan_out_threads(shards)) as fan_out:
+        results = []
+        threads = [
+            threading.Thread(target=lambda: results.extend(fan_out.run([call] * shards)))
+            for _ in range(callers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert results == [(True, None)] * (shards * callers)
