@@ -114,6 +114,10 @@ class CallEndedError(EmberError):
     deadline passed, or its connection closed): the wait ends, as if timed out."""
 
 
+class SupersededError(EmberError):
+    """A retry of the same update (its client gave up on this attempt) took over its wait."""
+
+
 class PermissionDeniedError(EmberError):
     """A control request names something outside what this shard may touch."""
 
@@ -151,6 +155,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     PermissionDeniedError: Status.PERMISSION_DENIED,
     ClockTimeoutError: Status.DEADLINE_EXCEEDED,
     CallEndedError: Status.CANCELLED,
+    SupersededError: Status.ABORTED,
     ShardStoppingError: Status.UNAVAILABLE,
     TooManyJobsError: Status.RESOURCE_EXHAUSTED,
     TooManyWaitingError: Status.RESOURCE_EXHAUSTED,

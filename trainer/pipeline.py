@@ -208,7 +208,11 @@ class PipelinedRowSource:
         return rows, watermark
 
     def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
-        refreshed, watermark = self.steps.update(updates, step, refresh)
+        try:
+            refreshed, watermark = self.steps.update(updates, step, refresh)
+        except Exception as error:
+            error.add_note(f"(the update of step {step}, sent in the background)")
+            raise
         with self._stats_lock:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)

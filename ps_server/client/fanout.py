@@ -8,6 +8,7 @@ wait) avoids that cost on every request. A single call runs inline.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Self
@@ -38,7 +39,6 @@ class FanOut:
             max_workers=max_workers, thread_name_prefix="ember-fanout"
         )
         self._lock = threading.Lock()
-        self._pending: set[concurrent.futures.Future] = set()
         self._closed = False
 
     def __enter__(self) -> Self:
@@ -59,18 +59,19 @@ class FanOut:
         consumed while other calls are still in flight. A call that :meth:`close`
         kept from starting has a :class:`FanOutClosedError` as its outcome."""
         if len(calls) == 1:
-            yield 0, _outcome(calls[0])
+            yield 0, _closed_outcome() if self._closed else _outcome(calls[0])
             return
-        futures = {self._submit(call): index for index, call in enumerate(calls)}
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                if future.cancelled():
-                    yield futures[future], (None, FanOutClosedError(_CLOSED))
-                else:
-                    yield futures[future], future.result()
-        finally:
-            with self._lock:
-                self._pending.difference_update(futures)
+        # A done-callback also runs when close() cancels a queued call, which
+        # concurrent.futures.as_completed is not woken by (CPython gh-87893).
+        finished: queue.SimpleQueue[concurrent.futures.Future] = queue.SimpleQueue()
+        futures = {}
+        for index, call in enumerate(calls):
+            future = self._submit(call)
+            futures[future] = index
+            future.add_done_callback(finished.put)
+        for _ in futures:
+            future = finished.get()
+            yield futures[future], _closed_outcome() if future.cancelled() else future.result()
 
     def close(self) -> None:
         """Stop the pool's threads: calls not yet started end with FanOutClosedError at
@@ -78,24 +79,15 @@ class FanOut:
         with self._lock:
             self._closed = True
             self._pool.shutdown(wait=False, cancel_futures=True)
-            cancelled = [future for future in self._pending if future.cancelled()]
-        for future in cancelled:
-            # Future.cancel() does not wake as_completed's waiters (CPython gh-87893);
-            # this call does, as a worker would have on taking the call.
-            future.set_running_or_notify_cancel()
 
     def _submit(self, call: Callable[[], Any]) -> concurrent.futures.Future:
         with self._lock:
-            if self._closed:
-                future: concurrent.futures.Future = concurrent.futures.Future()
-                future.set_result((None, FanOutClosedError(_CLOSED)))
-                return future
-            future = self._pool.submit(_outcome, call)
-            self._pending.add(future)
-            return future
-
-
-_CLOSED = "the client was closed before this call could start"
+            if not self._closed:
+                try:
+                    return self._pool.submit(_outcome, call)
+                except RuntimeError as error:  # no thread could be started
+                    return _done((None, error))
+        return _done(_closed_outcome())
 
 
 def _outcome(call: Callable[[], Any]) -> Outcome:
@@ -103,3 +95,13 @@ def _outcome(call: Callable[[], Any]) -> Outcome:
         return call(), None
     except Exception as error:  # noqa: BLE001 - handed back to the caller
         return None, error
+
+
+def _closed_outcome() -> Outcome:
+    return None, FanOutClosedError("the fan-out was closed before this call could start")
+
+
+def _done(outcome: Outcome) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(outcome)
+    return future

@@ -81,12 +81,19 @@ class GrpcTransport:
         ]
         self._stubs = [_DataPathStub(channel) for channel in self._channels]
         self._connect_hint = _TLS_HINT if config.tls_ca else _PLAINTEXT_HINT
+        self._closed = False
 
     def call(self, call: ShardCall, timeout_s: float) -> Any:
         """The decoded reply of ``call``; a gRPC error becomes a TransportError of its status."""
+        if self._closed:
+            raise TransportError(Status.CANCELLED, "the client is closed")
         method = getattr(self._stubs[call.shard], call.method)
         try:
             return method(call.request, timeout=timeout_s)
+        except ValueError:  # grpc's "Cannot invoke RPC on closed channel!"
+            if self._closed:
+                raise TransportError(Status.CANCELLED, "the client is closed") from None
+            raise
         except grpc.RpcError as error:
             details = error.details() or ""
             if _closed_while_connecting(details):
@@ -94,6 +101,7 @@ class GrpcTransport:
             raise TransportError(Status(error.code().value[0]), details) from None
 
     def close(self) -> None:
-        """Close the channels."""
+        """Close the channels: calls in flight and later calls end CANCELLED."""
+        self._closed = True
         for channel in self._channels:
             channel.close()

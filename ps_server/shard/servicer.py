@@ -16,9 +16,9 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     status_for,
 )
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.request_checks import check_request_id
 from ember.ps_server.shard.server import ParameterServer, PullStaleReply
-from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import (
@@ -248,7 +248,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     def Lookup(self, request: LookupRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the LookupRequest as decoded by the step codec; returns the serialised reply."""
-        return self.steps.lookup(request, call=_watch(context))
+        call = None if request.clock is None else _watch(context)  # only clocks wait
+        return self.steps.lookup(request, call=call)
 
     def Update(self, request: UpdateRequestView, context: grpc.ServicerContext) -> bytes:
         """Takes the UpdateRequest as decoded by the step codec; returns the serialised reply."""

@@ -24,6 +24,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     TooManyWaitingError,
 )
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.step_codec import StepClockView
 
@@ -67,46 +68,15 @@ class WaitSlots:
                 )
             self._taken += 1
 
+    @property
+    def taken(self) -> int:
+        """Slots taken now."""
+        return self._taken
+
     def give(self) -> None:
         """Return a slot :meth:`take` gave."""
         with self._lock:
             self._taken -= 1
-
-
-class CallWatch:
-    """Whether the caller of the request being served is gone (a transport calls :meth:`end`
-    when the call is cancelled, passes its deadline or loses its connection). A request
-    waiting for a clock wakes and gives up then, rather than holding a wait slot and a
-    worker thread until its own deadline for an answer nobody reads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ended = False
-        self._conditions: list[threading.Condition] = []
-
-    @property
-    def ended(self) -> bool:
-        """Whether :meth:`end` was called."""
-        return self._ended
-
-    def end(self) -> None:
-        """The caller is gone: wake every wait watching this call."""
-        with self._lock:
-            self._ended = True
-            conditions = list(self._conditions)
-        for cond in conditions:
-            with cond:
-                cond.notify_all()
-
-    def watch(self, cond: threading.Condition) -> None:
-        """Wake waiters on ``cond`` (held by the caller) when the call ends."""
-        with self._lock:
-            self._conditions.append(cond)
-
-    def unwatch(self, cond: threading.Condition) -> None:
-        """Undo :meth:`watch`."""
-        with self._lock:
-            self._conditions.remove(cond)
 
 
 @dataclasses.dataclass
@@ -124,11 +94,14 @@ class Job:
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     slots: WaitSlots = dataclasses.field(kw_only=True)  # the shard's, shared by its jobs
     waiters: int = 0
-    # Exact-mode requests (a rank's update and its retries) holding each buffered
-    # (clock, rank) entry: the last to give up withdraws it.
+    # Exact-mode requests (a rank's update and its retries) under way for each buffered
+    # (clock, rank) entry, and the newest of them, which owns the entry: a retry means
+    # the client gave up on the earlier attempts, which leave; only the owner withdraws.
     attempts: collections.Counter[tuple[int, int]] = dataclasses.field(
         default_factory=collections.Counter
     )
+    owners: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    attempts_started: int = 0
     # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
     # request may have released the condition while a checkpoint holds its write.
     applying: set[int] = dataclasses.field(default_factory=set)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.steps import wire_row_bytes, write_joined_rows, write_wire_rows
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (

@@ -24,17 +24,13 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     OutOfRangeError,
     StoreCorruptError,
+    SupersededError,
     TooManyWaitingError,
 )
 from ember.ps_server.id_arrays import sum_duplicates
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
-from ember.ps_server.shard.step_clocks import (
-    EXACT_APPLIER,
-    MAX_CLOCKS_AHEAD,
-    CallWatch,
-    Job,
-    StepClocks,
-)
+from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
@@ -318,28 +314,49 @@ class StepService:
         """Buffer a rank's update of an exact-mode clock, apply the clock once every rank's
         is in, and wait until it is applied (the caller holds the job's condition).
 
+        A retry of the update owns the buffered entry from its arrival: the earlier
+        attempts, whose client gave up on them, stop waiting (SupersededError), and only
+        the owner withdraws the entry when it gives up.
+
         Raises:
-            ClockTimeoutError, TooManyWaitingError, CallEndedError: it was not applied; the
-                update is withdrawn, unless another attempt of it (the rank's retry) still
-                waits. CallEndedError also when the clock is complete and its write held
-                by a checkpoint's pause: it will be applied, and nobody waits to hear so.
+            ClockTimeoutError, TooManyWaitingError, CallEndedError: it was not applied, and
+                the update is withdrawn. CallEndedError also when the clock is complete and
+                its write held by a checkpoint's pause: it will be applied, and nobody
+                waits to hear so.
+            SupersededError: a retry took over (it answers the client).
         """
-        rank, step = clock.rank, clock.clock
+        rank, step, entry = clock.rank, clock.clock, (clock.clock, clock.rank)
+        if call is not None and call.ended:
+            raise CallEndedError(f"the caller of rank {rank}'s clock {step} went away")
         job.pending.setdefault(step, {}).setdefault(rank, updates)
-        job.attempts[(step, rank)] += 1
+        job.attempts_started += 1
+        attempt = job.owners[entry] = job.attempts_started
+        job.attempts[entry] += 1
+        job.cond.notify_all()  # an earlier attempt of it stops waiting
+
+        def applied() -> bool:
+            return job.applied[rank] >= step
+
+        def superseded() -> bool:
+            return job.owners.get(entry) != attempt
+
         try:
             self._apply_complete_clocks(job)
             take_slot = True
             while True:
                 try:
+                    # Earlier attempts leave at once, each giving its wait slot back.
                     job.wait(
-                        lambda: job.applied[rank] >= step, deadline, f"clock {step}", step,
+                        lambda: applied() or superseded() or job.attempts[entry] == 1,
+                        deadline, f"clock {step}", step, call, take_slot=False,
+                    )  # fmt: skip
+                    job.wait(
+                        lambda: applied() or superseded(), deadline, f"clock {step}", step,
                         call, take_slot=take_slot,
                     )  # fmt: skip
-                    return
                 except (ClockTimeoutError, TooManyWaitingError, CallEndedError) as error:
                     if not job.being_applied(step):
-                        if job.attempts[(step, rank)] == 1:  # no retry of it waits on
+                        if not superseded():
                             job.withdraw(step, rank)  # told "not applied": it never will be
                         raise
                     if isinstance(error, CallEndedError):
@@ -347,10 +364,18 @@ class StepService:
                     # Complete, its write held by a checkpoint's pause: wait it out, with or
                     # without a slot (the pause's lease bounds the wait).
                     deadline, take_slot = _deadline(clock), False
+                    continue
+                if applied():
+                    return
+                raise SupersededError(
+                    f"a retry of rank {rank}'s update of clock {step} took over this attempt"
+                )
         finally:
-            job.attempts[(step, rank)] -= 1
-            if not job.attempts[(step, rank)]:
-                del job.attempts[(step, rank)]
+            job.attempts[entry] -= 1
+            if not job.attempts[entry]:
+                del job.attempts[entry]
+            if not superseded():
+                del job.owners[entry]
 
     def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
         _distinct_tables(entries, "update")

@@ -84,6 +84,16 @@ def test_client_retries_a_push_through_a_shard_restart(table_name):
     assert versions.tolist() == [1]
 
 
+@pytest.mark.parametrize("ids", [[1], list(range(64))], ids=["one shard", "both shards"])
+def test_a_closed_clients_calls_end_cancelled(cluster, table_name, ids):
+    client = PSClient(cluster.endpoints)
+    client.create_table(TableSpec(table_name, dim=4))
+    client.close()
+    with pytest.raises(PSClientError) as info:
+        client.pull(table_name, ids)
+    assert info.value.code == Status.CANCELLED and "closed" in info.value.details
+
+
 def test_health_reports_serving(cluster):
     with grpc.insecure_channel(cluster.endpoints[1]) as channel:
         health = health_pb2_grpc.HealthStub(channel)

@@ -269,15 +269,20 @@ def test_a_client_gone_mid_wait_frees_the_shard_at_once_and_withdraws_its_update
     client = PSClient(cluster.endpoints)
     client.create_table(t)
     held = StepClient(client, StepJob(table_name, world=2, rank=0, wait_s=60))
-    sender = threading.Thread(
-        target=lambda: pytest.raises(
-            PSClientError, held.update, {t.name: (torch.arange(4), torch.ones(4, 4))}, 0
-        )
-    )
+    failures = []
+
+    def update() -> None:
+        try:
+            held.update({t.name: (torch.arange(4), torch.ones(4, 4))}, 0)
+        except PSClientError as error:
+            failures.append(error)
+
+    sender = threading.Thread(target=update)
     sender.start()
     _wait_until_held(cluster.endpoints, table_name, torch.arange(4))
     client.close()
     sender.join(10)
+    assert not sender.is_alive() and [f.code for f in failures] == [Status.CANCELLED]
     started = time.monotonic()
     with PSClient(cluster.endpoints) as other:
         probe = StepClient(other, StepJob(table_name, world=2, rank=1, wait_s=0.2))

@@ -45,13 +45,33 @@ def test_close_ends_a_caller_whose_calls_wait_for_a_thread():
     assert all(isinstance(error, FanOutClosedError) for _, error in outcomes[1:])
 
 
-def test_calls_after_close_are_refused_with_the_closed_error():
+@pytest.mark.parametrize("calls", [1, 2])
+def test_calls_after_close_are_refused_with_the_closed_error(calls):
     fan_out = FanOut(2)
     fan_out.close()
-    outcomes = fan_out.run([lambda: 1, lambda: 2])
+    fan_out.close()  # a second close is harmless
+    outcomes = fan_out.run([lambda: 1] * calls)
     assert all(isinstance(error, FanOutClosedError) for _, error in outcomes)
-    with pytest.raises(FanOutClosedError):
-        raise outcomes[0][1]
+
+
+def test_closing_twice_while_a_caller_still_waits_is_harmless():
+    fan_out = FanOut(1)
+    started, release = threading.Event(), threading.Event()
+    outcomes = []
+
+    def held():
+        started.set()
+        assert release.wait(timeout=30)
+        return "held"
+
+    caller = threading.Thread(target=lambda: outcomes.extend(fan_out.run([held, lambda: 2])))
+    caller.start()
+    assert started.wait(timeout=10)
+    fan_out.close()
+    fan_out.close()
+    release.set()
+    caller.join(timeout=10)
+    assert outcomes[0] == ("held", None) and isinstance(outcomes[1][1], FanOutClosedError)
 
 
 def test_a_client_pool_runs_every_fan_out_of_a_pipeline_at_its_largest_staleness_at_once():

@@ -10,12 +10,13 @@ from ember.ps_server.errors import (
     ClockTimeoutError,
     InvalidArgumentError,
     Status,
+    SupersededError,
     TooManyWaitingError,
     status_for,
 )
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.shard.step_clocks import CallWatch
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.steps import write_joined_rows
 from ember.ps_server.wire.messages import pb
@@ -263,7 +264,10 @@ def test_an_update_whose_caller_is_gone_stops_waiting_at_once_and_is_withdrawn()
     error = waiting[1].get("error")
     assert isinstance(error, CallEndedError) and status_for(error) == Status.CANCELLED
     assert job.pending == {} and job.waiters == 0
-    assert job.slots._taken == 0
+    assert job.slots.taken == 0
+    with pytest.raises(CallEndedError):  # gone before it arrived: nothing is buffered
+        update(server, 0, [4], np.ones((1, 3)), rank=0, call=call)
+    assert job.pending == {}
 
 
 def test_a_caller_gone_while_its_clock_is_written_stops_waiting_and_the_clock_applies():
@@ -287,23 +291,43 @@ def test_a_caller_gone_while_its_clock_is_written_stops_waiting_and_the_clock_ap
     assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [1]
 
 
-def test_a_first_attempt_that_gives_up_does_not_withdraw_the_update_its_retry_waits_on():
-    """The client retried rank 0's update while the first attempt still waited on the shard:
-    when the first attempt times out, the retry still holds the buffered update, so rank 1's
-    update completes the clock, applied once."""
+def test_a_retry_takes_the_update_over_from_the_attempt_still_waiting():
+    """The client retried rank 0's update while the first attempt still waited on the shard
+    (its connection broke): the first attempt stops waiting, the retry holds the buffered
+    update, and rank 1's update completes the clock, applied once."""
     server = shard()
-    first = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=3_000)
+    first = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=30_000)
     job = server.steps.clocks.job(clock(0))
     assert job.await_waiters(1, 30)
     retry = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=30_000)
-    assert job.await_waiters(2, 30) and first[0].is_alive()  # both attempts wait
-    first[0].join(30)
-    assert isinstance(first[1].get("error"), ClockTimeoutError)
+    first[0].join(10)
+    error = first[1].get("error")
+    assert isinstance(error, SupersededError) and status_for(error) == Status.ABORTED
+    assert job.await_waiters(1, 30) and retry[0].is_alive()
     assert update(server, 0, [4], np.ones((1, 3)), rank=1, wait_ms=2_000)[0] is False
     retry[0].join(30)
     assert retry[1]["value"][0] is False  # applied, the retry told so
     rows, _ = lookup(server, [4])
     np.testing.assert_allclose(rows, reference_rows([4], [np.full((1, 3), 2.0)]), rtol=1e-5)
+
+
+def test_a_retry_that_gives_up_withdraws_the_update_the_first_attempt_waited_with():
+    """One wait slot, held by the first attempt: the retry still waits (the first leaves and
+    gives its slot back), and when the retry times out the update is withdrawn, as it was
+    told: rank 1's update of the clock then waits for rank 0 in vain."""
+    server = ParameterServer(0, 1, max_waiting=1)
+    server.create_table(ADAM)
+    first = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=30_000)
+    job = server.steps.clocks.job(clock(0))
+    assert job.await_waiters(1, 30)
+    with pytest.raises(ClockTimeoutError):
+        update(server, 0, [4], np.ones((1, 3)), rank=0, wait_ms=200)
+    first[0].join(10)
+    assert isinstance(first[1].get("error"), SupersededError)
+    assert job.pending == {} and job.owners == {} and job.slots.taken == 0
+    with pytest.raises(ClockTimeoutError, match="rank"):
+        update(server, 0, [4], np.ones((1, 3)), rank=1, wait_ms=200)
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
 
 
 def test_lookups_go_on_while_a_checkpoint_holds_a_clock_being_applied():
@@ -348,9 +372,9 @@ def test_a_wait_that_times_out_while_its_clock_is_written_keeps_waiting():
 
 
 def test_a_retry_that_finds_its_clock_being_written_waits_even_without_a_free_slot():
-    """The clock is complete and its write held by a checkpoint's pause: a retry of an update
-    of it must wait for the write (it will be applied), not be refused, even with every wait
-    slot taken."""
+    """The clock is complete and its write held by a checkpoint's pause: a retry of the
+    update that completed it (its connection broke during the write) must wait for the
+    write (it will be applied), not be refused, even with every wait slot taken."""
     server = ParameterServer(0, 1, max_waiting=2)
     server.create_table(ADAM)
     server.gate.pause("c1", 60)
@@ -362,7 +386,7 @@ def test_a_retry_that_finds_its_clock_being_written_waits_even_without_a_free_sl
         assert server.steps.clocks.job(clock(0, mode=pb.ASYNC, job="job-b")).await_waiters(1, 30)
         completing = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=1)
         assert server.gate.await_held(1, 30)  # clock 0 is complete; its write is held
-        retry = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=0)
+        retry = in_thread(update, server, 0, [4], np.ones((1, 3)), rank=1)
         assert job.await_waiters(2, 30)  # the retry waits, though both slots are taken
     finally:
         server.gate.resume("c1")
