@@ -64,6 +64,10 @@ class MessageTooLargeError(EmberError):
     """A request or its reply exceeds the message limit."""
 
 
+class ClockTooLargeError(MessageTooLargeError):
+    """An exact-mode clock's summed update is larger than one write-ahead log record holds."""
+
+
 class StoreUnavailableError(EmberError):
     """The store behind a table (e.g. Redis) cannot be reached; nothing was applied."""
 

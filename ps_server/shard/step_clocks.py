@@ -102,9 +102,17 @@ class Job:
     )
     owners: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)
     attempts_started: int = 0
+    # The exact-mode clock this shard refused to apply, and why: the job cannot go past it.
+    refused: tuple[int, str] | None = None
     # Requests applying an update now (ASYNC: their ranks; EXACT: EXACT_APPLIER); such a
     # request may have released the condition while a checkpoint holds its write.
     applying: set[int] = dataclasses.field(default_factory=set)
+
+    def refusal(self, clock: int) -> str | None:
+        """Why ``clock`` can never be applied (a clock at or before it was refused), or None."""
+        if self.refused is not None and self.refused[0] <= clock:
+            return self.refused[1]
+        return None
 
     @property
     def watermark(self) -> int:

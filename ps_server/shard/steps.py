@@ -21,6 +21,7 @@ from ember.ps_server.errors import (
     CallEndedError,
     CheckpointStateError,
     ClockTimeoutError,
+    ClockTooLargeError,
     InvalidArgumentError,
     OutOfRangeError,
     StoreCorruptError,
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
     from ember.ps_server.shard.server import ParameterServer
     from ember.ps_server.shard.table import Table
 
+# protobuf's limit on one message (2 GiB), less room for names and framing: the most one
+# write-ahead log record of an exact clock's summed update may hold.
+MAX_LOGGED_CLOCK_BYTES = (2 << 30) - (64 << 20)
+
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 # A validated read of one table: the table, its ids and the dtype its rows travel in.
@@ -62,6 +67,7 @@ class StepService:
         self._server = server
         self.clocks = StepClocks(max_waiting)
         self.replicas = ReplicaFlushes()
+        self.max_logged_clock_bytes = MAX_LOGGED_CLOCK_BYTES
 
     def lookup(
         self, request: LookupRequestView, call: CallWatch | None = None
@@ -89,9 +95,12 @@ class StepService:
                         f"job {job.name!r}'s watermark {job.watermark}"
                     )
                 job.wait(
-                    lambda: job.watermark >= needed, _deadline(request.clock),
+                    lambda: job.watermark >= needed or job.refusal(needed) is not None,
+                    _deadline(request.clock),
                     f"clock {needed} for a lookup of rank {request.clock.rank}", needed, call,
                 )  # fmt: skip
+                if job.watermark < needed:
+                    raise ClockTooLargeError(job.refusal(needed))
                 watermark = job.watermark
         return reads, watermark
 
@@ -110,6 +119,8 @@ class StepService:
             ClockTimeoutError: the other ranks did not deliver in time (nothing applied).
             CallEndedError: the caller went away while the update waited (nothing
                 applied, unless every rank's update of its clock was in).
+            ClockTooLargeError: under a write-ahead log, the clock's summed update is larger
+                than one record holds (nothing of it applied, every rank told).
         """
         self._server.fault.check()
         clock = request.clock
@@ -131,6 +142,8 @@ class StepService:
                     f"job {job.name!r}'s watermark {job.watermark}"
                 )
             if job.mode == pb.EXACT:
+                if job.refusal(step) is not None:
+                    raise ClockTooLargeError(job.refusal(step))
                 self._buffer_and_await(job, clock, updates, deadline, call)
             else:
                 job.wait(
@@ -220,6 +233,10 @@ class StepService:
             job.applying.add(EXACT_APPLIER)
             try:
                 self._apply(job, clock, updates)  # raises with the clock still pending
+            except ClockTooLargeError as error:  # its waiters are told; nothing applied
+                job.refused = (step, str(error))
+                job.pending.pop(step)
+                return
             finally:
                 job.applying.discard(EXACT_APPLIER)
                 if job.watermark >= step:  # applied, even if its log record then failed
@@ -241,6 +258,14 @@ class StepService:
             writable = np.require(grads, np.float32, requirements=["C", "W"])  # replays: views
             unique_ids, rows = sum_duplicates(ids, torch.from_numpy(writable))
             summed.append((target, unique_ids, rows))
+        size = sum(ids.nbytes + rows.nbytes for _, ids, rows in summed)
+        if log and self._server.journal.log is not None and size > self.max_logged_clock_bytes:
+            raise ClockTooLargeError(
+                f"clock {clock.clock} of job {job.name!r} sums to {size} bytes of ids and "
+                f"gradients on this shard, more than one write-ahead log record holds "
+                f"({self.max_logged_clock_bytes}): nothing of it is applied, and the job "
+                "cannot go past it. Use more shards or smaller batches"
+            )
 
         def record() -> list[bytes]:
             applied = pb.StepApplied(
@@ -324,6 +349,8 @@ class StepService:
                 its write held by a checkpoint's pause: it will be applied, and nobody
                 waits to hear so.
             SupersededError: a retry took over (it answers the client).
+            ClockTooLargeError: the clock's summed update is too large to log; nothing of
+                it is applied, and no later clock of the job can be.
         """
         rank, step, entry = clock.rank, clock.clock, (clock.clock, clock.rank)
         if call is not None and call.ended:
@@ -340,6 +367,9 @@ class StepService:
         def superseded() -> bool:
             return job.owners.get(entry) != attempt
 
+        def done() -> bool:
+            return applied() or superseded() or job.refusal(step) is not None
+
         try:
             self._apply_complete_clocks(job)
             take_slot = True
@@ -347,11 +377,11 @@ class StepService:
                 try:
                     # Earlier attempts leave at once, each giving its wait slot back.
                     job.wait(
-                        lambda: applied() or superseded() or job.attempts[entry] == 1,
+                        lambda: done() or job.attempts[entry] == 1,
                         deadline, f"clock {step}", step, call, take_slot=False,
                     )  # fmt: skip
                     job.wait(
-                        lambda: applied() or superseded(), deadline, f"clock {step}", step,
+                        done, deadline, f"clock {step}", step,
                         call, take_slot=take_slot,
                     )  # fmt: skip
                 except (ClockTimeoutError, TooManyWaitingError, CallEndedError) as error:
@@ -367,6 +397,8 @@ class StepService:
                     continue
                 if applied():
                     return
+                if job.refusal(step) is not None:
+                    raise ClockTooLargeError(job.refusal(step))
                 raise SupersededError(
                     f"a retry of rank {rank}'s update of clock {step} took over this attempt"
                 )

@@ -5,9 +5,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import (
     CallEndedError,
     ClockTimeoutError,
+    ClockTooLargeError,
     InvalidArgumentError,
     Status,
     SupersededError,
@@ -501,3 +503,37 @@ def test_joined_float32_rows_are_copied_into_a_payload_that_is_not_aligned():
     expected = np.concatenate([table.read_weights(i).numpy().ravel() for table, i, _ in reads])
     assert np.array_equal(np.frombuffer(bytes(buffer[1:]), "<f4"), expected)
     assert not np.array_equal(expected[:3], initial_rows(ADAM, ids[:1]).numpy().ravel())
+
+
+def test_a_clock_too_large_for_one_log_record_is_refused_to_every_rank_and_applies_nothing(
+    tmp_path,
+):
+    """Under a write-ahead log an exact clock is one record; one larger than a record holds
+    (protobuf's 2 GiB, shrunk here) is refused to every rank, at once and by name, and the
+    job goes no further, instead of the clock staying complete and failing at every try."""
+    server = shard()
+    write_log = WriteLog(tmp_path / "wal", 0, 1, "always")
+    write_log.claim()
+    write_log.open()
+    server.journal.log = write_log
+    server.steps.max_logged_clock_bytes = 60  # each rank sends 2 ids and 2 rows: 40 bytes
+    ids, grads = [4, 5], np.ones((2, 3))
+    first = in_thread(update, server, 0, [6, 7], grads, rank=0)
+    assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)
+    with pytest.raises(ClockTooLargeError, match="clock 0 of job 'job-a' sums to 80 bytes") as info:
+        update(server, 0, ids, grads, rank=1)
+    assert status_for(info.value) == Status.RESOURCE_EXHAUSTED
+    first[0].join(10)
+    assert isinstance(first[1].get("error"), ClockTooLargeError)
+    for refused in (
+        lambda: update(server, 0, ids, grads, rank=1),  # a retry
+        lambda: update(server, 1, ids, grads, rank=0),  # the next clock
+        lambda: lookup(server, ids, step=0),
+    ):
+        with pytest.raises(ClockTooLargeError):
+            refused()
+    versions = server.pull("emb", np.array([4, 5, 6, 7], "<i8").tobytes()).versions
+    assert versions.tolist() == [0, 0, 0, 0]
+    records = [pb.LogRecord.FromString(r) for r in write_log.replay()]
+    assert [r.WhichOneof("entry") for r in records] == []
+    write_log.close()
