@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.shard.steps import wire_row_bytes, write_joined_rows, write_wire_rows
+from ember.ps_server.shard.step_rows import wire_row_bytes, write_joined_rows, write_wire_rows
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,

@@ -23,7 +23,6 @@ from ember.ps_server.errors import (
     ClockTimeoutError,
     ClockTooLargeError,
     InvalidArgumentError,
-    OutOfRangeError,
     StoreCorruptError,
     SupersededError,
     TooManyWaitingError,
@@ -32,11 +31,10 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
+from ember.ps_server.shard.step_rows import TableRead, refreshed_rows
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
-from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.row_packing import rows_to_wire
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
@@ -55,8 +53,6 @@ MAX_LOGGED_CLOCK_BYTES = (2 << 30) - (64 << 20)
 
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
-# A validated read of one table: the table, its ids and the dtype its rows travel in.
-TableRead = tuple["Table", np.ndarray, RowDtype]
 
 
 class StepService:
@@ -135,7 +131,7 @@ class StepService:
             self.replicas.holds_replica(job.name)
         with job.cond:
             if step <= job.applied[rank]:
-                return True, self._refreshed(job, step, refresh), job.watermark
+                return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
             if step > job.watermark + MAX_CLOCKS_AHEAD:
                 raise InvalidArgumentError(
                     f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
@@ -151,15 +147,15 @@ class StepService:
                     deadline, f"clock {step - 1} of rank {rank}", step - 1, call,
                 )  # fmt: skip
                 if step <= job.applied[rank]:  # a retry of this update won the race
-                    return True, self._refreshed(job, step, refresh), job.watermark
+                    return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
                 job.applying.add(rank)
                 try:
-                    self._apply(job, clock, updates)
+                    self._write(job, clock, updates, log=True)
                 finally:
                     job.applying.discard(rank)
                     job.cond.notify_all()
             self._server.fault.check()  # the clock's log record may have failed to sync
-            return False, self._refreshed(job, step, refresh), job.watermark
+            return False, refreshed_rows(job.changed.get(step), refresh), job.watermark
 
     def clocks_at_pause(self, flush_id: str) -> dict[str, dict]:
         """The jobs' clocks (see :meth:`StepClocks.snapshot`) as a checkpoint with
@@ -232,7 +228,7 @@ class StepService:
             clock = StepClockView(job.name, job.world, 0, step, job.mode, 1)
             job.applying.add(EXACT_APPLIER)
             try:
-                self._apply(job, clock, updates)  # raises with the clock still pending
+                self._write(job, clock, updates, log=True)  # raises with the clock still pending
             except ClockTooLargeError as error:  # its waiters are told; nothing applied
                 job.refused = (step, str(error))
                 job.pending.pop(step)
@@ -243,9 +239,6 @@ class StepService:
                     job.pending.pop(step, None)
                 job.cond.notify_all()
             job.cond.notify_all()
-
-    def _apply(self, job: Job, clock: StepClockView, updates: list[TableUpdate]) -> None:
-        self._write(job, clock, updates, log=True)
 
     def _write(self, job: Job, clock: StepClockView, updates: list[TableUpdate], log: bool) -> None:
         """One optimizer step per distinct row of ``updates``, logged as one record; the rows
@@ -298,29 +291,6 @@ class StepService:
         else:
             apply()
         job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
-
-    def _refreshed(
-        self, job: Job, step: int, refresh: list[TableRead]
-    ) -> list[tuple[np.ndarray, np.ndarray, RowDtype]]:
-        """Per refresh entry, the positions of its ids that clock ``step`` changed, with
-        their rows as they are now (all of them if the clock is no longer remembered) and
-        the dtype they travel in: the entry's, or float32 where a row is beyond it (the
-        clock is applied: its answer must not fail)."""
-        changed = job.changed.get(step)
-        replies = []
-        for target, ids, dtype in refresh:
-            if changed is None:
-                positions = np.arange(len(ids), dtype=np.int64)
-            else:
-                positions = _positions_in(ids, changed.get(target.spec.name))
-            changed_ids, name = ids[positions], f"table {target.spec.name!r}"
-            rows = target.read_weights(changed_ids)
-            try:
-                replies.append((positions, rows_to_wire(rows, dtype, name, changed_ids), dtype))
-            except OutOfRangeError:
-                wide = RowDtype.FLOAT32
-                replies.append((positions, rows_to_wire(rows, wide, name, changed_ids), wide))
-        return replies
 
     def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:
         _distinct_tables(entries, what)
@@ -415,63 +385,6 @@ class StepService:
             [(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype)) for e in entries]
         )
         return [(target, ids.copy(), grads.copy()) for target, ids, grads in writes]
-
-
-def wire_row_bytes(read: TableRead) -> int:
-    """The bytes of ``read``'s rows as its dtype carries them."""
-    target, ids, dtype = read
-    return len(ids) * target.spec.dim * dtype.itemsize
-
-
-def write_wire_rows(read: TableRead, view: memoryview) -> None:
-    """Write ``read``'s rows into ``view`` (:func:`wire_row_bytes` long) as its dtype carries
-    them: float32 rows are gathered straight into it when it is 4-byte aligned.
-
-    Raises:
-        OutOfRangeError: a row the dtype cannot hold (``view`` is partly written).
-    """
-    target, ids, dtype = read
-    if not len(ids):
-        return
-    if dtype is RowDtype.FLOAT32 and is_aligned(view, 4):
-        out = torch.frombuffer(view, dtype=torch.float32).view(len(ids), target.spec.dim)
-        target.read_weights(ids, out)
-    else:
-        rows = target.read_weights(ids)
-        view[:] = bytes_view(rows_to_wire(rows, dtype, f"table {target.spec.name!r}", ids))
-
-
-def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
-    """Write every read's rows back to back into ``view`` (the sum of their
-    :func:`wire_row_bytes`): all float32 rows are gathered straight into it when it is
-    4-byte aligned, each read into its slice of one tensor over it.
-
-    Raises:
-        OutOfRangeError: a row its read's dtype cannot hold (``view`` is partly written).
-    """
-    if not len(view):
-        return
-    if is_aligned(view, 4) and all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
-        out, offset = torch.frombuffer(view, dtype=torch.float32), 0
-        for target, ids, _ in reads:
-            size = len(ids) * target.spec.dim
-            if size:
-                target.read_weights(ids, out[offset : offset + size].view(len(ids), -1))
-            offset += size
-        return
-    offset = 0
-    for read in reads:
-        size = wire_row_bytes(read)
-        write_wire_rows(read, view[offset : offset + size])
-        offset += size
-
-
-def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:
-    """Positions into ``ids`` of those that are in ``sorted_ids`` (ascending int64)."""
-    if sorted_ids is None or not len(sorted_ids) or not len(ids):
-        return np.empty(0, dtype=np.int64)
-    where = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
-    return np.flatnonzero(sorted_ids[where] == ids).astype(np.int64)
 
 
 def _distinct_tables(entries: list, what: str) -> None:

@@ -24,19 +24,7 @@ def test_close_ends_a_caller_whose_calls_wait_for_a_thread():
     must end it (queued calls are cancelled, and a cancelled future does not wake
     as_completed by itself), or a failed trainer never exits."""
     fan_out = FanOut(1)
-    started, release = threading.Event(), threading.Event()
-    outcomes = []
-
-    def held():
-        started.set()
-        assert release.wait(timeout=30)
-        return "held"
-
-    caller = threading.Thread(
-        target=lambda: outcomes.extend(fan_out.run([held, lambda: 2, lambda: 3]))
-    )
-    caller.start()
-    assert started.wait(timeout=10)
+    caller, outcomes, release = _caller_behind_a_held_call(fan_out, [lambda: 2, lambda: 3])
     fan_out.close()
     release.set()  # the running call finishes; the queued ones never start
     caller.join(timeout=10)
@@ -56,17 +44,7 @@ def test_calls_after_close_are_refused_with_the_closed_error(calls):
 
 def test_closing_twice_while_a_caller_still_waits_is_harmless():
     fan_out = FanOut(1)
-    started, release = threading.Event(), threading.Event()
-    outcomes = []
-
-    def held():
-        started.set()
-        assert release.wait(timeout=30)
-        return "held"
-
-    caller = threading.Thread(target=lambda: outcomes.extend(fan_out.run([held, lambda: 2])))
-    caller.start()
-    assert started.wait(timeout=10)
+    caller, outcomes, release = _caller_behind_a_held_call(fan_out, [lambda: 2])
     fan_out.close()
     fan_out.close()
     release.set()
@@ -96,3 +74,20 @@ def test_a_client_pool_runs_every_fan_out_of_a_pipeline_at_its_largest_staleness
         for thread in threads:
             thread.join(timeout=60)
     assert results == [(True, None)] * (shards * callers)
+
+
+def _caller_behind_a_held_call(fan_out: FanOut, queued: list):
+    """A thread running ``fan_out.run([held, *queued])`` once ``held`` holds the pool's one
+    thread: the thread, the list its outcomes go to, and the event that lets ``held`` end."""
+    started, release = threading.Event(), threading.Event()
+    outcomes = []
+
+    def held():
+        started.set()
+        assert release.wait(timeout=30)
+        return "held"
+
+    caller = threading.Thread(target=lambda: outcomes.extend(fan_out.run([held, *queued])))
+    caller.start()
+    assert started.wait(timeout=10)
+    return caller, outcomes, release

@@ -1,0 +1,99 @@
+"""The rows a step's replies carry: a lookup's rows written into its reply, as each entry's
+dtype carries them, and the refresh rows an update's clock changed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.ps_server.wire.row_packing import rows_to_wire
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard.table import Table
+
+# A validated read of one table: the table, its ids and the dtype its rows travel in.
+TableRead = tuple["Table", np.ndarray, RowDtype]
+
+
+def wire_row_bytes(read: TableRead) -> int:
+    """The bytes of ``read``'s rows as its dtype carries them."""
+    target, ids, dtype = read
+    return len(ids) * target.spec.dim * dtype.itemsize
+
+
+def write_wire_rows(read: TableRead, view: memoryview) -> None:
+    """Write ``read``'s rows into ``view`` (:func:`wire_row_bytes` long) as its dtype carries
+    them: float32 rows are gathered straight into it when it is 4-byte aligned.
+
+    Raises:
+        OutOfRangeError: a row the dtype cannot hold (``view`` is partly written).
+    """
+    target, ids, dtype = read
+    if not len(ids):
+        return
+    if dtype is RowDtype.FLOAT32 and is_aligned(view, 4):
+        out = torch.frombuffer(view, dtype=torch.float32).view(len(ids), target.spec.dim)
+        target.read_weights(ids, out)
+    else:
+        rows = target.read_weights(ids)
+        view[:] = bytes_view(rows_to_wire(rows, dtype, f"table {target.spec.name!r}", ids))
+
+
+def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
+    """Write every read's rows back to back into ``view`` (the sum of their
+    :func:`wire_row_bytes`): all float32 rows are gathered straight into it when it is
+    4-byte aligned, each read into its slice of one tensor over it.
+
+    Raises:
+        OutOfRangeError: a row its read's dtype cannot hold (``view`` is partly written).
+    """
+    if not len(view):
+        return
+    if is_aligned(view, 4) and all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
+        out, offset = torch.frombuffer(view, dtype=torch.float32), 0
+        for target, ids, _ in reads:
+            size = len(ids) * target.spec.dim
+            if size:
+                target.read_weights(ids, out[offset : offset + size].view(len(ids), -1))
+            offset += size
+        return
+    offset = 0
+    for read in reads:
+        size = wire_row_bytes(read)
+        write_wire_rows(read, view[offset : offset + size])
+        offset += size
+
+
+def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:
+    """Positions into ``ids`` of those that are in ``sorted_ids`` (ascending int64)."""
+    if sorted_ids is None or not len(sorted_ids) or not len(ids):
+        return np.empty(0, dtype=np.int64)
+    where = np.searchsorted(sorted_ids, ids).clip(max=len(sorted_ids) - 1)
+    return np.flatnonzero(sorted_ids[where] == ids).astype(np.int64)
+
+
+def refreshed_rows(
+    changed: dict[str, np.ndarray] | None, refresh: list[TableRead]
+) -> list[tuple[np.ndarray, np.ndarray, RowDtype]]:
+    """Per refresh entry, the positions of its ids that a clock ``changed`` (its sorted ids
+    per table; None: no longer remembered, so all of them), with their rows as they are now
+    and the dtype they travel in: the entry's, or float32 where a row is beyond it (the
+    clock is applied: its answer must not fail)."""
+    replies = []
+    for target, ids, dtype in refresh:
+        if changed is None:
+            positions = np.arange(len(ids), dtype=np.int64)
+        else:
+            positions = _positions_in(ids, changed.get(target.spec.name))
+        changed_ids, name = ids[positions], f"table {target.spec.name!r}"
+        rows = target.read_weights(changed_ids)
+        try:
+            replies.append((positions, rows_to_wire(rows, dtype, name, changed_ids), dtype))
+        except OutOfRangeError:
+            wide = RowDtype.FLOAT32
+            replies.append((positions, rows_to_wire(rows, wide, name, changed_ids), wide))
+    return replies
