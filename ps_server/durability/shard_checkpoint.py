@@ -146,6 +146,12 @@ class ShardCheckpoints:
         reached = clocks.cut_reached(cut)
         if reached():
             return
+        refusals = clocks.refusals(cut)
+        if refusals:  # waiting for the lease would not help
+            raise CheckpointStateError(
+                f"checkpoint {checkpoint_id!r} refused: this shard can never reach the clock "
+                f"cut, which another shard has applied: {'; '.join(refusals)}"
+            )
         if not self._server.gate.admit_until(checkpoint_id, clocks.cut_admits(cut), reached):
             applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
             raise CheckpointStateError(

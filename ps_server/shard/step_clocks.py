@@ -225,6 +225,7 @@ class Retired:
     world: int
     mode: int
     applied: tuple[int, ...]
+    refused: tuple[int, str] | None
 
 
 class StepClocks:
@@ -259,6 +260,7 @@ class StepClocks:
                     self._unretire(clock.job)  # back from idle, with its clocks
                 applied = list(retired.applied) if retired else [-1] * clock.world
                 job = Job(clock.job, clock.world, clock.mode, applied, slots=self.slots)
+                job.refused = retired.refused if retired else None
                 self._jobs[clock.job] = job
                 self._forget_idle()
             self._jobs.move_to_end(clock.job)
@@ -315,6 +317,21 @@ class StepClocks:
 
         return reached
 
+    def refusals(self, cut: dict[str, list[int]]) -> list[str]:
+        """Why this shard can never reach ``cut``: the refusal (see :attr:`Job.refused`) of
+        each job of the cut that refused a clock the cut includes."""
+        with self._lock:  # ``refused`` is set once, in one assignment: read without the job's
+            refused = [
+                (name, job.refused)
+                for name, job in [*self._jobs.items(), *self._retired.items()]
+                if name in cut and job.refused is not None
+            ]
+        return [
+            f"job {name!r}: {why}"
+            for name, (step, why) in refused
+            if step <= max(cut[name], default=-1)
+        ]
+
     def _applied(self, name: str, world: int) -> list[int]:
         """A job's applied clocks by rank: a retired job's last ones, and -1 for a job this
         shard has not seen yet (its first clocks may still be on their way)."""
@@ -347,8 +364,10 @@ class StepClocks:
             job = self._jobs[name]
             if not job.pending and not job.waiters and not job.applying:
                 del self._jobs[name]
-                if max(job.applied) >= 0:  # a job that applied nothing is like an unseen one
-                    self._retired[name] = Retired(job.world, job.mode, tuple(job.applied))
+                if max(job.applied) >= 0 or job.refused:  # else it is like an unseen one
+                    self._retired[name] = Retired(
+                        job.world, job.mode, tuple(job.applied), job.refused
+                    )
                     self._retired_ranks += job.world
                 while self._retired_ranks > RETIRED_RANKS:
                     self._unretire(next(iter(self._retired)))

@@ -69,8 +69,8 @@ class StepService:
         self, request: LookupRequestView, call: CallWatch | None = None
     ) -> tuple[list[TableRead], int]:
         """The validated reads of every table of ``request``, in order, once its clock is
-        reached (their rows are written by :func:`write_wire_rows` or, joined,
-        :func:`write_joined_rows`); a wait ends early when ``call``'s caller is gone.
+        reached (their rows are written by :mod:`ember.ps_server.shard.step_rows`); a wait
+        ends early when ``call``'s caller is gone.
 
         Returns:
             ``(reads, the job's watermark or -1)``.
@@ -132,14 +132,14 @@ class StepService:
         with job.cond:
             if step <= job.applied[rank]:
                 return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
+            if job.refusal(step) is not None:
+                raise ClockTooLargeError(job.refusal(step))
             if step > job.watermark + MAX_CLOCKS_AHEAD:
                 raise InvalidArgumentError(
                     f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
                     f"job {job.name!r}'s watermark {job.watermark}"
                 )
             if job.mode == pb.EXACT:
-                if job.refusal(step) is not None:
-                    raise ClockTooLargeError(job.refusal(step))
                 self._buffer_and_await(job, clock, updates, deadline, call)
             else:
                 job.wait(
@@ -231,7 +231,7 @@ class StepService:
                 self._write(job, clock, updates, log=True)  # raises with the clock still pending
             except ClockTooLargeError as error:  # its waiters are told; nothing applied
                 job.refused = (step, str(error))
-                job.pending.pop(step)
+                job.pending.clear()  # no clock from it on can ever apply here
                 return
             finally:
                 job.applying.discard(EXACT_APPLIER)
@@ -256,8 +256,10 @@ class StepService:
             raise ClockTooLargeError(
                 f"clock {clock.clock} of job {job.name!r} sums to {size} bytes of ids and "
                 f"gradients on this shard, more than one write-ahead log record holds "
-                f"({self.max_logged_clock_bytes}): nothing of it is applied, and the job "
-                "cannot go past it. Use more shards or smaller batches"
+                f"({self.max_logged_clock_bytes}): nothing of it is applied here, and the "
+                "job cannot go past it on this shard. Other shards may apply their part, "
+                "which splits the job's rows: checkpoints then fail until the cluster is "
+                "restored from one taken before. Use more shards or smaller batches"
             )
 
         def record() -> list[bytes]:

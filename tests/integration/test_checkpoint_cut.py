@@ -3,6 +3,7 @@ each shard applies the clocks up to the cut, and no later ones, before it writes
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.durability.checkpoint_coordinator import clock_cut, take_checkpoint
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.durability.recovery import recover
-from ember.ps_server.errors import CheckpointStateError
+from ember.ps_server.durability.write_log import WriteLog
+from ember.ps_server.errors import CheckpointStateError, ClockTooLargeError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.initializers import initial_rows
@@ -90,6 +92,42 @@ def test_a_cut_the_shard_cannot_reach_refuses_within_the_lease(tmp_path):
     server.steps.update(decode_update_request(update_request(0, 1)))  # writes flow again
     rank0.join(30)
     assert server.steps.clocks.snapshot()[JOB]["applied"] == [0, 0]
+
+
+def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path):
+    """A clock too large to log here, which another shard applied, splits the job: the
+    cut can never be reached, so the checkpoint fails at once instead of at its lease."""
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+    write_log = WriteLog(tmp_path / "wal", 0, 1, "always")
+    write_log.claim()
+    write_log.open()
+    server.journal.log = write_log
+    server.steps.max_logged_clock_bytes = 100  # under the clock's two ranks of rows
+    try:
+        errors = []
+
+        def rank_0() -> None:
+            try:
+                server.steps.update(decode_update_request(update_request(0, 0)))
+            except ClockTooLargeError as error:
+                errors.append(error)
+
+        (rank0,) = in_threads(rank_0)
+        with pytest.raises(ClockTooLargeError):
+            server.steps.update(decode_update_request(update_request(0, 1)))
+        rank0.join(30)
+        assert len(errors) == 1
+        server.checkpoints.pause("c1", 300)
+        started = time.monotonic()
+        with pytest.raises(CheckpointStateError, match="can never reach the clock cut.*job-cut"):
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        assert time.monotonic() - started < 60  # not the lease's 300 s
+        server.checkpoints.resume("c1")
+        server.checkpoints.pause("c2", 300)  # a cut before the refused clock still works
+        server.checkpoints.write("c2", str(tmp_path / "c2"), "", cut={JOB: [-1, -1]})
+    finally:
+        write_log.close()
 
 
 def test_cut_is_the_highest_clock_any_shard_applied():

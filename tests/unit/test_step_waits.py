@@ -187,35 +187,71 @@ def test_a_retry_that_finds_its_clock_being_written_waits_even_without_a_free_sl
     assert other[1]["value"][1] == 0
 
 
-def test_a_clock_too_large_for_one_log_record_is_refused_to_every_rank_and_applies_nothing(
-    tmp_path,
-):
-    """Under a write-ahead log an exact clock is one record; one larger than a record holds
-    (protobuf's 2 GiB, shrunk here) is refused to every rank, at once and by name, and the
-    job goes no further, instead of the clock staying complete and failing at every try."""
+def _logged_shard(tmp_path, max_clock_bytes: int) -> tuple[ParameterServer, WriteLog]:
     server = shard()
     write_log = WriteLog(tmp_path / "wal", 0, 1, "always")
     write_log.claim()
     write_log.open()
     server.journal.log = write_log
-    server.steps.max_logged_clock_bytes = 60  # each rank sends 2 ids and 2 rows: 40 bytes
-    ids, grads = [4, 5], np.ones((2, 3))
-    first = in_thread(update, server, 0, [6, 7], grads, rank=0)
-    assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)
-    with pytest.raises(ClockTooLargeError, match="clock 0 of job 'job-a' sums to 80 bytes") as info:
-        update(server, 0, ids, grads, rank=1)
-    assert status_for(info.value) == Status.RESOURCE_EXHAUSTED
-    first[0].join(10)
-    assert isinstance(first[1].get("error"), ClockTooLargeError)
-    for refused in (
-        lambda: update(server, 0, ids, grads, rank=1),  # a retry
-        lambda: update(server, 1, ids, grads, rank=0),  # the next clock
-        lambda: lookup(server, ids, step=0),
-    ):
+    server.steps.max_logged_clock_bytes = max_clock_bytes
+    return server, write_log
+
+
+def test_a_clock_too_large_for_one_log_record_is_refused_to_every_rank_and_applies_nothing(
+    tmp_path,
+):
+    """Under a write-ahead log an exact clock is one record; one larger than a record holds
+    (protobuf's 2 GiB, shrunk here) is refused to every rank, at once and by name, and the
+    job goes no further, instead of the clock staying complete and failing at every try.
+    Whatever waited on it, or was buffered past it, is told and let go."""
+    server, write_log = _logged_shard(tmp_path, 60)  # each rank sends 2 ids, 2 rows: 40 bytes
+    try:
+        ids, grads = [4, 5], np.ones((2, 3))
+        job = server.steps.clocks.job(clock(0))
+        waiting = [
+            in_thread(update, server, 0, [6, 7], grads, rank=0),
+            in_thread(update, server, 1, [6, 7], grads, rank=0),  # buffered a clock ahead
+            in_thread(lookup, server, ids, step=0, rank=1),
+        ]
+        assert job.await_waiters(3, 30)
+        with pytest.raises(ClockTooLargeError, match="clock 0 of job 'job-a' sums to 80 b") as info:
+            update(server, 0, ids, grads, rank=1)
+        assert status_for(info.value) == Status.RESOURCE_EXHAUSTED
+        for thread, result in waiting:
+            thread.join(10)
+            assert isinstance(result.get("error"), ClockTooLargeError), result
+        assert job.pending == {} and job.waiters == 0 and job.slots.taken == 0
+        for refused in (
+            lambda: update(server, 0, ids, grads, rank=1),  # a retry
+            lambda: update(server, 1, ids, grads, rank=1),  # the next clock
+            lambda: update(server, 2_000, ids, grads, rank=1),  # far ahead: refused all the same
+            lambda: lookup(server, ids, step=0),
+        ):
+            with pytest.raises(ClockTooLargeError):
+                refused()
+        versions = server.pull("emb", np.array([4, 5, 6, 7], "<i8").tobytes()).versions
+        assert versions.tolist() == [0, 0, 0, 0]
+        records = [pb.LogRecord.FromString(r) for r in write_log.replay()]
+        assert [r.WhichOneof("entry") for r in records] == []
+    finally:
+        write_log.close()
+
+
+def test_a_refused_job_forgotten_as_idle_comes_back_refused(tmp_path):
+    from ember.ps_server.shard import step_clocks
+
+    server, write_log = _logged_shard(tmp_path, 60)
+    try:
+        first = in_thread(update, server, 0, [6, 7], np.ones((2, 3)), rank=0)
+        assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)
         with pytest.raises(ClockTooLargeError):
-            refused()
-    versions = server.pull("emb", np.array([4, 5, 6, 7], "<i8").tobytes()).versions
-    assert versions.tolist() == [0, 0, 0, 0]
-    records = [pb.LogRecord.FromString(r) for r in write_log.replay()]
-    assert [r.WhichOneof("entry") for r in records] == []
-    write_log.close()
+            update(server, 0, [4, 5], np.ones((2, 3)), rank=1)
+        first[0].join(10)
+        for n in range(step_clocks.MAX_JOBS):  # newer jobs push it out
+            server.steps.clocks.job(clock(0, world=1, job=f"other-{n}"))
+        assert "job-a" not in server.steps.clocks.applied_by_job()
+        with pytest.raises(ClockTooLargeError):
+            update(server, 0, [4], np.ones((1, 3)), rank=1, wait_ms=2_000)  # small: refused
+        assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
+    finally:
+        write_log.close()
