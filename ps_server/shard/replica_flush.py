@@ -14,6 +14,7 @@ straggling Update cannot count one again.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 
@@ -22,8 +23,11 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     ReplicaReleasedError,
     TooManyJobsError,
+    TooManyWaitingError,
 )
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.step_clocks import MAX_WAIT_MS, sound_job_name
+from ember.ps_server.shard.waits import WaitSlots, wait_until
 
 # Replica jobs per shard. Each one that has reported holds a shard worker thread until the
 # pause, so this stays well below the shard's workers (32 by default).
@@ -36,7 +40,8 @@ MAX_RELEASED = 4096  # released job names remembered (oldest forgotten first)
 class ReplicaFlushes:
     """The replica jobs of one shard and the flushes checkpoints ask of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: WaitSlots | None = None) -> None:
+        self._slots = slots if slots is not None else WaitSlots()
         self._cond = threading.Condition()
         # Per replica job, the clock it reported for each flush id not settled yet.
         self._jobs: dict[str, collections.OrderedDict[str, int]] = {}
@@ -87,49 +92,56 @@ class ReplicaFlushes:
                 return ""
             return next((f for f in self._asking if f not in reports), "")
 
-    def request(self, flush_id: str, wait_ms: int) -> dict[str, int]:
-        """Wait until every replica job (those known now and those that appear meanwhile)
-        has reported a write-back for ``flush_id``; returns each job's clock.
+    def request(self, flush_id: str, wait_ms: int, call: CallWatch | None = None) -> dict[str, int]:
+        """Wait, in one of the shard's wait slots, until every replica job (those known now
+        and those that appear meanwhile) has reported a write-back for ``flush_id``, for as
+        long as ``call``'s caller is there; returns each job's clock.
 
         Raises:
             InvalidArgumentError: a bad id or wait, or an id already asked for.
             ClockTimeoutError: ``wait_ms`` passed first; names the jobs that did not report.
+            TooManyWaitingError: no wait slot is free (nothing asked).
+            CallEndedError: the caller went away first (the jobs are no longer asked).
         """
         _check_id(flush_id)
         deadline = _deadline(wait_ms)
+        what = f"the replica write-backs of flush {flush_id!r}"
+
+        def behind() -> list[str]:
+            return sorted(j for j, reports in self._jobs.items() if flush_id not in reports)
+
         with self._cond:
             if flush_id in self._asking or flush_id in self._outcomes:
                 raise InvalidArgumentError(f"flush id {flush_id!r} was used before")
-            self._asking.append(flush_id)
-            try:
-                while True:
-                    behind = sorted(
-                        j for j, reports in self._jobs.items() if flush_id not in reports
-                    )
-                    if not behind:
-                        return {job: reports[flush_id] for job, reports in self._jobs.items()}
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+            with self._slots.holding(what) if behind() else contextlib.nullcontext():
+                self._asking.append(flush_id)
+                try:
+                    if not wait_until(self._cond, lambda: not behind(), deadline, what, call):
                         raise ClockTimeoutError(
-                            f"job(s) {', '.join(behind)} did not report writing their hot-row "
-                            f"replicas back within {wait_ms} ms: a trainer died or is stuck, or "
-                            "this shard had no worker thread free (each reported job holds one "
-                            "until the pause); for a job whose trainer died: ember checkpoint "
-                            "--release-job JOB"
+                            f"job(s) {', '.join(behind())} did not report writing their "
+                            f"hot-row replicas back within {wait_ms} ms: a trainer died or is "
+                            "stuck, or this shard had no worker thread free (each reported "
+                            "job holds one until the pause); for a job whose trainer died: "
+                            "ember checkpoint --release-job JOB"
                         )
-                    self._cond.wait(remaining)
-            finally:
-                self._asking.remove(flush_id)
+                finally:
+                    self._asking.remove(flush_id)
+            return {job: reports[flush_id] for job, reports in self._jobs.items()}
 
-    def flushed(self, job: str, flush_id: str, clock: int, wait_ms: int) -> bool:
+    def flushed(
+        self, job: str, flush_id: str, clock: int, wait_ms: int, call: CallWatch | None = None
+    ) -> bool:
         """``job`` wrote its replicas back after ``clock`` for ``flush_id`` (if any). For a
-        flush id the call then waits until that checkpoint paused writes (True) or gave up,
-        or ``wait_ms`` passed (False), so the job takes no step before the pause.
+        flush id the call then waits, in one of the shard's wait slots, until that
+        checkpoint paused writes (True) or gave up, or ``wait_ms`` passed or no slot was
+        free (False), so the job takes no step before the pause; it stops waiting when
+        ``call``'s caller goes.
 
         Raises:
             InvalidArgumentError: a bad job name, id, clock or wait (nothing recorded).
             ReplicaReleasedError: ``job`` released its replicas before.
             TooManyJobsError: a job this shard does not count, beyond MAX_REPLICA_JOBS.
+            CallEndedError: the caller went away first (the report is recorded).
         """
         check_job_name(job)
         if flush_id:
@@ -148,11 +160,21 @@ class ReplicaFlushes:
                 while len(reports) > REPORTS_PER_JOB:
                     reports.popitem(last=False)
                 self._cond.notify_all()
-            while flush_id not in self._outcomes:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+
+            def settled() -> bool:
+                return flush_id in self._outcomes
+
+            if not settled():
+                what = f"the pause of flush {flush_id!r}"
+                try:
+                    self._slots.take(what)
+                except TooManyWaitingError:  # the job goes on; its checkpoint then refuses
                     return False
-                self._cond.wait(remaining)
+                try:
+                    if not wait_until(self._cond, settled, deadline, what, call):
+                        return False
+                finally:
+                    self._slots.give()
             return self._outcomes[flush_id]
 
     def unflushed(self, flush_id: str, applied: dict[str, list[int]]) -> list[str]:

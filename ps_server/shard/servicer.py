@@ -258,7 +258,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def FlushReplicas(
         self, request: pb.FlushReplicasRequest, context: grpc.ServicerContext
     ) -> pb.FlushReplicasResponse:
-        flushed = self.server.steps.replicas.request(request.flush_id, request.wait_ms)
+        flushed = self.server.steps.replicas.request(
+            request.flush_id, request.wait_ms, _watch(context)
+        )
         return pb.FlushReplicasResponse(
             jobs=[pb.FlushedJob(job=job, clock=clock) for job, clock in flushed.items()]
         )
@@ -271,7 +273,7 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
             self.server.steps.release_replica(request.job)
             return pb.ReplicasFlushedResponse(paused=False)
         paused = self.server.steps.replicas.flushed(
-            request.job, request.flush_id, request.clock, request.wait_ms
+            request.job, request.flush_id, request.clock, request.wait_ms, _watch(context)
         )
         return pb.ReplicasFlushedResponse(paused=paused)
 

@@ -11,20 +11,16 @@ the job waits for. Jobs are kept for the most recent :data:`MAX_JOBS`.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from ember.ps_server.errors import (
-    CallEndedError,
-    ClockTimeoutError,
-    InvalidArgumentError,
-    TooManyWaitingError,
-)
+from ember.ps_server.errors import ClockTimeoutError, InvalidArgumentError
 from ember.ps_server.shard.call_watch import CallWatch
+from ember.ps_server.shard.waits import WaitSlots, wait_until
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.step_codec import StepClockView
 
@@ -38,45 +34,6 @@ MAX_JOB_CHARS = 128
 REMEMBERED_CLOCKS = 8  # clocks whose changed rows are kept for refreshes
 MODES = {pb.EXACT: "exact", pb.ASYNC: "async"}
 RANKS_NAMED = 10  # ranks a timeout names: its message must fit gRPC's trailing metadata
-
-
-class WaitSlots:
-    """How many requests may wait on clocks at once, over every job of a shard (None: no
-    limit). Each waiting request holds a worker thread; the others stay free for calls that
-    never wait (other ranks' updates, health, checkpoints), so waits cannot starve them."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        if limit is not None and limit < 1:
-            raise ValueError(f"the wait limit must be >= 1, got {limit}")
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._taken = 0
-
-    def take(self, what: str) -> None:
-        """Take a slot for a request about to wait for ``what``.
-
-        Raises:
-            TooManyWaitingError: every slot is taken (the request does not wait).
-        """
-        with self._lock:
-            if self.limit is not None and self._taken >= self.limit:
-                raise TooManyWaitingError(
-                    f"not waiting for {what}: {self._taken} requests already wait for clocks "
-                    f"on this shard, its limit ({self.limit}: --workers less an eighth, as "
-                    "each waiting request holds a worker thread). A rank may be far behind; "
-                    "else give shards more --workers than ranks x (staleness + 2) x 8/7"
-                )
-            self._taken += 1
-
-    @property
-    def taken(self) -> int:
-        """Slots taken now."""
-        return self._taken
-
-    def give(self) -> None:
-        """Return a slot :meth:`take` gave."""
-        with self._lock:
-            self._taken -= 1
 
 
 @dataclasses.dataclass
@@ -139,27 +96,14 @@ class Job:
         """
         if ready():
             return
-        if take_slot:
-            self.slots.take(what)
-        self.waiters += 1
-        self.cond.notify_all()  # for await_waiters
-        if call is not None:
-            call.watch(self.cond)
-        try:
-            while not ready():
-                if call is not None and call.ended:
-                    raise CallEndedError(f"the caller waiting for {what} went away")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.cond.wait(remaining):
-                    if ready():
-                        return
+        with self.slots.holding(what) if take_slot else contextlib.nullcontext():
+            self.waiters += 1
+            self.cond.notify_all()  # for await_waiters
+            try:
+                if not wait_until(self.cond, ready, deadline, what, call):
                     raise ClockTimeoutError(self._timeout_message(what, needed))
-        finally:
-            if call is not None:
-                call.unwatch(self.cond)
-            self.waiters -= 1
-            if take_slot:
-                self.slots.give()
+            finally:
+                self.waiters -= 1
 
     def _timeout_message(self, what: str, needed: int) -> str:
         """Why a wait for ``what`` (clock ``needed``) gave up: the first ranks behind, and

@@ -62,7 +62,7 @@ class StepService:
     def __init__(self, server: ParameterServer, max_waiting: int | None = None) -> None:
         self._server = server
         self.clocks = StepClocks(max_waiting)
-        self.replicas = ReplicaFlushes()
+        self.replicas = ReplicaFlushes(self.clocks.slots)
         self.max_logged_clock_bytes = MAX_LOGGED_CLOCK_BYTES
 
     def lookup(

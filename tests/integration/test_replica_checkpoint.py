@@ -13,7 +13,9 @@ import time
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.client.shard_rpc import ShardCall
 from ember.ps_server.client.step_client import StepClient, StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.durability.checkpoint_coordinator import take_checkpoint
@@ -21,7 +23,7 @@ from ember.ps_server.durability.recovery import recover
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.wire.messages import encode_ids
+from ember.ps_server.wire.messages import encode_ids, pb
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.config import TrainConfig
 from ember.trainer.train import synthetic_data, table_specs
@@ -168,6 +170,31 @@ def test_a_replica_job_that_never_flushes_fails_the_checkpoint_until_released(tm
         directory = client.checkpoint(root, flush_wait_s=0.5, release=["job-silent"])
         assert (directory / "manifest.json").exists() and cut_step(directory) == 1
         assert client.checkpoint(root, flush_wait_s=0.5)  # released for good
+
+
+def test_a_checkpoint_whose_coordinator_went_away_stops_asking_replica_jobs(tmp_path):
+    """A shard watches FlushReplicas' caller: once it is gone (here its deadline passed,
+    long before the flush's own 60 s wait), replica jobs are no longer asked to write back."""
+    with (
+        LocalCluster(1, extra_args=["--checkpoint-root", str(tmp_path)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        steps = _replica_job(client, "job-asked")
+        request = pb.FlushReplicasRequest(flush_id="flush-gone", wait_ms=60_000)
+        with (
+            PSClient(cluster.endpoints, ClientConfig(timeout_s=0.5)) as coordinator,
+            pytest.raises(PSClientError) as gone,
+        ):
+            coordinator.shard_rpc.run([ShardCall(0, "FlushReplicas", request)])
+        assert gone.value.code == Status.DEADLINE_EXCEEDED
+        started, clock = time.monotonic(), 1
+        while time.monotonic() - started < 20:
+            steps.update({"emb": (torch.arange(4), torch.ones(4, 4))}, clock=clock)
+            clock += 1
+            if not steps.flush_request:
+                return
+        raise AssertionError(f"the shard still asks for {steps.flush_request!r}")
 
 
 def test_a_job_that_releases_its_replicas_is_not_waited_for(tmp_path):

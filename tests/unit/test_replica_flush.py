@@ -5,12 +5,16 @@ import time
 
 import pytest
 from ember.ps_server.errors import (
+    CallEndedError,
     ClockTimeoutError,
     InvalidArgumentError,
     ReplicaReleasedError,
     TooManyJobsError,
+    TooManyWaitingError,
 )
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import MAX_REPLICA_JOBS, ReplicaFlushes
+from ember.ps_server.shard.waits import WaitSlots
 
 
 def spin_until(ready) -> None:
@@ -151,3 +155,49 @@ def test_a_released_job_cannot_hold_replicas_again_and_a_snapshot_keeps_that():
     with pytest.raises(ReplicaReleasedError):
         restored.holds_replica("done")
     restored.holds_replica("done", replaying=True)  # a logged Update from before the release
+
+
+def _raised(call) -> Exception | None:
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - handed to the test
+        return error
+    return None
+
+
+def test_a_checkpoint_or_report_whose_caller_went_away_stops_waiting_and_frees_its_slot():
+    slots = WaitSlots(4)
+    flushes = ReplicaFlushes(slots)
+    flushes.holds_replica("a")
+    asking, report = CallWatch(), CallWatch()
+    waiter, error = in_thread(lambda: _raised(lambda: flushes.request("f1", 600_000, asking)))
+    spin_until(lambda: flushes.asked("a") == "f1" and slots.taken == 1)
+    asking.end()  # the checkpoint's coordinator died
+    waiter.join(30)
+    assert isinstance(error[0], CallEndedError)
+    assert flushes.asked("a") == "" and slots.taken == 0  # the job is no longer asked
+    reporter, paused = in_thread(
+        lambda: _raised(lambda: flushes.flushed("a", "f2", 3, 600_000, report))
+    )
+    spin_until(lambda: slots.taken == 1)
+    report.end()  # the job's trainer died while its report was held
+    reporter.join(30)
+    assert isinstance(paused[0], CallEndedError) and slots.taken == 0
+
+
+def test_flush_waits_share_the_shards_wait_slots():
+    """Each held request holds a worker thread, so a flush waits in one of the shard's wait
+    slots: a checkpoint with none free is refused, and a report with none free is recorded
+    but not held (the job goes on, and the checkpoint then refuses its clocks)."""
+    slots = WaitSlots(1)
+    flushes = ReplicaFlushes(slots)
+    flushes.holds_replica("a")
+    slots.take("a clock")  # every slot is taken
+    with pytest.raises(TooManyWaitingError):
+        flushes.request("f1", 600_000)
+    assert flushes.asked("a") == ""
+    reporter, paused = in_thread(lambda: flushes.flushed("a", "f2", 3, 600_000))
+    reporter.join(30)
+    assert paused == [False] and slots.taken == 1
+    assert flushes.unflushed("f2", {"a": [3]}) == []  # the report was recorded
+    slots.give()
