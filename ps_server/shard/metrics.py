@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from ember.ps_server.errors import EmberError, status_for
@@ -26,6 +26,10 @@ from ember.ps_server.wire.messages import SERVICE_NAME, pb
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard.call_watch import CallWatch
+    from ember.ps_server.shard.ucx_listener import FrameHandler
 
 log = logging.getLogger(__name__)
 
@@ -91,19 +95,17 @@ class ShardMetrics:
         """Counts every gRPC call (put it first: calls refused later are counted too)."""
         return _CallInterceptor(self)
 
-    def frame_handlers(
-        self, handlers: Mapping[Op, Callable[[FrameHeader, memoryview], bytes]]
-    ) -> dict[Op, Callable[[FrameHeader, memoryview], bytes]]:
+    def frame_handlers(self, handlers: Mapping[Op, FrameHandler]) -> dict[Op, FrameHandler]:
         """``handlers`` of the UCX listener, each counting its calls."""
         return {op: self._timed_frame(op, handler) for op, handler in handlers.items()}
 
-    def _timed_frame(self, op: Op, handler: Callable[[FrameHeader, memoryview], bytes]):
+    def _timed_frame(self, op: Op, handler: FrameHandler) -> FrameHandler:
         method = op.name.title()
 
-        def timed(header: FrameHeader, message: memoryview) -> bytes:
+        def timed(header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
             start, code = time.perf_counter(), "OK"
             try:
-                return handler(header, message)
+                return handler(header, message, call)
             except EmberError as error:
                 code = status_for(error).name
                 raise

@@ -6,7 +6,7 @@ call means the same on either: ordering, clocks, deduplication and errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.server import ParameterServer
@@ -21,6 +21,9 @@ from ember.ps_server.wire.step_codec import (
     encode_lookup_response,
     encode_update_response,
 )
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard.ucx_listener import FrameHandler
 
 
 class StepHandlers:
@@ -63,20 +66,21 @@ class StepHandlers:
         flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
         return encode_update_response(duplicate, refreshed, watermark, flush, trailer)
 
-    def frame_handlers(self) -> dict[Op, Callable[[FrameHeader, memoryview], bytes]]:
-        """The handlers of the UCX listener: a frame's header and message to the reply's."""
+    def frame_handlers(self) -> dict[Op, FrameHandler]:
+        """The handlers of the UCX listener: a frame's header and message, and a watch of
+        its connection, to the reply's message."""
         return {Op.LOOKUP: self._lookup_frame, Op.UPDATE: self._update_frame}
 
-    def _lookup_frame(self, header: FrameHeader, message: memoryview) -> bytes:
+    def _lookup_frame(self, header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
         request = decode_lookup_request(message)
         _check_frame(header, len(request.tables), request.clock, request.tables)
-        return self.lookup(request, END_MARK)
+        return self.lookup(request, END_MARK, call)
 
-    def _update_frame(self, header: FrameHeader, message: memoryview) -> bytes:
+    def _update_frame(self, header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
         request = decode_update_request(message)
         rows = [*request.tables, *request.refresh]
         _check_frame(header, len(request.tables), request.clock, rows)
-        return self.update(request, END_MARK)
+        return self.update(request, END_MARK, call)
 
 
 def _check_frame(

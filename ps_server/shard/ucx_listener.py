@@ -38,6 +38,7 @@ from ember.ps_server.errors import (
     status_for,
 )
 from ember.ps_server.security.credentials import token_matches
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.ucx import (
     UcxUnavailableError,
     close_endpoint,
@@ -57,7 +58,8 @@ from ember.ps_server.wire.frames import (
 
 log = logging.getLogger(__name__)
 
-FrameHandler = Callable[[FrameHeader, memoryview], bytes]
+# A frame's header and message, and its connection's caller, to the reply's message.
+FrameHandler = Callable[[FrameHeader, memoryview, CallWatch], bytes]
 TRANSFER_DEADLINE_S = 60.0
 # How long a new connection to a listener that requires the token has to present it.
 HELLO_DEADLINE_S = 5.0
@@ -69,9 +71,9 @@ class UcxListener:
     """Serves frames on a UCX listener until closed.
 
     Args:
-        handlers: for each op, a function of the request's header and message that
-            returns the reply's message followed by the end mark (raising EmberError to
-            refuse the request).
+        handlers: for each op, a function of the request's header and message, and a
+            watch of its connection (ended when the peer goes), that returns the reply's
+            message followed by the end mark (raising EmberError to refuse the request).
         max_message_bytes: the largest payload accepted.
         workers: frames held and handlers run at once.
         port: the port to listen on (0: a free one).
@@ -136,15 +138,18 @@ class UcxListener:
             return
         task = asyncio.current_task()
         self._serving.add(task)
+        caller = CallWatch()  # ended when the peer goes: its requests stop waiting for clocks
+        endpoint.set_close_callback(caller.end)
         try:
             if self._token is None or await self._authenticate(endpoint):
-                while await self._serve_one(endpoint):
+                while await self._serve_one(endpoint, caller):
                     pass
         except (TimeoutError, *self._errors):
             pass  # the peer went away, or did not present the token in time
         except FrameError as error:
             log.warning("closing a UCX endpoint after an unreadable frame: %s", error)
         finally:
+            caller.end()  # a handler still running (the listener closed) has nobody to answer
             self._serving.discard(task)
             await close_endpoint(endpoint, self._errors)
 
@@ -193,7 +198,7 @@ class UcxListener:
         log.warning("refusing a UCX connection: %s", reason)
         await self._reply_error(endpoint, header, UnauthenticatedError(reason))
 
-    async def _serve_one(self, endpoint: Any) -> bool:
+    async def _serve_one(self, endpoint: Any, caller: CallWatch) -> bool:
         """Answer one frame; whether the endpoint goes on (FrameError: it can no longer be
         trusted)."""
         raw = np.zeros(HEADER_BYTES, dtype=np.uint8)
@@ -216,7 +221,7 @@ class UcxListener:
         self._idle.clear()
         try:
             async with self._slots:
-                await self._answer(endpoint, header)
+                await self._answer(endpoint, header, caller)
         finally:
             self._busy -= 1
             if not self._busy:
@@ -238,7 +243,7 @@ class UcxListener:
         else:
             await _send(endpoint, header, Status.OK, END_MARK)
 
-    async def _answer(self, endpoint: Any, header: FrameHeader) -> None:
+    async def _answer(self, endpoint: Any, header: FrameHeader, caller: CallWatch) -> None:
         payload = np.empty(header.payload_bytes, dtype=np.uint8)
         payload[-len(END_MARK) :] = 0
         try:
@@ -254,7 +259,7 @@ class UcxListener:
             raise
         try:
             handler = self._handlers[header.op]
-            reply = await self._loop.loop.run_in_executor(self._pool, handler, header, body)
+            reply = await self._loop.loop.run_in_executor(self._pool, handler, header, body, caller)
         except EmberError as error:
             await self._reply_error(endpoint, header, error)
             return

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from ember.ps_server.errors import Status
+from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.ucx_listener import UcxListener
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op
 
@@ -18,7 +19,7 @@ def test_a_closing_listener_finishes_the_frame_in_hand_and_refuses_new_ones():
     require_ucx()
     handling, release = threading.Event(), threading.Event()
 
-    def parked_or_echo(header: FrameHeader, message: memoryview) -> bytes:
+    def parked_or_echo(header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
         if bytes(message) == b"first":
             handling.set()
             release.wait(GRACE_S)  # as a lookup parked for another rank's clock
