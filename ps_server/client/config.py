@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from ember.ps_server.client.transport import TRANSPORTS, check_transport
 from ember.ps_server.security.credentials import TOKEN_ENV
+from ember.ps_server.wire.keepalive import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S, check_keepalive
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
@@ -29,6 +30,11 @@ class ClientConfig:
     max_backoff_s: float = setting(2.0, "longest wait between retries")
     max_message_bytes: int = setting(
         DEFAULT_MAX_MESSAGE_BYTES, "largest request or reply; bigger batches are split"
+    )
+    keepalive_s: float = setting(
+        DEFAULT_KEEPALIVE_S,
+        f"gRPC: ping a shard this often while calls are in flight, and drop the connection "
+        f"(calls fail UNAVAILABLE) when a ping goes unanswered as long (>= {MIN_KEEPALIVE_S})",
     )
     transport: str = setting(
         "grpc",
@@ -59,6 +65,7 @@ class ClientConfig:
             raise ValueError("need 0 <= initial_backoff_s <= max_backoff_s")
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
+        check_keepalive(self.keepalive_s)
         check_transport(self.transport)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together: give both or neither")

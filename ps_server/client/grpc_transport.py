@@ -11,6 +11,7 @@ from ember.ps_server.client.transport import ShardCall, TransportError
 from ember.ps_server.errors import Status
 from ember.ps_server.security.channels import open_channel
 from ember.ps_server.security.credentials import load_token
+from ember.ps_server.wire.keepalive import keepalive_options
 from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import decode_pull_reply
 from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
@@ -73,7 +74,9 @@ class GrpcTransport:
     trailer = b""
 
     def __init__(self, endpoints: Sequence[str], config: ClientConfig) -> None:
-        options = message_size_options(config.max_message_bytes)
+        options = message_size_options(config.max_message_bytes) + keepalive_options(
+            config.keepalive_s, server=False
+        )
         token = load_token(config.token_file)
         self._channels = [
             open_channel(e, options, config.tls_ca, config.tls_cert, config.tls_key, token)

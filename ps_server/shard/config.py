@@ -8,6 +8,7 @@ from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.stores import check_store_url
+from ember.ps_server.wire.keepalive import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S, check_keepalive
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
@@ -29,6 +30,12 @@ class ShardConfig:
     )
     max_message_bytes: int = setting(
         DEFAULT_MAX_MESSAGE_BYTES, f"largest request or reply (default {DEFAULT_MAX_MESSAGE_BYTES})"
+    )
+    keepalive_s: float = setting(
+        DEFAULT_KEEPALIVE_S,
+        "ping a gRPC client this often while it has calls in flight, and drop the connection "
+        "(its waits end, its buffered update is withdrawn) when a ping goes unanswered as "
+        f"long (>= {MIN_KEEPALIVE_S})",
     )
     dedup_window: int = setting(65536, "recent push request ids remembered per table")
     torch_threads: int = setting(
@@ -139,6 +146,7 @@ class ShardConfig:
             raise ValueError(f"ucx_port must be in 0..65535, got {self.ucx_port}")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_keepalive(self.keepalive_s)
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
         if self.dedup_window < 1:

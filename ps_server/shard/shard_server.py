@@ -26,6 +26,7 @@ from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.servicer import ParameterServerServicer, method_handlers
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.ucx_listener import UcxListener
+from ember.ps_server.wire.keepalive import keepalive_options
 from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options
 from ember.ps_server.wire.stats import DataPlaneAddress
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -154,7 +155,8 @@ class ShardServer:
         )
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
-            options=message_size_options(config.max_message_bytes),
+            options=message_size_options(config.max_message_bytes)
+            + keepalive_options(config.keepalive_s, server=True),
             interceptors=interceptors,
         )
         grpc_server.add_generic_rpc_handlers(

@@ -1,7 +1,6 @@
 """The step data plane against real shards: clocked lookups and exact updates of 2 ranks."""
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.ucx import ucx_missing
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
+from tests.support.held_updates import wait_until_held, wait_until_withdrawn
 from tests.support.reference import ReferenceRow
 
 ADAM = OptimizerSpec(OptimizerKind.ADAM, lr=0.05)
@@ -196,25 +196,12 @@ def test_a_shard_gone_mid_call_is_unavailable_on_every_transport(table_name, tra
 
         sender = threading.Thread(target=update)
         sender.start()
-        _wait_until_held(one.endpoints, table_name, ids)
+        wait_until_held(one.endpoints, table_name, table_name, ids)
         one.kill_shard(0)
         sender.join(30)
     (failure,) = failures
     assert failure.code == Status.UNAVAILABLE, failure
     assert "gave up after 2 attempts" in failure.details
-
-
-def _wait_until_held(endpoints, job: str, ids) -> None:
-    """Until the shard holds rank 0's clock 0 (exact mode waits for rank 1): a lookup of
-    clock 0 by rank 1 then names only rank 1 as missing."""
-    with PSClient(endpoints) as client:
-        probe = StepClient(client, StepJob(job, world=2, rank=1, wait_s=0.2))
-        for _ in range(200):
-            with pytest.raises(PSClientError) as waited:
-                probe.lookup({spec(job).name: ids}, clock=0)
-            if "rank(s) 1 have not delivered clock 0" in waited.value.details:
-                return
-    raise AssertionError(f"the shard never held rank 0's update: {waited.value.details}")
 
 
 def test_a_restarted_shard_is_found_again_on_every_transport(table_name, transport):
@@ -251,7 +238,7 @@ def _close_while_an_update_is_held(cluster, table_name: str, transport: str) -> 
 
     sender = threading.Thread(target=update)
     sender.start()
-    _wait_until_held(cluster.endpoints, table_name, torch.arange(4))
+    wait_until_held(cluster.endpoints, table_name, table_name, torch.arange(4))
     client.close()
     sender.join(10)
     assert not sender.is_alive(), "the call outlived its client"
@@ -266,23 +253,15 @@ def test_closing_the_client_cancels_a_call_in_flight_on_every_transport(
 
 
 def test_a_client_gone_mid_wait_frees_the_shard_at_once_and_withdraws_its_update(
-    cluster, table_name
+    cluster, table_name, transport
 ):
-    """Over gRPC the shard watches the call: when the client goes, its update that waited
-    for rank 1 stops waiting (freeing a wait slot and a worker thread) and is withdrawn, as
-    after a timeout, rather than held for its 60 s wait. (UCX waits end at their deadline.)"""
+    """The shard watches the caller (gRPC: the call; UCX: the connection): when the client
+    goes, its update that waited for rank 1 stops waiting (freeing a wait slot and a worker
+    thread) and is withdrawn, as after a timeout, rather than held for its 60 s wait."""
     t = spec(table_name)
-    failures = _close_while_an_update_is_held(cluster, table_name, "grpc")
+    failures = _close_while_an_update_is_held(cluster, table_name, transport)
     assert [failure.code for failure in failures] == [Status.CANCELLED], failures
-    started = time.monotonic()
-    with PSClient(cluster.endpoints) as other:
-        probe = StepClient(other, StepJob(table_name, world=2, rank=1, wait_s=0.2))
-        while time.monotonic() - started < 20:
-            with pytest.raises(PSClientError) as waited:
-                probe.lookup({t.name: torch.arange(4)}, clock=0)
-            if "rank(s) 0, 1 have not delivered clock 0" in waited.value.details:
-                return
-    raise AssertionError(f"rank 0's update stayed held: {waited.value.details}")
+    wait_until_withdrawn(cluster.endpoints, table_name, t.name, torch.arange(4), within_s=20)
 
 
 def test_a_step_message_over_the_limit_is_resource_exhausted_on_every_transport(

@@ -20,7 +20,7 @@ def test_train_argv_round_trips_every_config_field():
         metrics_port=9500, metrics_host="0.0.0.0",
         client=ClientConfig(
             timeout_s=3.5, max_attempts=2, initial_backoff_s=0.5, max_backoff_s=4.0,
-            max_message_bytes=1 << 20, transport="auto", tls_ca="/pki/ca.pem",
+            max_message_bytes=1 << 20, keepalive_s=5.0, transport="auto", tls_ca="/pki/ca.pem",
             tls_cert="/pki/client.pem", tls_key="/pki/client.key", token_file="/pki/token",
         ),
     )  # fmt: skip
