@@ -135,8 +135,9 @@ class TooManyJobsError(EmberError):
 
 
 class TooManyWaitingError(EmberError):
-    """As many requests wait for clocks on the shard as it lets wait: each holds a worker
-    thread, and the rest are kept for calls that never wait."""
+    """As many requests wait on the shard (for clocks, or held write-back reports) as it
+    lets wait, or as many checkpoints ask for write-backs as it lets ask: each holds a
+    worker thread, and the rest are kept for calls that never wait."""
 
 
 class UnauthenticatedError(EmberError):

@@ -7,7 +7,12 @@ from typing import ClassVar
 
 from ember.ps_server.client.transport import TRANSPORTS, check_transport
 from ember.ps_server.security.credentials import TOKEN_ENV
-from ember.ps_server.wire.keepalive import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S, check_keepalive
+from ember.ps_server.wire.keepalive import (
+    DEFAULT_KEEPALIVE_S,
+    MAX_KEEPALIVE_S,
+    MIN_KEEPALIVE_S,
+    check_keepalive,
+)
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
@@ -33,8 +38,9 @@ class ClientConfig:
     )
     keepalive_s: float = setting(
         DEFAULT_KEEPALIVE_S,
-        f"gRPC: ping a shard this often while calls are in flight, and drop the connection "
-        f"(calls fail UNAVAILABLE) when a ping goes unanswered as long (>= {MIN_KEEPALIVE_S})",
+        "gRPC: ping a shard this often while calls are in flight, and drop the connection "
+        "(calls fail UNAVAILABLE) when a ping goes unanswered as long (at least 5 s); "
+        f"{MIN_KEEPALIVE_S}..{MAX_KEEPALIVE_S:.0f}",
     )
     transport: str = setting(
         "grpc",

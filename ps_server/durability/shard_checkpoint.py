@@ -141,18 +141,28 @@ class ShardCheckpoints:
         return files, [table.spec for table in tables]
 
     def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
-        """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause."""
-        clocks = self._server.steps.clocks
+        """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause;
+        a clock of it this shard refuses (too large to log), before or during the wait, ends
+        the wait and the pause at once."""
+        clocks, gate = self._server.steps.clocks, self._server.gate
         reached = clocks.cut_reached(cut)
         if reached():
             return
+
+        def refused() -> bool:
+            return bool(clocks.refusals(cut))
+
+        admitted = refused() or gate.admit_until(
+            checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
+        )
         refusals = clocks.refusals(cut)
-        if refusals:  # waiting for the lease would not help
+        if refusals:  # waiting longer would not help
+            gate.resume(checkpoint_id)
             raise CheckpointStateError(
                 f"checkpoint {checkpoint_id!r} refused: this shard can never reach the clock "
                 f"cut, which another shard has applied: {'; '.join(refusals)}"
             )
-        if not self._server.gate.admit_until(checkpoint_id, clocks.cut_admits(cut), reached):
+        if not admitted:
             applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
             raise CheckpointStateError(
                 f"checkpoint {checkpoint_id!r} refused: writes were not held for it until this "

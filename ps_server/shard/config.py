@@ -8,7 +8,12 @@ from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.security.credentials import TOKEN_ENV
 from ember.ps_server.stores import check_store_url
-from ember.ps_server.wire.keepalive import DEFAULT_KEEPALIVE_S, MIN_KEEPALIVE_S, check_keepalive
+from ember.ps_server.wire.keepalive import (
+    DEFAULT_KEEPALIVE_S,
+    MAX_KEEPALIVE_S,
+    MIN_KEEPALIVE_S,
+    check_keepalive,
+)
 from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
@@ -35,7 +40,7 @@ class ShardConfig:
         DEFAULT_KEEPALIVE_S,
         "ping a gRPC client this often while it has calls in flight, and drop the connection "
         "(its waits end, its buffered update is withdrawn) when a ping goes unanswered as "
-        f"long (>= {MIN_KEEPALIVE_S})",
+        f"long (at least 5 s); {MIN_KEEPALIVE_S}..{MAX_KEEPALIVE_S:.0f}",
     )
     dedup_window: int = setting(65536, "recent push request ids remembered per table")
     torch_threads: int = setting(
@@ -170,9 +175,9 @@ class ShardConfig:
 
     @property
     def max_waiting(self) -> int:
-        """Step requests that may wait for clocks at once, over gRPC and UCX together: each
-        holds a worker thread, and an eighth of the threads (at least one, unless there is
-        only one) stay free for calls that never wait."""
+        """Requests that may wait at once (for clocks, or held write-back reports), over gRPC
+        and UCX together: each holds a worker thread, and an eighth of the threads (at least
+        one, unless there is only one) stay free for calls that never wait."""
         return max(1, self.workers - max(1, self.workers // 8))
 
     @property

@@ -14,7 +14,6 @@ straggling Update cannot count one again.
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
 
@@ -29,9 +28,12 @@ from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.step_clocks import MAX_WAIT_MS, sound_job_name
 from ember.ps_server.shard.waits import WaitSlots, wait_until
 
-# Replica jobs per shard. Each one that has reported holds a shard worker thread until the
-# pause, so this stays well below the shard's workers (32 by default).
+# Replica jobs per shard. Each one that has reported holds a shard worker thread, in one of
+# its wait slots, until the pause, so this stays well below the shard's workers (32 by default).
 MAX_REPLICA_JOBS = 16
+# Checkpoints asking for write-backs at once (each holds a worker thread, not a wait slot: the
+# reports it waits for need those).
+MAX_ASKING = 4
 REMEMBERED_FLUSHES = 64  # flush ids whose outcome (paused or not) held reports may ask
 REPORTS_PER_JOB = 8  # reports kept per job for flushes not settled yet
 MAX_RELEASED = 4096  # released job names remembered (oldest forgotten first)
@@ -84,6 +86,11 @@ class ReplicaFlushes:
                 self._released.popitem(last=False)
             self._cond.notify_all()
 
+    def asking(self) -> list[str]:
+        """The flush ids checkpoints wait for now, oldest first."""
+        with self._cond:
+            return list(self._asking)
+
     def asked(self, job: str) -> str:
         """The oldest flush id waiting for ``job``'s write-back ("" when none)."""
         with self._cond:
@@ -93,14 +100,14 @@ class ReplicaFlushes:
             return next((f for f in self._asking if f not in reports), "")
 
     def request(self, flush_id: str, wait_ms: int, call: CallWatch | None = None) -> dict[str, int]:
-        """Wait, in one of the shard's wait slots, until every replica job (those known now
-        and those that appear meanwhile) has reported a write-back for ``flush_id``, for as
-        long as ``call``'s caller is there; returns each job's clock.
+        """Wait until every replica job (those known now and those that appear meanwhile)
+        has reported a write-back for ``flush_id``, for as long as ``call``'s caller is
+        there; returns each job's clock.
 
         Raises:
             InvalidArgumentError: a bad id or wait, or an id already asked for.
             ClockTimeoutError: ``wait_ms`` passed first; names the jobs that did not report.
-            TooManyWaitingError: no wait slot is free (nothing asked).
+            TooManyWaitingError: MAX_ASKING checkpoints ask already (nothing asked).
             CallEndedError: the caller went away first (the jobs are no longer asked).
         """
         _check_id(flush_id)
@@ -113,19 +120,21 @@ class ReplicaFlushes:
         with self._cond:
             if flush_id in self._asking or flush_id in self._outcomes:
                 raise InvalidArgumentError(f"flush id {flush_id!r} was used before")
-            with self._slots.holding(what) if behind() else contextlib.nullcontext():
-                self._asking.append(flush_id)
-                try:
-                    if not wait_until(self._cond, lambda: not behind(), deadline, what, call):
-                        raise ClockTimeoutError(
-                            f"job(s) {', '.join(behind())} did not report writing their "
-                            f"hot-row replicas back within {wait_ms} ms: a trainer died or is "
-                            "stuck, or this shard had no worker thread free (each reported "
-                            "job holds one until the pause); for a job whose trainer died: "
-                            "ember checkpoint --release-job JOB"
-                        )
-                finally:
-                    self._asking.remove(flush_id)
+            if len(self._asking) >= MAX_ASKING:
+                raise TooManyWaitingError(
+                    f"not waiting for {what}: {MAX_ASKING} checkpoints already wait for "
+                    "replica write-backs on this shard"
+                )
+            self._asking.append(flush_id)
+            try:
+                if not wait_until(self._cond, lambda: not behind(), deadline, what, call):
+                    raise ClockTimeoutError(
+                        f"job(s) {', '.join(behind())} did not report writing their hot-row "
+                        f"replicas back within {wait_ms} ms: a trainer died or is stuck; for "
+                        "a job whose trainer died: ember checkpoint --release-job JOB"
+                    )
+            finally:
+                self._asking.remove(flush_id)
             return {job: reports[flush_id] for job, reports in self._jobs.items()}
 
     def flushed(

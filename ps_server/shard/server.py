@@ -79,8 +79,8 @@ class ParameterServer:
             rows while serving, go on from initial rows instead of stopping.
         checkpoint_root: the only directory checkpoint files may be written
             under ('' refuses every checkpoint request).
-        max_waiting: step requests that may wait for clocks at once (None: no limit;
-            a shard process sets it from its worker threads).
+        max_waiting: requests that may wait at once, for clocks or held write-back
+            reports (None: no limit; a shard process sets it from its worker threads).
 
     Attributes:
         fault: trips when the shard can no longer vouch for its data; from then

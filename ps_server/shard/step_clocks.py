@@ -14,7 +14,7 @@ import collections
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ class Job:
     cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
     slots: WaitSlots = dataclasses.field(kw_only=True)  # the shard's, shared by its jobs
     waiters: int = 0
+    users: int = 0  # requests using the job now (guarded by StepClocks' lock, not the job's)
     # Exact-mode requests (a rank's update and its retries) under way for each buffered
     # (clock, rank) entry, and the newest of them, which owns the entry: a retry means
     # the client gave up on the earlier attempts, which leave; only the owner withdraws.
@@ -176,7 +177,8 @@ class StepClocks:
     """The jobs of one shard, by name.
 
     Args:
-        max_waiting: requests that may wait on clocks at once (None: no limit).
+        max_waiting: requests that may wait at once, on clocks and other waits that share
+            the slots (None: no limit).
     """
 
     def __init__(self, max_waiting: int | None = None) -> None:
@@ -187,8 +189,9 @@ class StepClocks:
         self._retired: collections.OrderedDict[str, Retired] = collections.OrderedDict()
         self._retired_ranks = 0
 
-    def job(self, clock: StepClockView) -> Job:
-        """The job ``clock`` names, created on first use.
+    def job(self, clock: StepClockView, use: bool = False) -> Job:
+        """The job ``clock`` names, created on first use (``use``: counted as in use; see
+        :meth:`using`).
 
         Raises:
             InvalidArgumentError: a bad job name, world, rank, mode or wait, or one that
@@ -208,8 +211,21 @@ class StepClocks:
                 self._jobs[clock.job] = job
                 self._forget_idle()
             self._jobs.move_to_end(clock.job)
-        _check_same_job(clock, job.world, job.mode)
+            _check_same_job(clock, job.world, job.mode)
+            job.users += use
         return job
+
+    @contextlib.contextmanager
+    def using(self, clock: StepClockView) -> Iterator[Job]:
+        """The job ``clock`` names (see :meth:`job`), never forgotten as idle while the block
+        runs (a request between looking its job up and taking its condition holds none of
+        the job's state that marks it busy)."""
+        job = self.job(clock, use=True)
+        try:
+            yield job
+        finally:
+            with self._lock:
+                job.users -= 1
 
     def applied_by_job(self) -> dict[str, list[int]]:
         """Each live job's highest applied clock per rank (-1: none yet)."""
@@ -306,7 +322,7 @@ class StepClocks:
         """Drop the least recently used idle jobs beyond MAX_JOBS (caller holds the lock)."""
         for name in list(self._jobs)[: max(0, len(self._jobs) - MAX_JOBS)]:
             job = self._jobs[name]
-            if not job.pending and not job.waiters and not job.applying:
+            if not job.pending and not job.waiters and not job.applying and not job.users:
                 del self._jobs[name]
                 if max(job.applied) >= 0 or job.refused:  # else it is like an unseen one
                     self._retired[name] = Retired(

@@ -56,8 +56,8 @@ TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 
 
 class StepService:
-    """Lookup and Update on the tables of ``server``; at most ``max_waiting`` of them wait for
-    clocks at once (None: no limit)."""
+    """Lookup and Update on the tables of ``server``; at most ``max_waiting`` requests wait for
+    clocks or held write-back reports at once (None: no limit)."""
 
     def __init__(self, server: ParameterServer, max_waiting: int | None = None) -> None:
         self._server = server
@@ -83,8 +83,9 @@ class StepService:
             needed = request.clock.clock
             if needed < -1:
                 raise InvalidArgumentError(f"a lookup's clock must be >= -1, got {needed}")
-            job = self.clocks.job(request.clock)
-            with job.cond:
+            with self.clocks.using(request.clock) as job, job.cond:
+                if job.refusal(needed) is not None:
+                    raise ClockTooLargeError(job.refusal(needed))
                 if needed > job.watermark + MAX_CLOCKS_AHEAD:  # no update may be that far ahead
                     raise InvalidArgumentError(
                         f"a lookup of clock {needed} is more than {MAX_CLOCKS_AHEAD} clocks past "
@@ -125,37 +126,37 @@ class StepService:
         updates = self._checked_updates(request.tables)
         refresh = self._checked_reads(request.refresh, "refresh")
         self._server.checks.replies_fit([(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh])
-        job = self.clocks.job(clock)
-        rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
-        if request.replica:
-            self.replicas.holds_replica(job.name)
-        with job.cond:
-            if step <= job.applied[rank]:
-                return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
-            if job.refusal(step) is not None:
-                raise ClockTooLargeError(job.refusal(step))
-            if step > job.watermark + MAX_CLOCKS_AHEAD:
-                raise InvalidArgumentError(
-                    f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
-                    f"job {job.name!r}'s watermark {job.watermark}"
-                )
-            if job.mode == pb.EXACT:
-                self._buffer_and_await(job, clock, updates, deadline, call)
-            else:
-                job.wait(
-                    lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
-                    deadline, f"clock {step - 1} of rank {rank}", step - 1, call,
-                )  # fmt: skip
-                if step <= job.applied[rank]:  # a retry of this update won the race
+        with self.clocks.using(clock) as job:
+            rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
+            if request.replica:
+                self.replicas.holds_replica(job.name)
+            with job.cond:
+                if step <= job.applied[rank]:
                     return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
-                job.applying.add(rank)
-                try:
-                    self._write(job, clock, updates, log=True)
-                finally:
-                    job.applying.discard(rank)
-                    job.cond.notify_all()
-            self._server.fault.check()  # the clock's log record may have failed to sync
-            return False, refreshed_rows(job.changed.get(step), refresh), job.watermark
+                if job.refusal(step) is not None:
+                    raise ClockTooLargeError(job.refusal(step))
+                if step > job.watermark + MAX_CLOCKS_AHEAD:
+                    raise InvalidArgumentError(
+                        f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
+                        f"job {job.name!r}'s watermark {job.watermark}"
+                    )
+                if job.mode == pb.EXACT:
+                    self._buffer_and_await(job, clock, updates, deadline, call)
+                else:
+                    job.wait(
+                        lambda: job.applied[rank] >= step - 1 and rank not in job.applying,
+                        deadline, f"clock {step - 1} of rank {rank}", step - 1, call,
+                    )  # fmt: skip
+                    if step <= job.applied[rank]:  # a retry of this update won the race
+                        return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
+                    job.applying.add(rank)
+                    try:
+                        self._write(job, clock, updates, log=True)
+                    finally:
+                        job.applying.discard(rank)
+                        job.cond.notify_all()
+                self._server.fault.check()  # the clock's log record may have failed to sync
+                return False, refreshed_rows(job.changed.get(step), refresh), job.watermark
 
     def clocks_at_pause(self, flush_id: str) -> dict[str, dict]:
         """The jobs' clocks (see :meth:`StepClocks.snapshot`) as a checkpoint with
@@ -200,8 +201,7 @@ class StepService:
         if record.replica:
             self.replicas.holds_replica(c.job, replaying=True)
         clock = StepClockView(c.job, c.world, c.rank, c.clock, c.mode, c.wait_ms)
-        job = self.clocks.job(clock)
-        with job.cond:
+        with self.clocks.using(clock) as job, job.cond:
             if (
                 job.mode == pb.EXACT
                 and clock.clock > job.watermark
@@ -232,6 +232,7 @@ class StepService:
             except ClockTooLargeError as error:  # its waiters are told; nothing applied
                 job.refused = (step, str(error))
                 job.pending.clear()  # no clock from it on can ever apply here
+                self._server.gate.recheck()  # a checkpoint waiting for this clock gives up
                 return
             finally:
                 job.applying.discard(EXACT_APPLIER)

@@ -40,7 +40,7 @@ class WaitSlots:
                     f"not waiting for {what}: {self._taken} requests already wait on this "
                     f"shard, its limit ({self.limit}: --workers less an eighth, as each "
                     "waiting request holds a worker thread). A rank may be far behind; else "
-                    "give shards more --workers than ranks x (staleness + 2) x 8/7"
+                    "give shards more --workers than (ranks x (staleness + 2) + replica jobs) x 8/7"
                 )
             self._taken += 1
 

@@ -82,8 +82,8 @@ class WriteGate:
         ones inside to finish. False (and the gate released, the id refused from then on)
         when the lease runs out first; False at once if the id does not hold the gate.
 
-        ``reached`` is checked whenever a writer leaves, so it must turn true inside a
-        write that ``admits`` lets through.
+        ``reached`` is checked whenever a writer leaves and at :meth:`recheck`, so it must
+        turn true inside a write that ``admits`` lets through, or before a recheck.
         """
         with self._cond:
             if self._holder != checkpoint_id:
@@ -105,6 +105,18 @@ class WriteGate:
             while self._writers:
                 self._cond.wait()
             return True
+
+    def recheck(self) -> None:
+        """Have a waiting :meth:`admit_until` check its ``reached`` now (something it
+        depends on changed outside a write)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def await_admitting(self, timeout_s: float) -> bool:
+        """Wait until a checkpoint waits in :meth:`admit_until` (tests, diagnostics); False on
+        timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._admits is not None, timeout_s)
 
     def await_held(self, count: int, timeout_s: float) -> bool:
         """Wait until at least ``count`` writers are held by a pause; False on timeout."""

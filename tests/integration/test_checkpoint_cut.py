@@ -94,9 +94,28 @@ def test_a_cut_the_shard_cannot_reach_refuses_within_the_lease(tmp_path):
     assert server.steps.clocks.snapshot()[JOB]["applied"] == [0, 0]
 
 
-def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path):
+def _refuse_clock_0(server: ParameterServer) -> None:
+    """Both ranks send clock 0, which is too large to log here: both are refused."""
+    errors = []
+
+    def rank_0() -> None:
+        try:
+            server.steps.update(decode_update_request(update_request(0, 0)))
+        except ClockTooLargeError as error:
+            errors.append(error)
+
+    (rank0,) = in_threads(rank_0)
+    with pytest.raises(ClockTooLargeError):
+        server.steps.update(decode_update_request(update_request(0, 1)))
+    rank0.join(30)
+    assert len(errors) == 1
+
+
+@pytest.mark.parametrize("refused", ["before the pause", "while the checkpoint waits"])
+def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path, refused):
     """A clock too large to log here, which another shard applied, splits the job: the
-    cut can never be reached, so the checkpoint fails at once instead of at its lease."""
+    cut can never be reached, so the checkpoint fails at once, and lets writes go, instead
+    of at its lease."""
     server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     server.create_table(SPEC)
     write_log = WriteLog(tmp_path / "wal", 0, 1, "always")
@@ -104,27 +123,28 @@ def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path)
     write_log.open()
     server.journal.log = write_log
     server.steps.max_logged_clock_bytes = 100  # under the clock's two ranks of rows
+    failures = []
+
+    def write() -> None:
+        try:
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        except CheckpointStateError as error:
+            failures.append(error)
+
     try:
-        errors = []
-
-        def rank_0() -> None:
-            try:
-                server.steps.update(decode_update_request(update_request(0, 0)))
-            except ClockTooLargeError as error:
-                errors.append(error)
-
-        (rank0,) = in_threads(rank_0)
-        with pytest.raises(ClockTooLargeError):
-            server.steps.update(decode_update_request(update_request(0, 1)))
-        rank0.join(30)
-        assert len(errors) == 1
+        if refused == "before the pause":
+            _refuse_clock_0(server)
         server.checkpoints.pause("c1", 300)
         started = time.monotonic()
-        with pytest.raises(CheckpointStateError, match="can never reach the clock cut.*job-cut"):
-            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        (writer,) = in_threads(write)
+        if refused == "while the checkpoint waits":
+            assert server.gate.await_admitting(30)
+            _refuse_clock_0(server)
+        writer.join(60)
         assert time.monotonic() - started < 60  # not the lease's 300 s
-        server.checkpoints.resume("c1")
-        server.checkpoints.pause("c2", 300)  # a cut before the refused clock still works
+        assert len(failures) == 1
+        assert "can never reach the clock cut" in str(failures[0]) and JOB in str(failures[0])
+        server.checkpoints.pause("c2", 300)  # c1 let go of the gate
         server.checkpoints.write("c2", str(tmp_path / "c2"), "", cut={JOB: [-1, -1]})
     finally:
         write_log.close()

@@ -13,7 +13,7 @@ from ember.ps_server.errors import (
     TooManyWaitingError,
 )
 from ember.ps_server.shard.call_watch import CallWatch
-from ember.ps_server.shard.replica_flush import MAX_REPLICA_JOBS, ReplicaFlushes
+from ember.ps_server.shard.replica_flush import MAX_ASKING, MAX_REPLICA_JOBS, ReplicaFlushes
 from ember.ps_server.shard.waits import WaitSlots
 
 
@@ -171,33 +171,55 @@ def test_a_checkpoint_or_report_whose_caller_went_away_stops_waiting_and_frees_i
     flushes.holds_replica("a")
     asking, report = CallWatch(), CallWatch()
     waiter, error = in_thread(lambda: _raised(lambda: flushes.request("f1", 600_000, asking)))
-    spin_until(lambda: flushes.asked("a") == "f1" and slots.taken == 1)
+    spin_until(lambda: flushes.asked("a") == "f1")
     asking.end()  # the checkpoint's coordinator died
     waiter.join(30)
     assert isinstance(error[0], CallEndedError)
-    assert flushes.asked("a") == "" and slots.taken == 0  # the job is no longer asked
+    assert flushes.asked("a") == ""  # the job is no longer asked
     reporter, paused = in_thread(
         lambda: _raised(lambda: flushes.flushed("a", "f2", 3, 600_000, report))
     )
-    spin_until(lambda: slots.taken == 1)
+    spin_until(lambda: slots.taken == 1)  # the report is held, in a wait slot
     report.end()  # the job's trainer died while its report was held
     reporter.join(30)
     assert isinstance(paused[0], CallEndedError) and slots.taken == 0
 
 
-def test_flush_waits_share_the_shards_wait_slots():
-    """Each held request holds a worker thread, so a flush waits in one of the shard's wait
-    slots: a checkpoint with none free is refused, and a report with none free is recorded
-    but not held (the job goes on, and the checkpoint then refuses its clocks)."""
+def test_a_held_report_takes_a_wait_slot_and_the_checkpoint_asking_for_it_none():
+    """Each held report holds a worker thread, so it waits in one of the shard's wait slots;
+    the checkpoint that asks does not, so a shard with one slot still completes a flush. A
+    report with no slot free is recorded but not held (the job goes on, and the checkpoint
+    then refuses its clocks)."""
     slots = WaitSlots(1)
     flushes = ReplicaFlushes(slots)
     flushes.holds_replica("a")
-    slots.take("a clock")  # every slot is taken
-    with pytest.raises(TooManyWaitingError):
-        flushes.request("f1", 600_000)
-    assert flushes.asked("a") == ""
-    reporter, paused = in_thread(lambda: flushes.flushed("a", "f2", 3, 600_000))
+    waiter, result = in_thread(lambda: flushes.request("f1", 600_000))
+    spin_until(lambda: flushes.asked("a") == "f1")
+    reporter, paused = in_thread(lambda: flushes.flushed("a", "f1", 3, 600_000))
+    waiter.join(30)
+    assert result == [{"a": 3}]
+    spin_until(lambda: slots.taken == 1)
+    flushes.settle("f1", paused=True)
     reporter.join(30)
-    assert paused == [False] and slots.taken == 1
-    assert flushes.unflushed("f2", {"a": [3]}) == []  # the report was recorded
+    assert paused == [True] and slots.taken == 0
+    slots.take("a clock")  # every slot is taken
+    assert flushes.flushed("a", "f2", 4, 600_000) is False  # at once: not held
+    assert flushes.unflushed("f2", {"a": [4]}) == []  # but recorded
     slots.give()
+
+
+def test_at_most_a_few_checkpoints_ask_for_write_backs_at_once():
+    flushes = ReplicaFlushes(WaitSlots(1))
+    flushes.holds_replica("a")
+    calls = [CallWatch() for _ in range(MAX_ASKING)]
+    waiters = [
+        in_thread(lambda n=n: _raised(lambda: flushes.request(f"f{n}", 600_000, calls[n])))
+        for n in range(MAX_ASKING)
+    ]
+    spin_until(lambda: len(flushes.asking()) == MAX_ASKING)
+    with pytest.raises(TooManyWaitingError, match=f"{MAX_ASKING} checkpoints already wait"):
+        flushes.request("one-more", 600_000)
+    for call in calls:
+        call.end()
+    for thread, _ in waiters:
+        thread.join(30)

@@ -207,6 +207,26 @@ def test_a_forgotten_job_comes_back_with_its_clocks_and_its_world():
     assert clocks.job(clock(0, world=2)).applied == [7, 7]
 
 
+def test_a_job_in_use_is_never_forgotten_as_idle():
+    """A request between looking its job up and taking its condition marks it busy in no
+    other way: were the job forgotten then, its clocks would go to a copy nobody sees."""
+    from ember.ps_server.shard import step_clocks
+
+    clocks = step_clocks.StepClocks()
+
+    def crowd_out(prefix: str) -> None:
+        for n in range(step_clocks.MAX_JOBS + 1):
+            clocks.job(clock(0, world=1, job=f"{prefix}-{n}"))
+
+    with clocks.using(clock(0)) as job:
+        crowd_out("during")
+        assert clocks.job(clock(0)) is job
+    with pytest.raises(InvalidArgumentError, match="runs 2 rank"), clocks.using(clock(0, world=3)):
+        pass  # refused without counting as a use
+    crowd_out("after")
+    assert "job-a" not in clocks.applied_by_job()  # idle now: forgotten
+
+
 def test_a_lookup_of_tables_with_other_dims_and_dtypes_answers_each_in_its_own():
     # Odd-sized float16 entries shift the entries after them: rows land where the reply says.
     server = shard()
