@@ -156,20 +156,22 @@ class ShardCheckpoints:
             checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
         )
         refusals = clocks.refusals(cut)
-        if refusals:  # waiting longer would not help
+        if not refusals and admitted and reached():
+            return
+        if admitted:  # this checkpoint still holds the gate: it writes nothing now
             gate.resume(checkpoint_id)
+        if refusals:  # waiting longer would not help
             raise CheckpointStateError(
                 f"checkpoint {checkpoint_id!r} refused: this shard can never reach the clock "
                 f"cut, which another shard has applied: {'; '.join(refusals)}"
             )
-        if not admitted:
-            applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
-            raise CheckpointStateError(
-                f"checkpoint {checkpoint_id!r} refused: writes were not held for it until this "
-                f"shard reached the clock cut {cut} (the pause lease ran out, or it was never "
-                f"paused); applied here: {applied}. A rank that has not delivered those clocks "
-                "has died or fallen behind"
-            )
+        applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
+        raise CheckpointStateError(
+            f"checkpoint {checkpoint_id!r} refused: writes were not held for it until this "
+            f"shard reached the clock cut {cut} (the pause lease ran out, or it was never "
+            f"paused); applied here: {applied}. A rank that has not delivered those clocks "
+            "has died or fallen behind"
+        )
 
     def commit(self, checkpoint_id: str) -> None:
         """The manifest of ``checkpoint_id`` is durable: it becomes the incremental base.

@@ -7,6 +7,7 @@ import dataclasses
 from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.security.credentials import TOKEN_ENV
+from ember.ps_server.shard.replica_flush import MAX_ASKING
 from ember.ps_server.stores import check_store_url
 from ember.ps_server.wire.keepalive import (
     DEFAULT_KEEPALIVE_S,
@@ -149,8 +150,11 @@ class ShardConfig:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not 0 <= self.ucx_port <= 65535:
             raise ValueError(f"ucx_port must be in 0..65535, got {self.ucx_port}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.workers < 3:
+            raise ValueError(
+                f"workers must be >= 3 (one for calls that never wait, one for a checkpoint "
+                f"asking for replica write-backs, one for a waiting request), got {self.workers}"
+            )
         check_keepalive(self.keepalive_s)
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be >= 65536, got {self.max_message_bytes}")
@@ -174,11 +178,19 @@ class ShardConfig:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
 
     @property
+    def max_asking(self) -> int:
+        """Checkpoints that may wait at once for replica write-backs: each holds a worker
+        thread outside the wait slots, which the reports it waits for need (an eighth of the
+        threads, 1 to MAX_ASKING)."""
+        return min(MAX_ASKING, max(1, self.workers // 8))
+
+    @property
     def max_waiting(self) -> int:
         """Requests that may wait at once (for clocks, or held write-back reports), over gRPC
-        and UCX together: each holds a worker thread, and an eighth of the threads (at least
-        one, unless there is only one) stay free for calls that never wait."""
-        return max(1, self.workers - max(1, self.workers // 8))
+        and UCX together: each holds a worker thread. An eighth of the threads (at least one)
+        stay free for calls that never wait, and :attr:`max_asking` for checkpoints asking
+        for write-backs."""
+        return self.workers - max(1, self.workers // 8) - self.max_asking
 
     @property
     def auto_checkpoints(self) -> bool:

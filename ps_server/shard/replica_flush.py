@@ -31,8 +31,8 @@ from ember.ps_server.shard.waits import WaitSlots, wait_until
 # Replica jobs per shard. Each one that has reported holds a shard worker thread, in one of
 # its wait slots, until the pause, so this stays well below the shard's workers (32 by default).
 MAX_REPLICA_JOBS = 16
-# Checkpoints asking for write-backs at once (each holds a worker thread, not a wait slot: the
-# reports it waits for need those).
+# Most checkpoints asking for write-backs at once (each holds a worker thread, not a wait slot:
+# the reports it waits for need those; a shard process allows fewer with fewer threads).
 MAX_ASKING = 4
 REMEMBERED_FLUSHES = 64  # flush ids whose outcome (paused or not) held reports may ask
 REPORTS_PER_JOB = 8  # reports kept per job for flushes not settled yet
@@ -42,8 +42,11 @@ MAX_RELEASED = 4096  # released job names remembered (oldest forgotten first)
 class ReplicaFlushes:
     """The replica jobs of one shard and the flushes checkpoints ask of them."""
 
-    def __init__(self, slots: WaitSlots | None = None) -> None:
+    def __init__(self, slots: WaitSlots | None = None, max_asking: int = MAX_ASKING) -> None:
+        if max_asking < 1:
+            raise ValueError(f"max_asking must be >= 1, got {max_asking}")
         self._slots = slots if slots is not None else WaitSlots()
+        self._max_asking = max_asking
         self._cond = threading.Condition()
         # Per replica job, the clock it reported for each flush id not settled yet.
         self._jobs: dict[str, collections.OrderedDict[str, int]] = {}
@@ -107,7 +110,7 @@ class ReplicaFlushes:
         Raises:
             InvalidArgumentError: a bad id or wait, or an id already asked for.
             ClockTimeoutError: ``wait_ms`` passed first; names the jobs that did not report.
-            TooManyWaitingError: MAX_ASKING checkpoints ask already (nothing asked).
+            TooManyWaitingError: ``max_asking`` checkpoints ask already (nothing asked).
             CallEndedError: the caller went away first (the jobs are no longer asked).
         """
         _check_id(flush_id)
@@ -120,9 +123,9 @@ class ReplicaFlushes:
         with self._cond:
             if flush_id in self._asking or flush_id in self._outcomes:
                 raise InvalidArgumentError(f"flush id {flush_id!r} was used before")
-            if len(self._asking) >= MAX_ASKING:
+            if len(self._asking) >= self._max_asking:
                 raise TooManyWaitingError(
-                    f"not waiting for {what}: {MAX_ASKING} checkpoints already wait for "
+                    f"not waiting for {what}: {self._max_asking} checkpoint(s) already wait for "
                     "replica write-backs on this shard"
                 )
             self._asking.append(flush_id)

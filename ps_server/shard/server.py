@@ -23,6 +23,7 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     TableExistsError,
 )
+from ember.ps_server.shard.replica_flush import MAX_ASKING
 from ember.ps_server.shard.request_checks import RequestChecks
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
@@ -81,6 +82,7 @@ class ParameterServer:
             under ('' refuses every checkpoint request).
         max_waiting: requests that may wait at once, for clocks or held write-back
             reports (None: no limit; a shard process sets it from its worker threads).
+        max_asking: checkpoints that may wait at once for replica write-backs.
 
     Attributes:
         fault: trips when the shard can no longer vouch for its data; from then
@@ -102,6 +104,7 @@ class ParameterServer:
         accept_empty_store: bool = False,
         checkpoint_root: str = "",
         max_waiting: int | None = None,
+        max_asking: int = MAX_ASKING,
     ) -> None:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
@@ -119,7 +122,7 @@ class ParameterServer:
         self.journal = WriteJournal()
         self.checkpoints = ShardCheckpoints(self, checkpoint_root)
         self.auto_checkpoints: AutoCheckpoints | None = None  # the shard process starts them
-        self.steps = StepService(self, max_waiting)
+        self.steps = StepService(self, max_waiting, max_asking)
 
     def create_table(self, spec: TableSpec) -> bool:
         """Create a table; returns False if an identical one exists.

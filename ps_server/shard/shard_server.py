@@ -95,6 +95,7 @@ class ShardServer:
             accept_empty_store=config.accept_empty_store,
             checkpoint_root=config.checkpoint_root,
             max_waiting=config.max_waiting,
+            max_asking=config.max_asking,
         )
         # Only a shard that serves metrics pays for counting calls. The endpoint is bound
         # before recovery, so that a taken port fails fast.

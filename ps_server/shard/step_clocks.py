@@ -210,8 +210,8 @@ class StepClocks:
                 job.refused = retired.refused if retired else None
                 self._jobs[clock.job] = job
                 self._forget_idle()
-            self._jobs.move_to_end(clock.job)
             _check_same_job(clock, job.world, job.mode)
+            self._jobs.move_to_end(clock.job)
             job.users += use
         return job
 
@@ -283,8 +283,9 @@ class StepClocks:
         with self._lock:  # ``refused`` is set once, in one assignment: read without the job's
             refused = [
                 (name, job.refused)
-                for name, job in [*self._jobs.items(), *self._retired.items()]
-                if name in cut and job.refused is not None
+                for name in cut
+                for job in (self._jobs.get(name), self._retired.get(name))
+                if job is not None and job.refused is not None
             ]
         return [
             f"job {name!r}: {why}"

@@ -38,9 +38,10 @@ class WaitSlots:
             if self.limit is not None and self._taken >= self.limit:
                 raise TooManyWaitingError(
                     f"not waiting for {what}: {self._taken} requests already wait on this "
-                    f"shard, its limit ({self.limit}: --workers less an eighth, as each "
-                    "waiting request holds a worker thread). A rank may be far behind; else "
-                    "give shards more --workers than (ranks x (staleness + 2) + replica jobs) x 8/7"
+                    f"shard, its limit ({self.limit}: about three quarters of --workers, as "
+                    "each waiting request holds a worker thread). A rank may be far behind; else "
+                    "give shards --workers of at least (ranks x (staleness + 2) + replica jobs) "
+                    "x 4/3"
                 )
             self._taken += 1
 

@@ -202,9 +202,11 @@ def test_a_checkpoint_whose_coordinator_went_away_stops_asking_replica_jobs(tmp_
                 failures.append(error)
 
         asking = threading.Thread(target=ask)
-        asking.start()
-        clock = _flush_request_becomes(steps, "flush-gone", 1)
-        coordinator.close()
+        try:
+            asking.start()
+            clock = _flush_request_becomes(steps, "flush-gone", 1)
+        finally:
+            coordinator.close()
         asking.join(30)
         assert [f.code for f in failures] == [Status.CANCELLED], failures
         _flush_request_becomes(steps, "", clock)

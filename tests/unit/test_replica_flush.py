@@ -208,18 +208,27 @@ def test_a_held_report_takes_a_wait_slot_and_the_checkpoint_asking_for_it_none()
     slots.give()
 
 
-def test_at_most_a_few_checkpoints_ask_for_write_backs_at_once():
-    flushes = ReplicaFlushes(WaitSlots(1))
+@pytest.mark.parametrize("max_asking", [1, MAX_ASKING])
+def test_at_most_a_few_checkpoints_ask_for_write_backs_at_once(max_asking):
+    flushes = ReplicaFlushes(WaitSlots(1), max_asking)
     flushes.holds_replica("a")
-    calls = [CallWatch() for _ in range(MAX_ASKING)]
+    calls = [CallWatch() for _ in range(max_asking)]
     waiters = [
         in_thread(lambda n=n: _raised(lambda: flushes.request(f"f{n}", 600_000, calls[n])))
-        for n in range(MAX_ASKING)
+        for n in range(max_asking)
     ]
-    spin_until(lambda: len(flushes.asking()) == MAX_ASKING)
-    with pytest.raises(TooManyWaitingError, match=f"{MAX_ASKING} checkpoints already wait"):
-        flushes.request("one-more", 600_000)
+    spin_until(lambda: len(flushes.asking()) == max_asking)
+    with pytest.raises(TooManyWaitingError, match=f"{max_asking} checkpoint.s. already wait"):
+        flushes.request("one-more", 50)  # refused, not timed out
+    assert len(flushes.asking()) == max_asking  # the refused one asked nothing
     for call in calls:
         call.end()
-    for thread, _ in waiters:
+    for thread, raised in waiters:
         thread.join(30)
+        assert isinstance(raised[0], CallEndedError)
+    assert flushes.asking() == []
+    reporter = in_thread(lambda: flushes.flushed("a", "fresh", 3, 600_000))
+    assert flushes.request("fresh", 600_000) == {"a": 3}  # room again
+    flushes.settle("fresh", paused=False)
+    reporter[0].join(30)
+    assert reporter[1] == [False]

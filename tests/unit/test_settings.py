@@ -170,6 +170,17 @@ def test_ucx_beside_tls_needs_the_network_to_be_declared_trusted():
     ShardConfig(ucx=True, ucx_unencrypted=True, **tls).check_ucx_trust()
 
 
-@pytest.mark.parametrize(("workers", "waiting"), [(32, 28), (8, 7), (2, 1), (1, 1)])
-def test_a_shard_keeps_an_eighth_of_its_workers_from_waiting_on_clocks(workers, waiting):
-    assert ShardConfig(workers=workers).max_waiting == waiting
+@pytest.mark.parametrize(
+    ("workers", "asking", "waiting"), [(64, 4, 52), (32, 4, 24), (16, 2, 12), (8, 1, 6), (3, 1, 1)]
+)
+def test_a_shard_keeps_workers_for_calls_that_never_wait_and_for_flush_requests(
+    workers, asking, waiting
+):
+    config = ShardConfig(workers=workers)
+    assert (config.max_asking, config.max_waiting) == (asking, waiting)
+    assert config.max_waiting + config.max_asking < workers  # one at least never waits
+
+
+def test_a_shard_needs_three_workers():
+    with pytest.raises(ValueError, match="workers must be >= 3"):
+        ShardConfig(workers=2).validate()

@@ -226,6 +226,7 @@ def test_a_clock_too_large_for_one_log_record_is_refused_to_every_rank_and_appli
             lambda: update(server, 1, ids, grads, rank=1),  # the next clock
             lambda: update(server, 2_000, ids, grads, rank=1),  # far ahead: refused all the same
             lambda: lookup(server, ids, step=0),
+            lambda: lookup(server, ids, step=2_000),  # far past the watermark: refused first
         ):
             with pytest.raises(ClockTooLargeError):
                 refused()
