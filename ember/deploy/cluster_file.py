@@ -183,7 +183,7 @@ def _flags(document: Mapping[str, Any], name: str, known: set[str]) -> dict[str,
 
 
 def _in_table(name: str, validate) -> None:
-    """Run ``validate``; a ValueError names the table: ``[shard] workers must be >= 3 ...``."""
+    """Run ``validate``; a ValueError names the table: ``[shard] workers must be >= 4 ...``."""
     try:
         validate()
     except ValueError as error:

@@ -152,25 +152,34 @@ class ShardCheckpoints:
         def refused() -> bool:
             return bool(clocks.refusals(cut))
 
-        admitted = refused() or gate.admit_until(
-            checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
-        )
+        try:
+            admitted = refused() or gate.admit_until(
+                checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
+            )
+        except InvalidArgumentError:  # a job of the cut came meanwhile, with another world
+            gate.resume(checkpoint_id)
+            raise
         refusals = clocks.refusals(cut)
         if not refusals and admitted and reached():
             return
         if admitted:  # this checkpoint still holds the gate: it writes nothing now
             gate.resume(checkpoint_id)
+        refused_here = f"checkpoint {checkpoint_id!r} refused: "
         if refusals:  # waiting longer would not help
             raise CheckpointStateError(
-                f"checkpoint {checkpoint_id!r} refused: this shard can never reach the clock "
-                f"cut, which another shard has applied: {'; '.join(refusals)}"
+                f"{refused_here}this shard can never reach the clock cut, which another shard "
+                f"has applied: {'; '.join(refusals)}"
             )
         applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
+        if admitted:
+            raise CheckpointStateError(
+                f"{refused_here}this shard refused a clock of the cut {cut} and has forgotten "
+                f"why (its job was forgotten as idle); applied here: {applied}"
+            )
         raise CheckpointStateError(
-            f"checkpoint {checkpoint_id!r} refused: writes were not held for it until this "
-            f"shard reached the clock cut {cut} (the pause lease ran out, or it was never "
-            f"paused); applied here: {applied}. A rank that has not delivered those clocks "
-            "has died or fallen behind"
+            f"{refused_here}writes were not held for it until this shard reached the clock cut "
+            f"{cut} (the pause lease ran out, or it was never paused); applied here: {applied}. "
+            "A rank that has not delivered those clocks has died or fallen behind"
         )
 
     def commit(self, checkpoint_id: str) -> None:

@@ -31,8 +31,9 @@ class ShardConfig:
     port: int = setting(0, "port; 0 picks a free one (reported in the ready file)")
     workers: int = setting(
         32,
-        "gRPC handler threads; a step request that waits for other ranks' clocks holds one "
-        "while it waits",
+        "handler threads (gRPC's, and UCX's as many); a step request that waits for other "
+        "ranks' clocks holds one while it waits, and a quarter (at least 3) never wait so: "
+        "at least 4",
     )
     max_message_bytes: int = setting(
         DEFAULT_MAX_MESSAGE_BYTES, f"largest request or reply (default {DEFAULT_MAX_MESSAGE_BYTES})"
@@ -150,10 +151,11 @@ class ShardConfig:
             raise ValueError(f"metrics_port must be in 0..65535, got {self.metrics_port}")
         if not 0 <= self.ucx_port <= 65535:
             raise ValueError(f"ucx_port must be in 0..65535, got {self.ucx_port}")
-        if self.workers < 3:
+        if self.workers < 4:
             raise ValueError(
-                f"workers must be >= 3 (one for calls that never wait, one for a checkpoint "
-                f"asking for replica write-backs, one for a waiting request), got {self.workers}"
+                "workers must be >= 4 (three never wait in a slot: for a checkpoint asking for "
+                "replica write-backs, one waiting for its clock cut, and other calls; one for "
+                f"a waiting request), got {self.workers}"
             )
         check_keepalive(self.keepalive_s)
         if self.max_message_bytes < 1 << 16:
@@ -180,17 +182,18 @@ class ShardConfig:
     @property
     def max_asking(self) -> int:
         """Checkpoints that may wait at once for replica write-backs: each holds a worker
-        thread outside the wait slots, which the reports it waits for need (an eighth of the
-        threads, 1 to MAX_ASKING)."""
-        return min(MAX_ASKING, max(1, self.workers // 8))
+        thread outside the wait slots, which the reports it waits for need (a sixteenth of
+        the threads, 1 to MAX_ASKING)."""
+        return min(MAX_ASKING, max(1, self.workers // 16))
 
     @property
     def max_waiting(self) -> int:
         """Requests that may wait at once (for clocks, or held write-back reports), over gRPC
-        and UCX together: each holds a worker thread. An eighth of the threads (at least one)
-        stay free for calls that never wait, and :attr:`max_asking` for checkpoints asking
-        for write-backs."""
-        return self.workers - max(1, self.workers // 8) - self.max_asking
+        and UCX together: each holds a worker thread. A quarter of the threads, at least 3,
+        never wait in a slot: :attr:`max_asking` of them for checkpoints asking for
+        write-backs, and at least two for everything else (one checkpoint at a time waits for
+        its clock cut in one; other ranks' updates, health checks and pauses need the rest)."""
+        return self.workers - max(3, self.workers // 4)
 
     @property
     def auto_checkpoints(self) -> bool:

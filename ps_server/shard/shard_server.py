@@ -37,6 +37,21 @@ from ember.metrics_endpoint import MetricsEndpoint
 log = logging.getLogger(__name__)
 
 
+def parameter_server_for(config: ShardConfig) -> ParameterServer:
+    """The shard logic ``config`` describes, its waits sized from its worker threads."""
+    return ParameterServer(
+        config.shard,
+        config.num_shards,
+        config.max_message_bytes,
+        config.dedup_window,
+        config.store,
+        accept_empty_store=config.accept_empty_store,
+        checkpoint_root=config.checkpoint_root,
+        max_waiting=config.max_waiting,
+        max_asking=config.max_asking,
+    )
+
+
 class ShardServer:
     """A started gRPC server for one shard, with health and reflection.
 
@@ -86,17 +101,7 @@ class ShardServer:
         torch.set_num_threads(config.torch_threads)
         retain_freed_buffers(config.max_message_bytes)
         native_ops_available()  # build or load the native ops before the first request waits on it
-        logic = ParameterServer(
-            config.shard,
-            config.num_shards,
-            config.max_message_bytes,
-            config.dedup_window,
-            config.store,
-            accept_empty_store=config.accept_empty_store,
-            checkpoint_root=config.checkpoint_root,
-            max_waiting=config.max_waiting,
-            max_asking=config.max_asking,
-        )
+        logic = parameter_server_for(config)
         # Only a shard that serves metrics pays for counting calls. The endpoint is bound
         # before recovery, so that a taken port fails fast.
         metrics = ShardMetrics(logic) if config.metrics_port is not None else None

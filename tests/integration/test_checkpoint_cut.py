@@ -15,7 +15,7 @@ from ember.ps_server.durability.checkpoint_coordinator import clock_cut, take_ch
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.durability.write_log import WriteLog
-from ember.ps_server.errors import CheckpointStateError, ClockTooLargeError
+from ember.ps_server.errors import CheckpointStateError, ClockTooLargeError, InvalidArgumentError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.initializers import initial_rows
@@ -148,6 +148,33 @@ def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path,
         server.checkpoints.write("c2", str(tmp_path / "c2"), "", cut={JOB: [-1, -1]})
     finally:
         write_log.close()
+
+
+def test_a_cut_whose_job_comes_with_another_world_fails_and_lets_go_of_the_gate(tmp_path):
+    """A job of the cut that this shard first sees during the wait, with another number of
+    ranks, fails the checkpoint at once, and the gate is let go, not held for the lease."""
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+    server.checkpoints.pause("c1", 300)
+    failures = []
+
+    def write() -> None:
+        try:
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        except InvalidArgumentError as error:
+            failures.append(error)
+
+    started = time.monotonic()
+    (writer,) = in_threads(write)
+    assert server.gate.await_admitting(30)
+    one_rank = StepClockView(JOB, 1, 0, 0, pb.EXACT, 30_000)  # the cut's rank 0, clock 0
+    request = encode_update_request([("emb", encode_ids(IDS), grads(0, 0))], one_rank)
+    server.steps.update(decode_update_request(request))  # admitted, applied
+    writer.join(60)
+    assert time.monotonic() - started < 60  # not the lease's 300 s
+    assert len(failures) == 1 and "it runs 1" in str(failures[0]), failures
+    server.checkpoints.pause("c2", 300)  # c1 let go of the gate
+    assert not (tmp_path / "c1").exists()
 
 
 def test_cut_is_the_highest_clock_any_shard_applied():

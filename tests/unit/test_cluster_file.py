@@ -41,7 +41,7 @@ def test_out_of_range_values_are_refused_naming_the_file(tmp_path):
     with pytest.raises(SettingsError, match=r"cluster.toml: trainer.ranks must be in 1..64"):
         load_cluster_file(path)
     path.write_text("shards = 2\n[shard]\nworkers = 0\n")
-    with pytest.raises(SettingsError, match=r"cluster.toml: \[shard\] workers must be >= 3"):
+    with pytest.raises(SettingsError, match=r"cluster.toml: \[shard\] workers must be >= 4"):
         load_cluster_file(path)
     path.write_text("shards = [")
     with pytest.raises(SettingsError, match=r"cluster.toml: "):

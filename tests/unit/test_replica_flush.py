@@ -13,7 +13,9 @@ from ember.ps_server.errors import (
     TooManyWaitingError,
 )
 from ember.ps_server.shard.call_watch import CallWatch
+from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.replica_flush import MAX_ASKING, MAX_REPLICA_JOBS, ReplicaFlushes
+from ember.ps_server.shard.shard_server import parameter_server_for
 from ember.ps_server.shard.waits import WaitSlots
 
 
@@ -217,18 +219,37 @@ def test_at_most_a_few_checkpoints_ask_for_write_backs_at_once(max_asking):
         in_thread(lambda n=n: _raised(lambda: flushes.request(f"f{n}", 600_000, calls[n])))
         for n in range(max_asking)
     ]
-    spin_until(lambda: len(flushes.asking()) == max_asking)
-    with pytest.raises(TooManyWaitingError, match=f"{max_asking} checkpoint.s. already wait"):
-        flushes.request("one-more", 50)  # refused, not timed out
-    assert len(flushes.asking()) == max_asking  # the refused one asked nothing
-    for call in calls:
-        call.end()
+    try:
+        spin_until(lambda: len(flushes.asking()) == max_asking)
+        with pytest.raises(TooManyWaitingError, match=f"{max_asking} checkpoint.s. already wait"):
+            flushes.request("one-more", 50)  # refused, not timed out
+        assert len(flushes.asking()) == max_asking  # the refused one asked nothing
+    finally:
+        for call in calls:
+            call.end()
     for thread, raised in waiters:
         thread.join(30)
         assert isinstance(raised[0], CallEndedError)
     assert flushes.asking() == []
     reporter = in_thread(lambda: flushes.flushed("a", "fresh", 3, 600_000))
-    assert flushes.request("fresh", 600_000) == {"a": 3}  # room again
+    assert flushes.request("fresh", 30_000) == {"a": 3}  # room again
     flushes.settle("fresh", paused=False)
     reporter[0].join(30)
     assert reporter[1] == [False]
+
+
+def test_a_shard_process_sizes_its_waits_from_its_workers():
+    server = parameter_server_for(ShardConfig(workers=8))
+    assert server.steps.clocks.slots.limit == 5
+    flushes = server.steps.replicas
+    flushes.holds_replica("a")
+    call = CallWatch()
+    asking = in_thread(lambda: _raised(lambda: flushes.request("f1", 600_000, call)))
+    try:
+        spin_until(lambda: flushes.asking() == ["f1"])
+        with pytest.raises(TooManyWaitingError, match="1 checkpoint.s. already wait"):
+            flushes.request("f2", 50)
+    finally:
+        call.end()
+    asking[0].join(30)
+    assert isinstance(asking[1][0], CallEndedError)

@@ -171,16 +171,26 @@ def test_ucx_beside_tls_needs_the_network_to_be_declared_trusted():
 
 
 @pytest.mark.parametrize(
-    ("workers", "asking", "waiting"), [(64, 4, 52), (32, 4, 24), (16, 2, 12), (8, 1, 6), (3, 1, 1)]
+    ("workers", "asking", "waiting"),
+    [(128, 4, 96), (64, 4, 48), (32, 2, 24), (16, 1, 12), (8, 1, 5), (4, 1, 1)],
 )
 def test_a_shard_keeps_workers_for_calls_that_never_wait_and_for_flush_requests(
     workers, asking, waiting
 ):
     config = ShardConfig(workers=workers)
     assert (config.max_asking, config.max_waiting) == (asking, waiting)
-    assert config.max_waiting + config.max_asking < workers  # one at least never waits
+    # Two at least for the rest: a checkpoint waiting for its cut, and the update it needs.
+    assert workers - config.max_waiting - config.max_asking >= 2
 
 
-def test_a_shard_needs_three_workers():
-    with pytest.raises(ValueError, match="workers must be >= 3"):
-        ShardConfig(workers=2).validate()
+def test_more_workers_never_give_fewer_wait_slots_and_the_readme_sizing_suffices():
+    waiting = [ShardConfig(workers=w).max_waiting for w in range(4, 257)]
+    assert waiting == sorted(waiting)
+    for needed in range(1, 100):  # the README: at least N x 4/3 and N + 3
+        workers = max(needed + 3, -(-needed * 4 // 3))
+        assert ShardConfig(workers=workers).max_waiting >= needed, needed
+
+
+def test_a_shard_needs_four_workers():
+    with pytest.raises(ValueError, match="workers must be >= 4"):
+        ShardConfig(workers=3).validate()
