@@ -111,6 +111,20 @@ def _refuse_clock_0(server: ParameterServer) -> None:
     assert len(errors) == 1
 
 
+def _write_c1_in_thread(server: ParameterServer, tmp_path) -> tuple[threading.Thread, list]:
+    """Checkpoint "c1" of the cut {JOB: [0, 0]} written in a thread; the list gets its error."""
+    failures: list[Exception] = []
+
+    def write() -> None:
+        try:
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        except (CheckpointStateError, InvalidArgumentError) as error:
+            failures.append(error)
+
+    (writer,) = in_threads(write)
+    return writer, failures
+
+
 @pytest.mark.parametrize("refused", ["before the pause", "while the checkpoint waits"])
 def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path, refused):
     """A clock too large to log here, which another shard applied, splits the job: the
@@ -123,20 +137,12 @@ def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path,
     write_log.open()
     server.journal.log = write_log
     server.steps.max_logged_clock_bytes = 100  # under the clock's two ranks of rows
-    failures = []
-
-    def write() -> None:
-        try:
-            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
-        except CheckpointStateError as error:
-            failures.append(error)
-
     try:
         if refused == "before the pause":
             _refuse_clock_0(server)
         server.checkpoints.pause("c1", 300)
         started = time.monotonic()
-        (writer,) = in_threads(write)
+        writer, failures = _write_c1_in_thread(server, tmp_path)
         if refused == "while the checkpoint waits":
             assert server.gate.await_admitting(30)
             _refuse_clock_0(server)
@@ -156,16 +162,8 @@ def test_a_cut_whose_job_comes_with_another_world_fails_and_lets_go_of_the_gate(
     server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     server.create_table(SPEC)
     server.checkpoints.pause("c1", 300)
-    failures = []
-
-    def write() -> None:
-        try:
-            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
-        except InvalidArgumentError as error:
-            failures.append(error)
-
     started = time.monotonic()
-    (writer,) = in_threads(write)
+    writer, failures = _write_c1_in_thread(server, tmp_path)
     assert server.gate.await_admitting(30)
     one_rank = StepClockView(JOB, 1, 0, 0, pb.EXACT, 30_000)  # the cut's rank 0, clock 0
     request = encode_update_request([("emb", encode_ids(IDS), grads(0, 0))], one_rank)
