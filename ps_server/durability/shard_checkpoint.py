@@ -62,6 +62,8 @@ class ShardCheckpoints:
         self._server = server
         self._root = Path(os.path.realpath(root)) if root else None
         self._lock = threading.Lock()  # one checkpoint's write or commit at a time
+        self._calls_lock = threading.Lock()
+        self._writing: set[str] = set()  # checkpoint ids whose write() runs now
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
@@ -97,24 +99,43 @@ class ShardCheckpoints:
         First the clocks of ``cut`` (per job, each rank's highest clock the checkpoint
         holds) that this shard has not applied pass the pause, and only those.
 
+        A call that fails writes nothing and resumes writes. A second call for the same
+        checkpoint while one runs (a client's retry) is refused and changes nothing: the
+        pause and the files stay the first call's.
+
         Raises:
             CheckpointStateError: writes are not paused for it, the cut was not reached
-                within the pause lease, or ``base_id`` is not this shard's last
-                committed checkpoint.
+                within the pause lease, ``base_id`` is not this shard's last committed
+                checkpoint, or another call writes this checkpoint now.
             InvalidArgumentError: ``directory`` is not an absolute path, or a bad cut.
             PermissionDeniedError: ``directory`` is outside the checkpoint root, or
                 there is no root.
         """
         _check_checkpoint_id(checkpoint_id)
-        target = self.checked_directory(directory)
-        self._server.fault.check()
-        self._reach_cut(checkpoint_id, check_cut(cut or {}))
-        self._server.gate.claim(checkpoint_id)
+        with self._calls_lock:
+            if checkpoint_id in self._writing:
+                raise CheckpointStateError(
+                    f"checkpoint {checkpoint_id!r} refused: an earlier call is writing it on "
+                    "this shard (a retry?); that call's answer counts"
+                )
+            self._writing.add(checkpoint_id)
         try:
-            with self._lock:
-                return self._write_files(checkpoint_id, target, base_id)
+            try:
+                target = self.checked_directory(directory)
+                self._server.fault.check()
+                self._reach_cut(checkpoint_id, check_cut(cut or {}))
+                self._server.gate.claim(checkpoint_id)
+            except BaseException:
+                self._server.gate.resume(checkpoint_id)  # nothing written: writes go on
+                raise
+            try:
+                with self._lock:
+                    return self._write_files(checkpoint_id, target, base_id)
+            finally:
+                self._server.gate.resume(checkpoint_id)
         finally:
-            self._server.gate.resume(checkpoint_id)
+            with self._calls_lock:
+                self._writing.discard(checkpoint_id)
 
     def _write_files(
         self, checkpoint_id: str, target: Path, base_id: str
@@ -143,7 +164,7 @@ class ShardCheckpoints:
     def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
         """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause;
         a clock of it this shard refuses (too large to log), before or during the wait, ends
-        the wait and the pause at once."""
+        the wait at once (the caller then resumes writes)."""
         clocks, gate = self._server.steps.clocks, self._server.gate
         reached = clocks.cut_reached(cut)
         if reached():
@@ -152,18 +173,12 @@ class ShardCheckpoints:
         def refused() -> bool:
             return bool(clocks.refusals(cut))
 
-        try:
-            admitted = refused() or gate.admit_until(
-                checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
-            )
-        except InvalidArgumentError:  # a job of the cut came meanwhile, with another world
-            gate.resume(checkpoint_id)
-            raise
+        admitted = refused() or gate.admit_until(
+            checkpoint_id, clocks.cut_admits(cut), lambda: reached() or refused()
+        )
         refusals = clocks.refusals(cut)
         if not refusals and admitted and reached():
             return
-        if admitted:  # this checkpoint still holds the gate: it writes nothing now
-            gate.resume(checkpoint_id)
         refused_here = f"checkpoint {checkpoint_id!r} refused: "
         if refusals:  # waiting longer would not help
             raise CheckpointStateError(
@@ -173,8 +188,9 @@ class ShardCheckpoints:
         applied = {job: clocks.snapshot().get(job, {}).get("applied") for job in cut}
         if admitted:
             raise CheckpointStateError(
-                f"{refused_here}this shard refused a clock of the cut {cut} and has forgotten "
-                f"why (its job was forgotten as idle); applied here: {applied}"
+                f"{refused_here}this shard refused a clock of the cut {cut} and no longer knows "
+                f"why (its job was pushed out of the idle jobs kept, or restored); applied "
+                f"here: {applied}"
             )
         raise CheckpointStateError(
             f"{refused_here}writes were not held for it until this shard reached the clock cut "

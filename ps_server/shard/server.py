@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ from ember.ps_server.wire.pull_push_codec import push_log_record
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.stats import TableStats
 from ember.ps_server.wire.table_spec import TableSpec
+
+if TYPE_CHECKING:
+    from ember.ps_server.shard.config import ShardConfig
 
 log = logging.getLogger(__name__)
 
@@ -348,3 +352,18 @@ class ParameterServer:
             tables = list(self._tables.values())
         for table in tables:
             table.flush()
+
+
+def parameter_server_for(config: ShardConfig) -> ParameterServer:
+    """The shard logic ``config`` describes, its waits sized from its worker threads."""
+    return ParameterServer(
+        config.shard,
+        config.num_shards,
+        config.max_message_bytes,
+        config.dedup_window,
+        config.store,
+        accept_empty_store=config.accept_empty_store,
+        checkpoint_root=config.checkpoint_root,
+        max_waiting=config.max_waiting,
+        max_asking=config.max_asking,
+    )

@@ -22,7 +22,7 @@ from ember.ps_server.security.server import TokenInterceptor, server_credentials
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.shard.metrics import ShardMetrics
-from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.server import ParameterServer, parameter_server_for
 from ember.ps_server.shard.servicer import ParameterServerServicer, method_handlers
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.ucx_listener import UcxListener
@@ -35,21 +35,6 @@ from grpc_reflection.v1alpha import reflection
 from ember.metrics_endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
-
-
-def parameter_server_for(config: ShardConfig) -> ParameterServer:
-    """The shard logic ``config`` describes, its waits sized from its worker threads."""
-    return ParameterServer(
-        config.shard,
-        config.num_shards,
-        config.max_message_bytes,
-        config.dedup_window,
-        config.store,
-        accept_empty_store=config.accept_empty_store,
-        checkpoint_root=config.checkpoint_root,
-        max_waiting=config.max_waiting,
-        max_asking=config.max_asking,
-    )
 
 
 class ShardServer:

@@ -38,7 +38,7 @@ class WaitSlots:
             if self.limit is not None and self._taken >= self.limit:
                 raise TooManyWaitingError(
                     f"not waiting for {what}: {self._taken} requests already wait on this "
-                    f"shard, its limit ({self.limit}: three quarters of --workers, as "
+                    f"shard, its limit ({self.limit}: --workers less a quarter, at least 3, as "
                     "each waiting request holds a worker thread). A rank may be far behind; else "
                     "give shards --workers of at least N x 4/3 and N + 3, N = ranks x "
                     "(staleness + 2) + replica jobs"

@@ -156,23 +156,62 @@ def test_a_cut_past_a_clock_this_shard_refused_fails_at_once_naming_it(tmp_path,
         write_log.close()
 
 
-def test_a_cut_whose_job_comes_with_another_world_fails_and_lets_go_of_the_gate(tmp_path):
-    """A job of the cut that this shard first sees during the wait, with another number of
-    ranks, fails the checkpoint at once, and the gate is let go, not held for the lease."""
+def _update_of_one_rank(server: ParameterServer) -> None:
+    """Clock 0 of JOB as a job of one rank (the cut's rank 0, clock 0: a pause admits it)."""
+    one_rank = StepClockView(JOB, 1, 0, 0, pb.EXACT, 30_000)
+    request = encode_update_request([("emb", encode_ids(IDS), grads(0, 0))], one_rank)
+    server.steps.update(decode_update_request(request))
+
+
+@pytest.mark.parametrize("known", ["before", "during the wait", "idle, forgotten"])
+def test_a_cut_whose_job_runs_another_world_fails_and_lets_go_of_the_gate(tmp_path, known):
+    """A job of the cut that this shard runs with another number of ranks (known before,
+    first seen during the wait, or kept as an idle job) fails the checkpoint at once, and
+    the gate is let go, not held for the lease."""
+    from ember.ps_server.shard import step_clocks
+
     server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     server.create_table(SPEC)
-    server.checkpoints.pause("c1", 300)
+    if known != "during the wait":
+        _update_of_one_rank(server)
+    if known == "idle, forgotten":
+        for n in range(step_clocks.MAX_JOBS):  # newer jobs push it out of the live ones
+            server.steps.clocks.job(StepClockView(f"other-{n}", 1, 0, 0, pb.EXACT, 30_000))
+        assert JOB not in server.steps.clocks.applied_by_job()
+    server.checkpoints.pause("c1", 30)
     started = time.monotonic()
     writer, failures = _write_c1_in_thread(server, tmp_path)
-    assert server.gate.await_admitting(30)
-    one_rank = StepClockView(JOB, 1, 0, 0, pb.EXACT, 30_000)  # the cut's rank 0, clock 0
-    request = encode_update_request([("emb", encode_ids(IDS), grads(0, 0))], one_rank)
-    server.steps.update(decode_update_request(request))  # admitted, applied
+    if known == "during the wait":
+        assert server.gate.await_admitting(30)
+        _update_of_one_rank(server)  # admitted, applied
     writer.join(60)
-    assert time.monotonic() - started < 60  # not the lease's 300 s
+    assert time.monotonic() - started < 20  # not the lease's 30 s
     assert len(failures) == 1 and "it runs 1" in str(failures[0]), failures
     server.checkpoints.pause("c2", 300)  # c1 let go of the gate
     assert not (tmp_path / "c1").exists()
+
+
+def test_a_second_call_writing_the_same_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    """A coordinator's retry of Checkpoint while its first call still waits for the cut is
+    refused at once; the first call keeps the pause and writes the checkpoint."""
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+    server.checkpoints.pause("c1", 10)  # a short lease: a retry that waits fails the test soon
+    writer, failures = _write_c1_in_thread(server, tmp_path)
+    try:
+        assert server.gate.await_admitting(30)
+        with pytest.raises(CheckpointStateError, match="an earlier call is writing it"):
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        with pytest.raises(CheckpointStateError, match="'c1' is in progress"):
+            server.checkpoints.pause("c2", 300)  # the refused call did not let go of the gate
+    finally:
+        send = [lambda r=r: server.steps.update(decode_update_request(update_request(0, r)))
+                for r in (0, 1)]  # fmt: skip
+        for thread in in_threads(*send):
+            thread.join(30)
+    writer.join(60)
+    assert failures == []
+    assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]
 
 
 def test_cut_is_the_highest_clock_any_shard_applied():

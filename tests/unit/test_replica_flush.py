@@ -15,7 +15,7 @@ from ember.ps_server.errors import (
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.replica_flush import MAX_ASKING, MAX_REPLICA_JOBS, ReplicaFlushes
-from ember.ps_server.shard.shard_server import parameter_server_for
+from ember.ps_server.shard.server import parameter_server_for
 from ember.ps_server.shard.waits import WaitSlots
 
 
@@ -231,7 +231,7 @@ def test_at_most_a_few_checkpoints_ask_for_write_backs_at_once(max_asking):
         thread.join(30)
         assert isinstance(raised[0], CallEndedError)
     assert flushes.asking() == []
-    reporter = in_thread(lambda: flushes.flushed("a", "fresh", 3, 600_000))
+    reporter = in_thread(lambda: flushes.flushed("a", "fresh", 3, 30_000))
     assert flushes.request("fresh", 30_000) == {"a": 3}  # room again
     flushes.settle("fresh", paused=False)
     reporter[0].join(30)

@@ -194,3 +194,4 @@ def test_more_workers_never_give_fewer_wait_slots_and_the_readme_sizing_suffices
 def test_a_shard_needs_four_workers():
     with pytest.raises(ValueError, match="workers must be >= 4"):
         ShardConfig(workers=3).validate()
+    ShardConfig(workers=4).validate()
