@@ -169,7 +169,9 @@ class AutoCheckpoints:
             try:
                 files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
             finally:
-                checkpoints.resume(gate_id)  # also when write refused before taking the pause
+                checkpoints.resume(
+                    gate_id
+                )  # write() resumes itself; this covers a refusal at its start
             Manifest(
                 id=target.name,
                 base=base.name if base else None,

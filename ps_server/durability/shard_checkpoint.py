@@ -15,6 +15,7 @@ deduplication windows come back only when N == M (request ids are per shard).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 MAX_PAUSE_LEASE_S = 300.0
 """The longest a checkpoint may hold a shard's writes before it writes its files."""
 MAX_CHECKPOINT_ID_CHARS = 128
+WRITES_REMEMBERED = 1024  # successful writes a retry of is refused (oldest forgotten first)
 
 Chain = list[tuple[Path, Manifest]]
 
@@ -64,6 +66,8 @@ class ShardCheckpoints:
         self._lock = threading.Lock()  # one checkpoint's write or commit at a time
         self._calls_lock = threading.Lock()
         self._writing: set[str] = set()  # checkpoint ids whose write() runs now
+        # (checkpoint id, directory) of the latest writes that succeeded, oldest first.
+        self._written: collections.OrderedDict[tuple[str, Path], None] = collections.OrderedDict()
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
@@ -99,9 +103,11 @@ class ShardCheckpoints:
         First the clocks of ``cut`` (per job, each rank's highest clock the checkpoint
         holds) that this shard has not applied pass the pause, and only those.
 
-        A call that fails writes nothing and resumes writes. A second call for the same
-        checkpoint while one runs (a client's retry) is refused and changes nothing: the
-        pause and the files stay the first call's.
+        A call that fails before it writes files writes none, and resumes writes; one
+        that fails while writing them may leave some, never committed (see :meth:`commit`).
+        A second call for the same checkpoint while one runs, or after (a client's retry),
+        is refused and changes nothing: the pause and the files stay the first call's, and
+        that checkpoint fails (the coordinator takes a new one).
 
         Raises:
             CheckpointStateError: writes are not paused for it, the cut was not reached
@@ -116,12 +122,19 @@ class ShardCheckpoints:
             if checkpoint_id in self._writing:
                 raise CheckpointStateError(
                     f"checkpoint {checkpoint_id!r} refused: an earlier call is writing it on "
-                    "this shard (a retry?); that call's answer counts"
+                    "this shard (a retry?); take a new checkpoint"
                 )
             self._writing.add(checkpoint_id)
         try:
             try:
                 target = self.checked_directory(directory)
+                with self._calls_lock:
+                    repeated = (checkpoint_id, target) in self._written
+                if repeated:
+                    raise CheckpointStateError(
+                        f"checkpoint {checkpoint_id!r} refused: an earlier call wrote it to "
+                        f"{target} on this shard (a retry?); take a new checkpoint"
+                    )
                 self._server.fault.check()
                 self._reach_cut(checkpoint_id, check_cut(cut or {}))
                 self._server.gate.claim(checkpoint_id)
@@ -130,9 +143,14 @@ class ShardCheckpoints:
                 raise
             try:
                 with self._lock:
-                    return self._write_files(checkpoint_id, target, base_id)
+                    written = self._write_files(checkpoint_id, target, base_id)
             finally:
-                self._server.gate.resume(checkpoint_id)
+                self._server.gate.end_claim(checkpoint_id)
+            with self._calls_lock:
+                self._written[(checkpoint_id, target)] = None
+                while len(self._written) > WRITES_REMEMBERED:
+                    self._written.popitem(last=False)
+            return written
         finally:
             with self._calls_lock:
                 self._writing.discard(checkpoint_id)

@@ -6,6 +6,8 @@ the same checkpoint id, or until the lease runs out (a coordinator that died
 mid-checkpoint cannot stall the shard for longer than that). While paused,
 :meth:`WriteGate.admit_until` lets the writes a checkpoint still needs through
 (tagged writes its predicate accepts, such as the clocks up to a clock cut).
+The checkpoint that writes its files :meth:`WriteGate.claim`s the gate: until
+it ends the claim, no lease, late pause or resume of its id lets writes in.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class WriteGate:
         self._deadline = 0.0
         self._expired: set[str] = set()
         self._admits: Callable[[Any], bool] | None = None  # writes let through a pause
+        self._claimed = False  # the holder writes its files (see claim)
 
     @contextlib.contextmanager
     def writing(
@@ -127,9 +130,11 @@ class WriteGate:
         """Hold new writes for ``checkpoint_id`` and wait for those in flight to finish.
 
         Raises:
-            CheckpointStateError: another checkpoint holds the gate.
+            CheckpointStateError: another checkpoint holds the gate, or this one writes its
+                files now (a late or repeated call).
         """
         with self._cond:
+            self._refuse_claimed(checkpoint_id)
             if self._holder is not None and self._holder != checkpoint_id:
                 if time.monotonic() < self._deadline:
                     raise CheckpointStateError(
@@ -149,11 +154,14 @@ class WriteGate:
         guards the wait for the coordinator between pause and write.
 
         Raises:
-            CheckpointStateError: ``checkpoint_id`` does not hold the gate within its lease.
+            CheckpointStateError: ``checkpoint_id`` does not hold the gate within its lease,
+                or claimed it already.
         """
         with self._cond:
+            self._refuse_claimed(checkpoint_id)
             if self._holder == checkpoint_id and time.monotonic() < self._deadline:
                 self._deadline = float("inf")
+                self._claimed = True
                 return
             if checkpoint_id in self._expired or self._holder == checkpoint_id:
                 reason = "its pause lease ran out and writes resumed"
@@ -162,11 +170,30 @@ class WriteGate:
             raise CheckpointStateError(f"checkpoint {checkpoint_id!r} refused: {reason}")
 
     def resume(self, checkpoint_id: str) -> None:
-        """Let writes in again, if ``checkpoint_id`` holds the gate (otherwise nothing to do)."""
+        """Let writes in again, if ``checkpoint_id`` holds the gate and has not claimed it
+        (otherwise nothing to do: a claim ends with :meth:`end_claim`)."""
         with self._cond:
-            if self._holder == checkpoint_id:
+            if self._holder == checkpoint_id and self._claimed:
+                log.info("resume of checkpoint %s ignored: it writes its files", checkpoint_id)
+            elif self._holder == checkpoint_id:
                 self._release()
+
+    def end_claim(self, checkpoint_id: str) -> None:
+        """End the claim of ``checkpoint_id`` (its files are written, or failed) and let
+        writes in again."""
+        with self._cond:
+            if self._holder == checkpoint_id and self._claimed:
+                self._release()
+
+    def _refuse_claimed(self, checkpoint_id: str) -> None:
+        """Refuse a pause or claim of an id that writes its files now."""
+        if self._holder == checkpoint_id and self._claimed:
+            raise CheckpointStateError(
+                f"checkpoint {checkpoint_id!r} refused: it writes its files here now (a late "
+                "or repeated call?)"
+            )
 
     def _release(self) -> None:
         self._holder = None
+        self._claimed = False
         self._cond.notify_all()

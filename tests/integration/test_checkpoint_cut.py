@@ -214,6 +214,63 @@ def test_a_second_call_writing_the_same_checkpoint_is_refused_and_changes_nothin
     assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]
 
 
+def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path, monkeypatch):
+    """While a checkpoint writes its files, a retried Checkpoint or PauseWrites is refused
+    and a ResumeWrites ignored: no write enters the files, which hold the cut exactly."""
+    from ember.ps_server.durability import shard_checkpoint
+
+    writing, proceed = threading.Event(), threading.Event()
+    write_files = shard_checkpoint.write_shard_files
+
+    def blocked(*args, **kwargs):
+        writing.set()
+        assert proceed.wait(30)
+        return write_files(*args, **kwargs)
+
+    monkeypatch.setattr(shard_checkpoint, "write_shard_files", blocked)
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+
+    def send(clock: int, rank: int):
+        return lambda: server.steps.update(decode_update_request(update_request(clock, rank)))
+
+    for thread in in_threads(send(0, 0), send(0, 1)):
+        thread.join(30)
+    server.checkpoints.pause("c1", 10)
+    written = []
+    (writer,) = in_threads(
+        lambda: written.append(server.checkpoints.write("c1", str(tmp_path / "c1"), ""))
+    )
+    later: list[threading.Thread] = []
+    try:
+        assert writing.wait(30)
+        with pytest.raises(CheckpointStateError, match="an earlier call is writing it"):
+            server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
+        with pytest.raises(CheckpointStateError, match="writes its files here now"):
+            server.checkpoints.pause("c1", 10)
+        server.checkpoints.resume("c1")  # ignored
+        later = in_threads(send(1, 0), send(1, 1))
+        assert server.gate.await_held(1, 30)  # clock 1 waits for the files
+    finally:
+        proceed.set()
+    writer.join(60)
+    for thread in later:
+        thread.join(30)
+    (files, specs) = written[0]
+    server.checkpoints.pause("c1", 10)  # a late PauseWrites, then a retry: refused
+    with pytest.raises(CheckpointStateError, match="an earlier call wrote it"):
+        server.checkpoints.write("c1", str(tmp_path / "c1"), "")
+    server.checkpoints.pause("c2", 10)  # the refused retry let go of the gate
+    Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
+    assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]
+    assert server.steps.clocks.snapshot()[JOB]["applied"] == [1, 1]  # clock 1 after the files
+    restored = ParameterServer(0, 1)
+    recover(restored, ShardConfig(restore=str(tmp_path / "c1")))
+    after_clock_0 = initial_rows(SPEC, IDS).numpy() - grads(0, 0) - grads(0, 1)
+    values = np.asarray(restored.pull("emb", encode_ids(IDS)).values).reshape(len(IDS), 4)
+    np.testing.assert_allclose(values, after_clock_0)  # no row of clock 1 in the files
+
+
 def test_cut_is_the_highest_clock_any_shard_applied():
     paused = [
         pb.PauseWritesResponse(jobs=[pb.JobClocks(job="a", applied=[3, 3])]),

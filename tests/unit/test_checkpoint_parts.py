@@ -55,6 +55,27 @@ def test_an_expired_lease_resumes_writes_and_refuses_that_checkpoint():
         gate.claim("never")
 
 
+def test_a_claimed_gate_ignores_late_pauses_and_resumes_until_its_claim_ends():
+    gate = WriteGate()
+    gate.pause("c1", lease_s=60)
+    gate.claim("c1")
+    with pytest.raises(CheckpointStateError, match="writes its files here now"):
+        gate.pause("c1", lease_s=0.05)  # a late PauseWrites would shorten the lease
+    gate.resume("c1")  # a late ResumeWrites: ignored
+    entered = threading.Event()
+
+    def writer() -> None:
+        with gate.writing():
+            entered.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert gate.await_held(1, 10) and not entered.is_set()
+    gate.end_claim("c1")
+    thread.join(10)
+    assert entered.is_set()
+
+
 def test_changed_ids_cover_everything_since_the_last_commit():
     changes = ChangedIds()
     changes.add(np.array([1, 2]))

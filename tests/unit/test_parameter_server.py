@@ -272,8 +272,7 @@ def test_checkpoints_are_written_only_under_the_checkpoint_root(tmp_path):
     ):
         server.checkpoints.pause(f"c{number}", 10)
         with pytest.raises(refusal):
-            server.checkpoints.write(f"c{number}", str(directory), "")
-        server.checkpoints.resume(f"c{number}")
+            server.checkpoints.write(f"c{number}", str(directory), "")  # and resumes writes
     assert list(outside.iterdir()) == []
     server.checkpoints.pause("ok", 10)
     files, _ = server.checkpoints.write("ok", str(root / "ckpt-000001"), "")
