@@ -169,9 +169,8 @@ class AutoCheckpoints:
             try:
                 files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
             finally:
-                checkpoints.resume(
-                    gate_id
-                )  # write() resumes itself; this covers a refusal at its start
+                # write() resumes writes itself; this covers a refusal at its start.
+                checkpoints.resume(gate_id)
             Manifest(
                 id=target.name,
                 base=base.name if base else None,

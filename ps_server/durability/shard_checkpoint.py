@@ -66,8 +66,10 @@ class ShardCheckpoints:
         self._lock = threading.Lock()  # one checkpoint's write or commit at a time
         self._calls_lock = threading.Lock()
         self._writing: set[str] = set()  # checkpoint ids whose write() runs now
-        # (checkpoint id, directory) of the latest writes that succeeded, oldest first.
-        self._written: collections.OrderedDict[tuple[str, Path], None] = collections.OrderedDict()
+        # The files of the latest writes that succeeded, by (checkpoint id, directory).
+        self._written: collections.OrderedDict[tuple[str, Path], list[Path]] = (
+            collections.OrderedDict()
+        )
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
@@ -105,14 +107,17 @@ class ShardCheckpoints:
 
         A call that fails before it writes files writes none, and resumes writes; one
         that fails while writing them may leave some, never committed (see :meth:`commit`).
-        A second call for the same checkpoint while one runs, or after (a client's retry),
-        is refused and changes nothing: the pause and the files stay the first call's, and
-        that checkpoint fails (the coordinator takes a new one).
+        A second call for the same checkpoint while one runs, or after one wrote it to the
+        same directory and its files are still there (a client's retry; the latest
+        WRITES_REMEMBERED writes), is refused: the files stay the first call's (a pause the
+        id holds then is let go), and that checkpoint fails (the coordinator takes a new
+        one). While the files are written, writes stay paused whatever arrives (see
+        :meth:`WriteGate.claim`).
 
         Raises:
             CheckpointStateError: writes are not paused for it, the cut was not reached
                 within the pause lease, ``base_id`` is not this shard's last committed
-                checkpoint, or another call writes this checkpoint now.
+                checkpoint, or another call writes this checkpoint now or wrote it there.
             InvalidArgumentError: ``directory`` is not an absolute path, or a bad cut.
             PermissionDeniedError: ``directory`` is outside the checkpoint root, or
                 there is no root.
@@ -129,8 +134,8 @@ class ShardCheckpoints:
             try:
                 target = self.checked_directory(directory)
                 with self._calls_lock:
-                    repeated = (checkpoint_id, target) in self._written
-                if repeated:
+                    earlier = self._written.get((checkpoint_id, target), [])
+                if any(path.exists() for path in earlier):  # (a deleted one may be redone)
                     raise CheckpointStateError(
                         f"checkpoint {checkpoint_id!r} refused: an earlier call wrote it to "
                         f"{target} on this shard (a retry?); take a new checkpoint"
@@ -138,8 +143,9 @@ class ShardCheckpoints:
                 self._server.fault.check()
                 self._reach_cut(checkpoint_id, check_cut(cut or {}))
                 self._server.gate.claim(checkpoint_id)
-            except BaseException:
-                self._server.gate.resume(checkpoint_id)  # nothing written: writes go on
+            except BaseException:  # nothing written: writes go on
+                self._server.gate.end_claim(checkpoint_id)
+                self._server.gate.resume(checkpoint_id)
                 raise
             try:
                 with self._lock:
@@ -147,7 +153,7 @@ class ShardCheckpoints:
             finally:
                 self._server.gate.end_claim(checkpoint_id)
             with self._calls_lock:
-                self._written[(checkpoint_id, target)] = None
+                self._written[(checkpoint_id, target)] = [target / f.path for f in written[0]]
                 while len(self._written) > WRITES_REMEMBERED:
                     self._written.popitem(last=False)
             return written

@@ -141,6 +141,7 @@ class WriteGate:
                         f"checkpoint {self._holder!r} is in progress; retry {checkpoint_id!r} later"
                     )
                 self._expired.add(self._holder)
+                self._claimed = False  # (a claimed gate never expires: for safety)
             self._holder = checkpoint_id
             self._deadline = time.monotonic() + lease_s
             self._expired.discard(checkpoint_id)
@@ -148,10 +149,12 @@ class WriteGate:
                 self._cond.wait()
 
     def claim(self, checkpoint_id: str) -> None:
-        """Keep holding the gate for ``checkpoint_id`` past its lease, until :meth:`resume`.
+        """Keep holding the gate for ``checkpoint_id`` past its lease, until
+        :meth:`end_claim`; meanwhile a pause of the id is refused and a resume ignored.
 
         A shard writing its checkpoint files is busy, not gone: the lease only
-        guards the wait for the coordinator between pause and write.
+        guards the wait for the coordinator between pause and write. A late or
+        repeated call of the coordinator must not let writes in under the files.
 
         Raises:
             CheckpointStateError: ``checkpoint_id`` does not hold the gate within its lease,
@@ -174,7 +177,11 @@ class WriteGate:
         (otherwise nothing to do: a claim ends with :meth:`end_claim`)."""
         with self._cond:
             if self._holder == checkpoint_id and self._claimed:
-                log.info("resume of checkpoint %s ignored: it writes its files", checkpoint_id)
+                log.warning(
+                    "resume of checkpoint %s ignored: it writes its files now, and writes "
+                    "resume when they are written",
+                    checkpoint_id,
+                )
             elif self._holder == checkpoint_id:
                 self._release()
 

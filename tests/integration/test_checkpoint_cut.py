@@ -2,6 +2,7 @@
 each shard applies the clocks up to the cut, and no later ones, before it writes."""
 
 import json
+import shutil
 import threading
 import time
 
@@ -269,6 +270,21 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
     after_clock_0 = initial_rows(SPEC, IDS).numpy() - grads(0, 0) - grads(0, 1)
     values = np.asarray(restored.pull("emb", encode_ids(IDS)).values).reshape(len(IDS), 4)
     np.testing.assert_allclose(values, after_clock_0)  # no row of clock 1 in the files
+
+
+def test_a_checkpoint_whose_files_were_deleted_may_be_written_again(tmp_path):
+    """A write is refused as a retry only while its files are there: an unfinished
+    checkpoint deleted (by an operator, or an automatic one after a failed manifest) is
+    written again under the same name."""
+    server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
+    server.create_table(SPEC)
+    target = str(tmp_path / "ckpt-000001")
+    server.checkpoints.pause("c1", 10)
+    server.checkpoints.write("c1", target, "")
+    shutil.rmtree(target)
+    server.checkpoints.pause("c1", 10)
+    files, _ = server.checkpoints.write("c1", target, "")
+    assert files and all((tmp_path / "ckpt-000001" / f.path).exists() for f in files)
 
 
 def test_cut_is_the_highest_clock_any_shard_applied():
