@@ -150,9 +150,11 @@ class AutoCheckpoints:
     def checkpoint(self) -> Path:
         """Take one checkpoint now; returns its directory.
 
-        A failed attempt leaves nothing behind but the log's new segment: its
-        unfinished directory is deleted, so retries on a full disk find the room
-        the last one had.
+        An attempt that fails before its manifest is written leaves nothing behind
+        but the log's new segment: its unfinished directory is deleted, so retries
+        on a full disk find the room the last one had, under the same name. One that
+        fails after (the directory's fsync, the commit) leaves a finished checkpoint
+        that is not the log's base; the next attempt takes the next name.
 
         Raises:
             CheckpointStateError: another checkpoint holds the shard's pause.

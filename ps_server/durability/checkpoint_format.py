@@ -236,9 +236,22 @@ def next_checkpoint_id(root: Path) -> str:
     return f"ckpt-{max(numbers, default=0) + 1:06d}"
 
 
+def shard_file_prefix(shard: int, num_shards: int) -> str:
+    """How the names of ``shard``'s files in a checkpoint begin."""
+    return f"shard-{shard}-of-{num_shards}."
+
+
 def row_file_name(shard: int, num_shards: int, table: str) -> str:
     """Name of the row file of ``table`` on ``shard``."""
-    return f"shard-{shard}-of-{num_shards}.{table}.rows"
+    return f"{shard_file_prefix(shard, num_shards)}{table}.rows"
+
+
+def shard_files_in(directory: Path, shard: int, num_shards: int) -> list[Path]:
+    """``shard``'s files in checkpoint ``directory`` (whole or partly written), by name."""
+    prefix = shard_file_prefix(shard, num_shards)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith(prefix))
 
 
 def write_row_file(

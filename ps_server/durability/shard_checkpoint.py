@@ -15,7 +15,6 @@ deduplication windows come back only when N == M (request ids are per shard).
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import threading
@@ -28,6 +27,8 @@ from ember.ps_server.durability.checkpoint_format import (
     Manifest,
     checkpoint_chain,
     row_file_name,
+    shard_file_prefix,
+    shard_files_in,
 )
 from ember.ps_server.durability.checkpoint_restore import check_specs, restore_chain, shard_meta
 from ember.ps_server.durability.durable_files import make_directory_durably, write_durably
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 MAX_PAUSE_LEASE_S = 300.0
 """The longest a checkpoint may hold a shard's writes before it writes its files."""
 MAX_CHECKPOINT_ID_CHARS = 128
-WRITES_REMEMBERED = 1024  # successful writes a retry of is refused (oldest forgotten first)
 
 Chain = list[tuple[Path, Manifest]]
 
@@ -66,10 +66,6 @@ class ShardCheckpoints:
         self._lock = threading.Lock()  # one checkpoint's write or commit at a time
         self._calls_lock = threading.Lock()
         self._writing: set[str] = set()  # checkpoint ids whose write() runs now
-        # The files of the latest writes that succeeded, by (checkpoint id, directory).
-        self._written: collections.OrderedDict[tuple[str, Path], list[Path]] = (
-            collections.OrderedDict()
-        )
         self._written_checkpoint: str | None = None  # files written, manifest not confirmed yet
         self._written_directory = Path()
         self._written_log_segment = 0  # first write-log segment after the written checkpoint
@@ -107,17 +103,18 @@ class ShardCheckpoints:
 
         A call that fails before it writes files writes none, and resumes writes; one
         that fails while writing them may leave some, never committed (see :meth:`commit`).
-        A second call for the same checkpoint while one runs, or after one wrote it to the
-        same directory and its files are still there (a client's retry; the latest
-        WRITES_REMEMBERED writes), is refused: the files stay the first call's (a pause the
-        id holds then is let go), and that checkpoint fails (the coordinator takes a new
-        one). While the files are written, writes stay paused whatever arrives (see
+        A second call for the same checkpoint while one runs, or any call into a directory
+        that holds this shard's files already (a client's retry after the first call wrote
+        them, or another checkpoint's directory), is refused: the files stay as they are (a
+        pause the id holds then is let go), and that checkpoint fails (the coordinator takes
+        a new one). While the files are written, writes stay paused whatever arrives (see
         :meth:`WriteGate.claim`).
 
         Raises:
             CheckpointStateError: writes are not paused for it, the cut was not reached
                 within the pause lease, ``base_id`` is not this shard's last committed
-                checkpoint, or another call writes this checkpoint now or wrote it there.
+                checkpoint, another call writes this checkpoint now, or ``directory`` holds
+                this shard's files already.
             InvalidArgumentError: ``directory`` is not an absolute path, or a bad cut.
             PermissionDeniedError: ``directory`` is outside the checkpoint root, or
                 there is no root.
@@ -133,13 +130,6 @@ class ShardCheckpoints:
         try:
             try:
                 target = self.checked_directory(directory)
-                with self._calls_lock:
-                    earlier = self._written.get((checkpoint_id, target), [])
-                if any(path.exists() for path in earlier):  # (a deleted one may be redone)
-                    raise CheckpointStateError(
-                        f"checkpoint {checkpoint_id!r} refused: an earlier call wrote it to "
-                        f"{target} on this shard (a retry?); take a new checkpoint"
-                    )
                 self._server.fault.check()
                 self._reach_cut(checkpoint_id, check_cut(cut or {}))
                 self._server.gate.claim(checkpoint_id)
@@ -149,14 +139,9 @@ class ShardCheckpoints:
                 raise
             try:
                 with self._lock:
-                    written = self._write_files(checkpoint_id, target, base_id)
+                    return self._write_files(checkpoint_id, target, base_id)
             finally:
                 self._server.gate.end_claim(checkpoint_id)
-            with self._calls_lock:
-                self._written[(checkpoint_id, target)] = [target / f.path for f in written[0]]
-                while len(self._written) > WRITES_REMEMBERED:
-                    self._written.popitem(last=False)
-            return written
         finally:
             with self._calls_lock:
                 self._writing.discard(checkpoint_id)
@@ -165,6 +150,14 @@ class ShardCheckpoints:
         self, checkpoint_id: str, target: Path, base_id: str
     ) -> tuple[list[FileEntry], list[TableSpec]]:
         """:meth:`write`'s files, under the pause and this object's lock."""
+        _refuse_finished(target)  # again: one may have finished while this call waited
+        own = shard_files_in(target, self._server.shard, self._server.num_shards)
+        if own:
+            raise CheckpointStateError(
+                f"checkpoint {checkpoint_id!r} refused: {target} already holds this shard's "
+                f"files ({own[0].name}): a retried or repeated checkpoint never writes over "
+                "them; take a new checkpoint"
+            )
         if base_id and target.parent / base_id != self._committed_directory:
             raise CheckpointStateError(
                 f"incremental checkpoint on base {base_id!r} refused: this shard's last "
@@ -277,11 +270,7 @@ class ShardCheckpoints:
                 f"checkpoint directory {directory!r} resolves to {resolved}, which is not "
                 f"inside this shard's checkpoint root {self._root}; refused"
             )
-        if (resolved / MANIFEST).exists():
-            raise PermissionDeniedError(
-                f"checkpoint directory {resolved} holds a finished checkpoint; a new "
-                "checkpoint never overwrites one (the write-ahead log may depend on it)"
-            )
+        _refuse_finished(resolved)
         return resolved
 
     def load_chain(self, path: Path) -> Chain:
@@ -356,6 +345,15 @@ def check_cut(cut: dict[str, list[int]]) -> dict[str, list[int]]:
     return cut
 
 
+def _refuse_finished(directory: Path) -> None:
+    """Refuse to write into a finished checkpoint (PermissionDeniedError)."""
+    if (directory / MANIFEST).exists():
+        raise PermissionDeniedError(
+            f"checkpoint directory {directory} holds a finished checkpoint; a new "
+            "checkpoint never overwrites one (the write-ahead log may depend on it)"
+        )
+
+
 def write_shard_files(
     tables: list[Table],
     shard: int,
@@ -382,7 +380,7 @@ def write_shard_files(
         "step_clocks": step_clocks or {},
         "replica_jobs": replica_jobs or {},
     }
-    meta_path = directory / f"shard-{shard}-of-{num_shards}.meta.json"
+    meta_path = directory / f"{shard_file_prefix(shard, num_shards)}meta.json"
     data = json.dumps(meta).encode()
     files.append(FileEntry(meta_path.name, "", 0, len(data), write_durably(meta_path, data)))
     return files

@@ -141,7 +141,6 @@ class WriteGate:
                         f"checkpoint {self._holder!r} is in progress; retry {checkpoint_id!r} later"
                     )
                 self._expired.add(self._holder)
-                self._claimed = False  # (a claimed gate never expires: for safety)
             self._holder = checkpoint_id
             self._deadline = time.monotonic() + lease_s
             self._expired.discard(checkpoint_id)

@@ -259,7 +259,7 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
         thread.join(30)
     (files, specs) = written[0]
     server.checkpoints.pause("c1", 10)  # a late PauseWrites, then a retry: refused
-    with pytest.raises(CheckpointStateError, match="an earlier call wrote it"):
+    with pytest.raises(CheckpointStateError, match="already holds this shard's files"):
         server.checkpoints.write("c1", str(tmp_path / "c1"), "")
     server.checkpoints.pause("c2", 10)  # the refused retry let go of the gate
     Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
@@ -272,19 +272,30 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
     np.testing.assert_allclose(values, after_clock_0)  # no row of clock 1 in the files
 
 
-def test_a_checkpoint_whose_files_were_deleted_may_be_written_again(tmp_path):
-    """A write is refused as a retry only while its files are there: an unfinished
-    checkpoint deleted (by an operator, or an automatic one after a failed manifest) is
-    written again under the same name."""
+def test_no_checkpoint_writes_over_a_shards_files_but_a_deleted_one_may_be_redone(tmp_path):
+    """A directory that holds any of this shard's files is refused, whatever the checkpoint
+    id (a retry, or another checkpoint pointed at it); once they are deleted (an unfinished
+    checkpoint cleaned up, or an automatic one after a failed manifest) it is written again
+    under the same name."""
     server = ParameterServer(0, 1, checkpoint_root=str(tmp_path))
     server.create_table(SPEC)
-    target = str(tmp_path / "ckpt-000001")
+    target = tmp_path / "ckpt-000001"
     server.checkpoints.pause("c1", 10)
-    server.checkpoints.write("c1", target, "")
+    files, _ = server.checkpoints.write("c1", str(target), "")
+    meta = next(target / f.path for f in files if f.path.endswith(".meta.json"))
+    before = {f.path: (target / f.path).read_bytes() for f in files}
+    meta.unlink()  # even one file of the shard left is enough to refuse
+    for checkpoint in ("c1", "other"):
+        server.checkpoints.pause(checkpoint, 10)
+        with pytest.raises(CheckpointStateError, match="already holds this shard's files"):
+            server.checkpoints.write(checkpoint, str(target), "")
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == {
+        name: data for name, data in before.items() if name != meta.name
+    }
     shutil.rmtree(target)
     server.checkpoints.pause("c1", 10)
-    files, _ = server.checkpoints.write("c1", target, "")
-    assert files and all((tmp_path / "ckpt-000001" / f.path).exists() for f in files)
+    files, _ = server.checkpoints.write("c1", str(target), "")
+    assert files and all((target / f.path).exists() for f in files)
 
 
 def test_cut_is_the_highest_clock_any_shard_applied():

@@ -235,6 +235,28 @@ def test_a_failed_attempt_deletes_its_files_and_releases_the_pause(tmp_path, mon
     server.journal.close()
 
 
+def test_an_attempt_whose_manifest_failed_is_taken_again_under_the_same_name(tmp_path, monkeypatch):
+    server = _logged_server(tmp_path)
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto", AutoPolicy(None, None, 1), lambda _: None
+    )
+    auto.directory.mkdir()
+    write_manifest, failures = Manifest.write, [_full_disk]
+
+    def once_full(manifest, directory):
+        if failures:
+            failures.pop()()
+        write_manifest(manifest, directory)
+
+    monkeypatch.setattr(Manifest, "write", once_full)
+    with pytest.raises(OSError, match="No space"):
+        auto.checkpoint()  # its rows and metadata were written, then deleted
+    assert list(auto.directory.iterdir()) == []
+    assert auto.checkpoint().name == "ckpt-000001"  # the same name, written again
+    assert [p.name for p in auto.directory.iterdir()] == ["ckpt-000001"]
+    server.journal.close()
+
+
 def test_the_log_only_continues_a_checkpoint_with_a_manifest(tmp_path):
     server = _logged_server(tmp_path)
     _push(server, "one")
