@@ -25,9 +25,8 @@ from ember.ps_server.stores import RowBatch
 from ember.ps_server.wire.table_spec import TableSpec
 
 
-def test_a_paused_gate_holds_writers_until_resumed():
-    gate = WriteGate()
-    gate.pause("c1", lease_s=60)
+def _writer(gate: WriteGate) -> tuple[threading.Thread, threading.Event]:
+    """A thread entering ``gate`` as a writer, and the event it sets once inside."""
     entered = threading.Event()
 
     def writer() -> None:
@@ -36,6 +35,13 @@ def test_a_paused_gate_holds_writers_until_resumed():
 
     thread = threading.Thread(target=writer)
     thread.start()
+    return thread, entered
+
+
+def test_a_paused_gate_holds_writers_until_resumed():
+    gate = WriteGate()
+    gate.pause("c1", lease_s=60)
+    thread, entered = _writer(gate)
     assert not entered.wait(0.2)  # held (a bounded look, not a synchronisation)
     with pytest.raises(CheckpointStateError, match="'c1' is in progress"):
         gate.pause("c2", lease_s=60)
@@ -62,14 +68,7 @@ def test_a_claimed_gate_ignores_late_pauses_and_resumes_until_its_claim_ends():
     with pytest.raises(CheckpointStateError, match="writes its files here now"):
         gate.pause("c1", lease_s=0.05)  # a late PauseWrites would shorten the lease
     gate.resume("c1")  # a late ResumeWrites: ignored
-    entered = threading.Event()
-
-    def writer() -> None:
-        with gate.writing():
-            entered.set()
-
-    thread = threading.Thread(target=writer)
-    thread.start()
+    thread, entered = _writer(gate)
     assert gate.await_held(1, 10) and not entered.is_set()
     gate.end_claim("c1")
     thread.join(10)
