@@ -103,11 +103,11 @@ class ShardCheckpoints:
 
         A call that fails before it writes files writes none, and resumes writes; one
         that fails while writing them may leave some, never committed (see :meth:`commit`).
-        A second call for the same checkpoint while one runs, or any call into a directory
-        that holds this shard's files already (a client's retry after the first call wrote
-        them, or another checkpoint's directory), is refused: the files stay as they are (a
-        pause the id holds then is let go), and that checkpoint fails (the coordinator takes
-        a new one). While the files are written, writes stay paused whatever arrives (see
+        A second call for the same checkpoint while one runs is refused and changes nothing;
+        a call into a directory that holds this shard's files already (a client's retry
+        after the first call wrote them, or another checkpoint's directory) is refused, the
+        files stay as they are and a pause the id holds is let go. Either way that
+        checkpoint fails (the coordinator takes a new one). While the files are written, writes stay paused whatever arrives (see
         :meth:`WriteGate.claim`).
 
         Raises:
@@ -116,8 +116,8 @@ class ShardCheckpoints:
                 checkpoint, another call writes this checkpoint now, or ``directory`` holds
                 this shard's files already.
             InvalidArgumentError: ``directory`` is not an absolute path, or a bad cut.
-            PermissionDeniedError: ``directory`` is outside the checkpoint root, or
-                there is no root.
+            PermissionDeniedError: ``directory`` is outside the checkpoint root or holds a
+                finished checkpoint, or there is no root.
         """
         _check_checkpoint_id(checkpoint_id)
         with self._calls_lock:
@@ -130,6 +130,7 @@ class ShardCheckpoints:
         try:
             try:
                 target = self.checked_directory(directory)
+                self._refuse_written(checkpoint_id, target)  # early, for a retry's sake
                 self._server.fault.check()
                 self._reach_cut(checkpoint_id, check_cut(cut or {}))
                 self._server.gate.claim(checkpoint_id)
@@ -150,14 +151,7 @@ class ShardCheckpoints:
         self, checkpoint_id: str, target: Path, base_id: str
     ) -> tuple[list[FileEntry], list[TableSpec]]:
         """:meth:`write`'s files, under the pause and this object's lock."""
-        _refuse_finished(target)  # again: one may have finished while this call waited
-        own = shard_files_in(target, self._server.shard, self._server.num_shards)
-        if own:
-            raise CheckpointStateError(
-                f"checkpoint {checkpoint_id!r} refused: {target} already holds this shard's "
-                f"files ({own[0].name}): a retried or repeated checkpoint never writes over "
-                "them; take a new checkpoint"
-            )
+        self._refuse_written(checkpoint_id, target)  # again: this call may have waited
         if base_id and target.parent / base_id != self._committed_directory:
             raise CheckpointStateError(
                 f"incremental checkpoint on base {base_id!r} refused: this shard's last "
@@ -177,6 +171,18 @@ class ShardCheckpoints:
         self._written_checkpoint, self._written_directory = checkpoint_id, target
         self._written_log_segment = segment
         return files, [table.spec for table in tables]
+
+    def _refuse_written(self, checkpoint_id: str, target: Path) -> None:
+        """Refuse a ``target`` that holds a finished checkpoint (PermissionDeniedError) or any
+        file of this shard's (CheckpointStateError): a shard never writes over them."""
+        _refuse_finished(target)
+        own = shard_files_in(target, self._server.shard, self._server.num_shards)
+        if own:
+            raise CheckpointStateError(
+                f"checkpoint {checkpoint_id!r} refused: {target} already holds this shard's "
+                f"files ({own[0].name}): a retried or repeated checkpoint never writes over "
+                "them; take a new checkpoint (or delete that unfinished directory)"
+            )
 
     def _reach_cut(self, checkpoint_id: str, cut: dict[str, list[int]]) -> None:
         """Apply the clocks of ``cut`` still missing here (and no later ones) under the pause;

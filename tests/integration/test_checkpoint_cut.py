@@ -261,8 +261,12 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
     server.checkpoints.pause("c1", 10)  # a late PauseWrites, then a retry: refused
     with pytest.raises(CheckpointStateError, match="already holds this shard's files"):
         server.checkpoints.write("c1", str(tmp_path / "c1"), "")
-    server.checkpoints.pause("c2", 10)  # the refused retry let go of the gate
+    with pytest.raises(CheckpointStateError, match="already holds this shard's files"):
+        server.checkpoints.write("c1", str(tmp_path / "c1"), "")  # a retry with no pause
+    server.checkpoints.pause("c2", 10)  # the refused retries let go of the gate
+    server.checkpoints.resume("c2")
     Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
+    server.checkpoints.commit("c1")  # the refusals left the written checkpoint as it was
     assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]
     assert server.steps.clocks.snapshot()[JOB]["applied"] == [1, 1]  # clock 1 after the files
     restored = ParameterServer(0, 1)

@@ -16,6 +16,7 @@ from ember.ps_server.durability.checkpoint_format import (
     latest_checkpoint,
     next_checkpoint_id,
     read_row_file,
+    shard_files_in,
     write_row_file,
 )
 from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
@@ -191,3 +192,17 @@ def test_a_manifest_without_this_shards_files_or_fields_is_corruption(tmp_path):
     (directory / MANIFEST).write_text(json.dumps(document))
     with pytest.raises(DurableFileCorruptError, match="manifest fields unreadable"):
         checkpoint_chain(directory)
+
+
+def test_a_shards_files_in_a_checkpoint_are_its_own_whole_or_partly_written(tmp_path):
+    names = [
+        "shard-1-of-2.t.rows", "shard-1-of-2.meta.json", "shard-1-of-2.t.rows.tmp",
+        "shard-1-of-20.t.rows", "shard-11-of-2.t.rows", "shard-1-of-4.t.rows",
+        "shard-0-of-2.t.rows", MANIFEST,
+    ]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in shard_files_in(tmp_path, 1, 2)] == [
+        "shard-1-of-2.meta.json", "shard-1-of-2.t.rows", "shard-1-of-2.t.rows.tmp",
+    ]  # fmt: skip
+    assert shard_files_in(tmp_path / "missing", 1, 2) == []
