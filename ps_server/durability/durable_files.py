@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -11,7 +12,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import BinaryIO, Self
 
 from ember.ps_server.errors import DurableFileCorruptError
 
@@ -43,7 +44,7 @@ class DurableWriter:
         self.bytes = 0
         self._hash = hashlib.sha256()
         self._tmp = path.with_name(path.name + ".tmp")
-        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit or __exit__
+        self._file = _created_afresh(self._tmp)
         self._queue: queue.Queue[memoryview | None] = queue.Queue(self._QUEUED)
         self._failure: BaseException | None = None
         self._written = 0  # bytes handed to the file by the writing thread
@@ -146,6 +147,16 @@ def _stream_out(fd: int, previous: tuple[int, int], block: tuple[int, int]) -> N
                 _SYNC_RANGE = None  # this filesystem has none: fdatasync from now on
                 continue
             raise OSError(error, f"sync_file_range: {os.strerror(error)}")
+
+
+def _created_afresh(path: Path) -> BinaryIO:
+    """``path`` as a new file open for writing: whatever has that name (a temp file left by a
+    crash, or a link someone planted to redirect the write) is removed first, and the file
+    is created, never opened through a link (O_EXCL, O_NOFOLLOW)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o644), "wb")
 
 
 def write_durably(path: Path, data: bytes) -> str:

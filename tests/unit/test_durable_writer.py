@@ -42,6 +42,30 @@ def test_blocks_go_to_the_disk_while_writing_and_the_file_is_exact(tmp_path, mon
     assert events.index(("fsync",)) > events.index(("block", (5600, 7000)))  # then the fsync
 
 
+@pytest.mark.parametrize("planted", ["symlink", "hard link", "stale file"])
+def test_a_durable_file_never_writes_through_what_its_temp_name_holds(tmp_path, planted):
+    """Whoever can write the directory cannot redirect the write to another file by
+    planting a link at the temp name; a temp file left by a crash is replaced."""
+    victim = tmp_path / "elsewhere" / "victim"
+    victim.parent.mkdir()
+    victim.write_bytes(b"keep me")
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    target = directory / "shard-0-of-1.meta.json"
+    temp = directory / "shard-0-of-1.meta.json.tmp"
+    if planted == "symlink":
+        temp.symlink_to(victim)
+    elif planted == "hard link":
+        temp.hardlink_to(victim)
+    else:
+        temp.write_bytes(b"half of an old write")
+    digest = durable_files.write_durably(target, b"the real metadata")
+    assert victim.read_bytes() == b"keep me"
+    assert target.read_bytes() == b"the real metadata" and not target.is_symlink()
+    assert digest == hashlib.sha256(b"the real metadata").hexdigest()
+    assert not temp.exists()
+
+
 def test_a_failed_write_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
     path = tmp_path / "rows"
     writer = DurableWriter(path)
