@@ -15,9 +15,11 @@ deduplication windows come back only when N == M (request ids are per shard).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,8 +109,8 @@ class ShardCheckpoints:
         a call into a directory that holds this shard's files already (a client's retry
         after the first call wrote them, or another checkpoint's directory) is refused, the
         files stay as they are and a pause the id holds is let go. Either way that
-        checkpoint fails (the coordinator takes a new one). While the files are written, writes stay paused whatever arrives (see
-        :meth:`WriteGate.claim`).
+        checkpoint fails (the coordinator takes a new one). While the files are written,
+        writes stay paused whatever arrives (see :meth:`WriteGate.claim`).
 
         Raises:
             CheckpointStateError: writes are not paused for it, the cut was not reached
@@ -120,6 +122,31 @@ class ShardCheckpoints:
                 finished checkpoint, or there is no root.
         """
         _check_checkpoint_id(checkpoint_id)
+        gate = self._server.gate
+        with self._only_call(checkpoint_id):
+            try:
+                target = self.checked_directory(directory)
+                self._refuse_written(checkpoint_id, target)  # early, for a retry's sake
+                self._server.fault.check()
+                self._reach_cut(checkpoint_id, check_cut(cut or {}))
+                gate.claim(checkpoint_id)
+            except BaseException:  # nothing written: writes go on
+                gate.end_claim(checkpoint_id)
+                gate.resume(checkpoint_id)
+                raise
+            try:
+                with self._lock:
+                    return self._write_files(checkpoint_id, target, base_id)
+            finally:
+                gate.end_claim(checkpoint_id)
+
+    @contextlib.contextmanager
+    def _only_call(self, checkpoint_id: str) -> Iterator[None]:
+        """The block as the only :meth:`write` of ``checkpoint_id`` running.
+
+        Raises:
+            CheckpointStateError: another call writes it now (nothing done).
+        """
         with self._calls_lock:
             if checkpoint_id in self._writing:
                 raise CheckpointStateError(
@@ -128,21 +155,7 @@ class ShardCheckpoints:
                 )
             self._writing.add(checkpoint_id)
         try:
-            try:
-                target = self.checked_directory(directory)
-                self._refuse_written(checkpoint_id, target)  # early, for a retry's sake
-                self._server.fault.check()
-                self._reach_cut(checkpoint_id, check_cut(cut or {}))
-                self._server.gate.claim(checkpoint_id)
-            except BaseException:  # nothing written: writes go on
-                self._server.gate.end_claim(checkpoint_id)
-                self._server.gate.resume(checkpoint_id)
-                raise
-            try:
-                with self._lock:
-                    return self._write_files(checkpoint_id, target, base_id)
-            finally:
-                self._server.gate.end_claim(checkpoint_id)
+            yield
         finally:
             with self._calls_lock:
                 self._writing.discard(checkpoint_id)

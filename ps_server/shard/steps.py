@@ -29,7 +29,7 @@ from ember.ps_server.errors import (
 )
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
-from ember.ps_server.shard.replica_flush import MAX_ASKING, ReplicaFlushes, check_job_name
+from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.shard.step_rows import TableRead, refreshed_rows
 from ember.ps_server.shard.table import push_tables
@@ -56,13 +56,10 @@ TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 
 
 class StepService:
-    """Lookup and Update on the tables of ``server``; at most ``max_waiting`` requests wait for
-    clocks or held write-back reports at once (None: no limit), and ``max_asking``
-    checkpoints for replica write-backs."""
+    """Lookup and Update on the tables of ``server``; ``max_waiting`` and ``max_asking`` as
+    :class:`ParameterServer` takes them."""
 
-    def __init__(
-        self, server: ParameterServer, max_waiting: int | None = None, max_asking: int = MAX_ASKING
-    ) -> None:
+    def __init__(self, server: ParameterServer, max_waiting: int | None, max_asking: int) -> None:
         self._server = server
         self.clocks = StepClocks(max_waiting)
         self.replicas = ReplicaFlushes(self.clocks.slots, max_asking)
