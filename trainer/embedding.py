@@ -17,6 +17,7 @@ there, and brings the row gradients back to the host.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from ember.kernels.dedup import plan_features
 from ember.trainer.data.batch import JaggedIds
+from ember.trainer.lookahead import take_planned
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient
 from torch import nn
@@ -36,9 +38,10 @@ class RowSource(Protocol):
     Every tensor in and out is a host (CPU) tensor.
 
     Training calls, per step: :meth:`rows` (the step's rows), optionally
-    :meth:`prefetch` (the next step's ids, known early), then
-    :meth:`apply_gradients` exactly once (the step's gradients, possibly none).
-    Evaluation calls :meth:`read`.
+    :meth:`prefetch` (a later step's ids, known early: once per step, in step order,
+    up to ``lookahead`` steps past the current one where a source has that attribute,
+    else 1), then :meth:`apply_gradients` exactly once (the step's gradients, possibly
+    none). Evaluation calls :meth:`read`.
     """
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -55,6 +58,11 @@ class RowSource(Protocol):
     def blocked_s(self) -> float:
         """Seconds the calling thread has spent blocked on the shards or on other ranks: the
         PS wait a step is exposed to (embedding work on this rank is not in it)."""
+
+
+# Plans kept for batches announced ahead, past any pipeline's lookahead (1 + its staleness,
+# at most 65): beyond this the oldest is dropped, and planned again at its step.
+MAX_PLANNED = 128
 
 
 @dataclasses.dataclass
@@ -122,15 +130,17 @@ class PSEmbeddingBagCollection(nn.Module):
         self._tables = list(dict.fromkeys(self.feature_tables))  # first-use order
         number = {table: t for t, table in enumerate(self._tables)}
         self._table_of = [number[table] for table in self.feature_tables]
-        self._next: _Plan | None = None
+        # Plans of the next training batches, oldest first (see prefetch).
+        self._planned: collections.deque[_Plan] = collections.deque(maxlen=MAX_PLANNED)
 
     def prefetch(self, features: Sequence[JaggedIds]) -> None:
-        """Deduplicate the next training batch's ids now, and let a source that can start
-        fetching their rows (``prefetch``); the next :meth:`forward` of ``features`` uses it."""
-        self._next = self._plan(features)
+        """Deduplicate a later training batch's ids now (batches in step order, each once),
+        and let a source that can start fetching their rows (``prefetch``); the
+        :meth:`forward` of ``features`` (the same object) uses it."""
+        self._planned.append(self._plan(features))
         prefetch = getattr(self.source, "prefetch", None)
         if prefetch is not None:
-            prefetch(self._next.requests)
+            prefetch(self._planned[-1].requests)
 
     def forward(self, features: Sequence[JaggedIds]) -> torch.Tensor:
         """Pooled embeddings [batch, num_features, dim]."""
@@ -151,8 +161,7 @@ class PSEmbeddingBagCollection(nn.Module):
     def _rows(self, features: Sequence[JaggedIds]) -> tuple[_Plan, torch.Tensor]:
         """The plan of ``features`` (prefetched or made now) and their rows, all tables' in
         one tensor on the device (a leaf that takes gradients when training)."""
-        plan = self._next if self._next is not None and self._next.features is features else None
-        self._next = None
+        plan = take_planned(self._planned, lambda p: p.features is features)
         plan = plan or self._plan(features)
         read = self.source.rows if self.training else self.source.read
         fetched = read(plan.requests)

@@ -1,21 +1,25 @@
 """PipelinedRowSource: rows over the step data plane, fetched while the previous step computes.
 
 Per step t (see the RowSource protocol): ``rows`` serves step t's rows from
-the lookup that ``prefetch`` started during step t-1; ``prefetch`` starts
-step t+1's lookup as soon as its ids are known; ``apply_gradients`` sends
-step t's update (clock t) in the background. With staleness ``s``:
+the lookup started before; ``prefetch`` announces a later step's ids as soon
+as they are known; ``apply_gradients`` sends step t's update (clock t) in the
+background. The lookup of step u needs clock c = u-1-max(s, 1). In EXACT
+mode it rides on the update of clock c when its ids are announced before
+that update leaves (HET's piggyback; :attr:`lookahead` steps ahead): the
+shards answer it with that update, once every rank's clock c is applied, so
+a step costs one call per shard instead of two. Otherwise (ids announced
+later, or ASYNC mode) a lookup naming clock c starts at once. With
+staleness ``s``:
 
-* ``s = 0``: the lookup of step t+1 asks for clock t-1, which every rank has
-  applied before step t began, so it is answered while step t computes. Its
-  rows miss only clock t, so the update of clock t carries those ids as
-  ``refresh``: the shards answer it once every rank's clock t is applied,
-  with the rows it changed (the collision rows), and ``rows`` of step t+1
-  patches them in. Every value step t+1 uses then includes every rank's
-  steps <= t: the serial result, exactly, and with several ranks in EXACT
-  mode the result of one process on the union of their batches.
-* ``s >= 1``: the lookup of step t+1 asks for clock t-s and nothing is
-  patched; at most s+1 updates are in flight (``apply_gradients`` of step t
-  first waits for clock t-1-s's answer).
+* ``s = 0``: step t+1's rows, read at clock t-1, miss only clock t, so the
+  update of clock t carries those ids as ``refresh``: the shards answer it
+  once every rank's clock t is applied, with the rows it changed (the
+  collision rows), and ``rows`` of step t+1 patches them in. Every value
+  step t+1 uses then includes every rank's steps <= t: the serial result,
+  exactly, and with several ranks in EXACT mode the result of one process on
+  the union of their batches.
+* ``s >= 1``: nothing is patched; at most s+1 updates are in flight
+  (``apply_gradients`` of step t first waits for clock t-1-s's answer).
 
 Time spent blocked on the shards is the exposed wait; the lookups' and
 updates' own durations are the PS time, most of it overlapped with compute.
@@ -76,6 +80,7 @@ class PipelineTiming:
 class _Prefetch:
     requests: dict[str, torch.Tensor]
     future: concurrent.futures.Future
+    rides: bool = False  # ``future`` is an update's, whose answer carries these rows
 
 
 class PipelinedRowSource:
@@ -107,9 +112,20 @@ class PipelinedRowSource:
         )
         self._stats_lock = threading.Lock()
         self._step = 0  # the step whose rows rows() serves next
+        self._announced = 0  # the last step whose ids prefetch() was given
         self._rows_served_at: float | None = None  # when rows() last returned
         self._prefetched: dict[int, _Prefetch] = {}
         self._updates: dict[int, concurrent.futures.Future] = {}
+        # Lookups waiting for the update they ride on: its clock -> (their step, their ids).
+        self._riders: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        self._rides = steps.job.mode == "exact"
+
+    @property
+    def lookahead(self) -> int:
+        """How many steps past the current one :meth:`prefetch` takes ids for: a step's
+        lookup rides on the update of 1 + max(s, 1) steps before it (exact mode), whose ids
+        must be announced before that update leaves; 1 in async mode."""
+        return 1 + max(self.staleness, 1) if self._rides else 1
 
     @property
     def traffic(self) -> TrafficStats:
@@ -130,9 +146,15 @@ class PipelinedRowSource:
         return self._step - 1
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
-        """Start the lookup of the next step's rows (its ids are distinct per table)."""
-        step = self._step + 1
+        """Announce the ids (distinct per table) of the next step not announced yet, after the
+        current step's :meth:`rows`: its lookup rides on the update that carries it, when
+        that has not left yet, or starts now."""
+        step = max(self._step, self._announced) + 1
+        self._announced = step
         needed = step - 1 - max(self.staleness, 1)  # s = 0: one clock short, then patched
+        if self._rides and needed >= self._step:  # that clock's update has not left
+            self._riders[needed] = (step, requests)
+            return
         self._prefetched[step] = _Prefetch(
             requests, self._submit(self._lookups, self._lookup, requests, needed)
         )
@@ -144,9 +166,9 @@ class PipelinedRowSource:
         prefetched = self._prefetched.pop(step, None)
         previous = self._updates.pop(step - 1, None) if self.staleness == 0 else None
         if prefetched is not None and same_requests(prefetched.requests, requests):
-            rows, watermark = self._wait(prefetched.future)
+            rows, watermark = self._prefetched_rows(prefetched)
             if previous is not None:
-                refreshed, watermark = self._wait(previous)
+                refreshed, watermark, _ = self._wait(previous)
                 for table, (positions, patch) in refreshed.items():
                     if len(positions):
                         rows[table][positions] = patch
@@ -181,7 +203,11 @@ class PipelinedRowSource:
         refresh = {}
         if self.staleness == 0 and step + 1 in self._prefetched:
             refresh = self._prefetched[step + 1].requests
-        self._updates[step] = self._submit(self._updates_pool, self._update, updates, step, refresh)
+        rider, read = self._riders.pop(step, (None, {}))
+        update = self._submit(self._updates_pool, self._update, updates, step, refresh, read)
+        self._updates[step] = update
+        if rider is not None:
+            self._prefetched[rider] = _Prefetch(read, update, rides=True)
         self._step += 1
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -202,14 +228,28 @@ class PipelinedRowSource:
     def _lookup(self, requests: dict[str, torch.Tensor], needed: int):
         rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
-            for table, ids in requests.items():
-                self._payload.rows_pulled += len(ids)
-                self._payload.bytes_pulled += len(ids) * (8 + self._row_bytes(table))
+            self._count_pulled(requests)
         return rows, watermark
 
-    def _update(self, updates, step: int, refresh: dict[str, torch.Tensor]):
+    def _count_pulled(self, requests: dict[str, torch.Tensor]) -> None:
+        """Count the ids and rows of ``requests`` as pulled (the caller holds the lock)."""
+        for table, ids in requests.items():
+            self._payload.rows_pulled += len(ids)
+            self._payload.bytes_pulled += len(ids) * (8 + self._row_bytes(table))
+
+    def _prefetched_rows(self, prefetched: _Prefetch) -> tuple[dict[str, torch.Tensor], int]:
+        """A prefetch's rows and the watermark they were read at, once its call answered."""
+        answer = self._wait(prefetched.future)
+        if prefetched.rides:
+            _, watermark, rows = answer
+            return rows, watermark
+        return answer
+
+    def _update(
+        self, updates, step: int, refresh: dict[str, torch.Tensor], read: dict[str, torch.Tensor]
+    ):
         try:
-            refreshed, watermark = self.steps.update(updates, step, refresh)
+            refreshed, watermark, rows = self.steps.update_and_read(updates, step, refresh, read)
         except Exception as error:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise
@@ -217,10 +257,11 @@ class PipelinedRowSource:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)
                 self._payload.bytes_pushed += len(ids) * (8 + self._row_bytes(table))
-            for table, (_, rows) in refreshed.items():  # their ids and positions are control
-                self._payload.rows_pulled += len(rows)
-                self._payload.bytes_pulled += len(rows) * self._row_bytes(table)
-        return refreshed, watermark
+            for table, (_, patch) in refreshed.items():  # their ids and positions are control
+                self._payload.rows_pulled += len(patch)
+                self._payload.bytes_pulled += len(patch) * self._row_bytes(table)
+            self._count_pulled(read)
+        return refreshed, watermark, rows
 
     def _row_bytes(self, table: str) -> int:
         """Bytes of one of ``table``'s rows (or gradient rows) on the wire."""

@@ -73,6 +73,11 @@ class TimedSource:
         with self.inside:
             return self.inner.rows(requests)
 
+    @property
+    def lookahead(self) -> int:
+        """How many steps ahead the source takes ids (see the RowSource protocol)."""
+        return getattr(self.inner, "lookahead", 1)
+
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
         prefetch = getattr(self.inner, "prefetch", None)
         if prefetch is not None:

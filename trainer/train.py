@@ -30,6 +30,7 @@ from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import NUM_DENSE, SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection
+from ember.trainer.lookahead import Lookahead
 from ember.trainer.metrics import log_loss, roc_auc
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.plan.apply import applied
@@ -83,24 +84,24 @@ def train(config: TrainConfig) -> dict:
             source, [s.name for s in specs], grad_scale=1.0 / world, device=device
         )
         losses: list[float] = []
-        batches = _train_batches(config, data, reader, rank, world)
+        batches = Lookahead(
+            _train_batches(config, data, reader, rank, world), source.lookahead, config.steps,
+            lambda upcoming: ebc.prefetch(upcoming.sparse),
+        )  # fmt: skip
         start, cpu_start = time.perf_counter(), time.process_time()
         # A file's parts can differ by a batch between ranks; synthetic parts never do.
         uneven = config.criteo_path is not None and world > 1
-        upcoming = next(batches, None)
         try:
             while len(losses) < config.steps:
-                has_batch = upcoming is not None
+                has_batch = batches.has_batch()
                 if uneven:
                     has_batch = _every_rank_has_a_batch(has_batch, device)
                 if not has_batch:
                     break
-                batch, upcoming = upcoming, next(batches, None)
+                batch = batches.take()
                 dense_opt.zero_grad()
                 pooled = ebc(batch.sparse)
-                if upcoming is not None and len(losses) + 1 < config.steps:
-                    # The next step's rows, fetched while this one computes.
-                    ebc.prefetch(upcoming.sparse)
+                batches.announce()  # the next steps' rows come while this one computes
                 batch = batch.to(device)
                 logits = dense_model(batch.dense, pooled)
                 loss = F.binary_cross_entropy_with_logits(logits, batch.labels)

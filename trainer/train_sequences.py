@@ -43,6 +43,7 @@ from ember.trainer.data.interactions import InteractionsFile
 from ember.trainer.data.sequences import SequenceBatch
 from ember.trainer.data.synthetic_sequences import SyntheticSequences, SyntheticSequencesConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection
+from ember.trainer.lookahead import Lookahead
 from ember.trainer.models.sasrec import (
     SASRec,
     bucket_widths,
@@ -82,13 +83,13 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
         shares = _my_shares(config, data, num_items, rank, world, cost)
         steps: list[_Step] = []
         start = time.perf_counter()
-        upcoming = next(shares, None)
-        while upcoming is not None and len(steps) < config.steps:
-            share, upcoming = upcoming, next(shares, None)
+        ahead = Lookahead(
+            shares, source.lookahead, config.steps, lambda upcoming: ebc.prefetch(upcoming.features)
+        )
+        while len(steps) < config.steps and (share := ahead.take()) is not None:
             dense_opt.zero_grad()
             items, users = ebc.lookup(share.features)
-            if upcoming is not None and len(steps) + 1 < config.steps:
-                ebc.prefetch(upcoming.features)
+            ahead.announce()  # the next steps' rows come while this one computes
             _synchronize(device)
             began = time.perf_counter()
             scores = _scores(model, share.batch, items, users)

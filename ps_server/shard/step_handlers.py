@@ -61,10 +61,19 @@ class StepHandlers:
     def update(
         self, request: UpdateRequestView, trailer: bytes = b"", call: CallWatch | None = None
     ) -> bytes:
-        """The serialised UpdateResponse (then ``trailer``); ``call`` as in :meth:`lookup`."""
-        duplicate, refreshed, watermark = self.server.steps.update(request, call)
+        """The serialised UpdateResponse (then ``trailer``); ``call`` as in :meth:`lookup`.
+
+        Raises:
+            OutOfRangeError: a read row its entry's dtype cannot hold (the clock stays
+                applied; nothing answered).
+        """
+        answer = self.server.steps.update(request, call)
         flush = self.server.steps.replicas.asked(request.clock.job) if request.replica else ""
-        return encode_update_response(duplicate, refreshed, watermark, flush, trailer)
+        return encode_update_response(
+            answer.duplicate, answer.refreshed, answer.watermark, flush, trailer,
+            sum(wire_row_bytes(read) for read in answer.reads),
+            lambda view: write_joined_rows(answer.reads, view),
+        )  # fmt: skip
 
     def frame_handlers(self) -> dict[Op, FrameHandler]:
         """The handlers of the UCX listener: a frame's header and message, and a watch of
@@ -78,7 +87,7 @@ class StepHandlers:
 
     def _update_frame(self, header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
         request = decode_update_request(message)
-        rows = [*request.tables, *request.refresh]
+        rows = [*request.tables, *request.refresh, *request.read]
         _check_frame(header, len(request.tables), request.clock, rows)
         return self.update(request, END_MARK, call)
 

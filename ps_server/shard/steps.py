@@ -7,13 +7,14 @@ applies their summed gradients as one optimizer step per row, as one write
 (logged as one record); in ASYNC mode each update is applied when the rank's
 previous clock has been. A lookup that names a clock waits until the job's
 watermark reaches it. An update's answer carries the refresh rows its clock
-changed, read once the clock is applied.
+changed, read once the clock is applied, and (EXACT mode) the rows of a later
+step's lookup riding on it, read after that too.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -53,6 +54,18 @@ MAX_LOGGED_CLOCK_BYTES = (2 << 30) - (64 << 20)
 
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
+
+
+class UpdateAnswer(NamedTuple):
+    """What an update answers: whether its clock was applied before (a duplicate), per
+    refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the validated
+    reads riding on it, whose rows are read (by :mod:`ember.ps_server.shard.step_rows`) now
+    that its clock is applied."""
+
+    duplicate: bool
+    refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]
+    watermark: int
+    reads: list[TableRead]
 
 
 class StepService:
@@ -101,18 +114,13 @@ class StepService:
                 watermark = job.watermark
         return reads, watermark
 
-    def update(
-        self, request: UpdateRequestView, call: CallWatch | None = None
-    ) -> tuple[bool, list[tuple[np.ndarray, np.ndarray, RowDtype]], int]:
+    def update(self, request: UpdateRequestView, call: CallWatch | None = None) -> UpdateAnswer:
         """Apply one rank's update of one clock (see the module docstring); a wait ends
         early when ``call``'s caller is gone.
 
-        Returns:
-            ``(duplicate, (positions, rows, their dtype) per refresh entry, the job's
-            watermark)``.
-
         Raises:
-            InvalidArgumentError: a malformed request (nothing buffered or applied).
+            InvalidArgumentError: a malformed request, or reads riding on an ASYNC-mode
+                update (nothing buffered or applied).
             ClockTimeoutError: the other ranks did not deliver in time (nothing applied).
             CallEndedError: the caller went away while the update waited (nothing
                 applied, unless every rank's update of its clock was in).
@@ -125,14 +133,28 @@ class StepService:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
         updates = self._checked_updates(request.tables)
         refresh = self._checked_reads(request.refresh, "refresh")
-        self._server.checks.replies_fit([(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh])
+        reads = self._checked_reads(request.read, "read")
+        if reads and clock.mode != pb.EXACT:
+            raise InvalidArgumentError(
+                "an update's read needs EXACT mode (only there is its clock every rank's once "
+                "applied); send a Lookup with the clock instead"
+            )
+        self._server.checks.replies_fit(
+            [(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh]
+            + [(t, len(ids), t.spec.dim) for t, ids, _ in reads]
+        )
+
+        def answer(duplicate: bool) -> UpdateAnswer:
+            refreshed = refreshed_rows(job.changed.get(step), refresh)
+            return UpdateAnswer(duplicate, refreshed, job.watermark, reads)
+
         with self.clocks.using(clock) as job:
             rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
             if request.replica:
                 self.replicas.holds_replica(job.name)
             with job.cond:
                 if step <= job.applied[rank]:
-                    return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
+                    return answer(duplicate=True)
                 if job.refusal(step) is not None:
                     raise ClockTooLargeError(job.refusal(step))
                 if step > job.watermark + MAX_CLOCKS_AHEAD:
@@ -148,7 +170,7 @@ class StepService:
                         deadline, f"clock {step - 1} of rank {rank}", step - 1, call,
                     )  # fmt: skip
                     if step <= job.applied[rank]:  # a retry of this update won the race
-                        return True, refreshed_rows(job.changed.get(step), refresh), job.watermark
+                        return answer(duplicate=True)
                     job.applying.add(rank)
                     try:
                         self._write(job, clock, updates, log=True)
@@ -156,7 +178,7 @@ class StepService:
                         job.applying.discard(rank)
                         job.cond.notify_all()
                 self._server.fault.check()  # the clock's log record may have failed to sync
-                return False, refreshed_rows(job.changed.get(step), refresh), job.watermark
+                return answer(duplicate=False)
 
     def clocks_at_pause(self, flush_id: str) -> dict[str, dict]:
         """The jobs' clocks (see :meth:`StepClocks.snapshot`) as a checkpoint with

@@ -106,6 +106,7 @@ class UpdateRequestView:
     clock: StepClockView | None
     refresh: list[TableIdsView]
     replica: bool = False  # the job holds hot-row replicas
+    read: list[TableIdsView] = dataclasses.field(default_factory=list)  # a later step's rows
 
 
 @dataclasses.dataclass
@@ -122,13 +123,15 @@ class LookupResponseView:
 @dataclasses.dataclass
 class UpdateResponseView:
     """A decoded UpdateResponse: per refresh entry, ``(positions, values, dtype)`` (the
-    .proto's ``RowDtype`` number of ``values``, unchecked)."""
+    .proto's ``RowDtype`` number of ``values``, unchecked); the read entries' rows back to
+    back in ``rows``."""
 
     duplicate: bool
     refreshed: list[tuple[memoryview, memoryview, int]]
     watermark: int
     flush: str = ""  # the checkpoint waiting for the job's replicas to be written back
     size: int = 0  # bytes of the serialised message
+    rows: memoryview = EMPTY
 
 
 # ---- encoding -----------------------------------------------------------------
@@ -208,12 +211,16 @@ def encode_update_request(
     refresh: Sequence[tuple] = (),
     replica: bool = False,
     trailer: bytes = b"",
+    read: Sequence[tuple] = (),
 ) -> bytes:
     """Serialise an UpdateRequest of :class:`GradsEntry` fields ``(table, ids, grads[, dtype])``
-    and refresh :class:`IdsEntry` fields, then ``trailer``."""
+    and refresh and read :class:`IdsEntry` fields, then ``trailer``."""
     parts = [part for entry in tables for part in _table_grads(1, entry)]
     refreshes = [part for entry in refresh for part in _table_ids(3, entry)]
-    return b"".join([*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), trailer])
+    reads = [part for entry in read for part in _table_ids(5, entry)]
+    return b"".join(
+        [*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), *reads, trailer]
+    )
 
 
 def encode_lookup_response(
@@ -264,15 +271,32 @@ def encode_update_response(
     watermark: int,
     flush: str = "",
     trailer: bytes = b"",
+    row_bytes: int = 0,
+    fill_rows: Callable[[memoryview], None] | None = None,
 ) -> bytes:
     """Serialise an UpdateResponse (``refreshed``: ``(positions, values, dtype)``), then
-    ``trailer``."""
+    ``trailer``, in one pass: the read entries' rows (``row_bytes``, omitted when 0) come
+    first, 4-byte aligned where :func:`aligned_len_field` has room, written in place by
+    ``fill_rows(view)`` as :func:`encode_lookup_response`'s filler writes them."""
     parts = _scalar(1, int(duplicate))
     for positions, values, dtype in refreshed:
         parts += _message(
             2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
         )
-    return b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
+    tail = b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
+    if not row_bytes:
+        return tail
+    if fill_rows is None:
+        raise ValueError("an update's answer with rows needs fill_rows")
+    header = aligned_len_field(5, row_bytes, 0)
+    end = len(header) + row_bytes
+
+    def fill(view: memoryview) -> None:
+        view[: len(header)] = header
+        fill_rows(view[len(header) : end])
+        view[end:] = tail
+
+    return fill_new_bytes(end + len(tail), fill)
 
 
 # ---- decoding -----------------------------------------------------------------
@@ -360,6 +384,8 @@ def decode_update_request(data: bytes) -> UpdateRequestView:
             request.clock = _decode_clock(value, request.clock or StepClockView())
         elif number == 3:
             request.refresh.append(_decode_table_ids(value))
+        elif number == 5:
+            request.read.append(_decode_table_ids(value))
     return request
 
 
@@ -396,4 +422,6 @@ def decode_update_response(data: bytes) -> UpdateResponseView:
             response.watermark = int64(value)
         elif number == 4 and wire_type == LEN:
             response.flush = utf8(value, "flush")
+        elif number == 5 and wire_type == LEN:
+            response.rows = value
     return response

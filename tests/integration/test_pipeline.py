@@ -14,6 +14,7 @@ from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
+from ember.trainer.lookahead import Lookahead
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.pipeline import PipelinedRowSource
 
@@ -25,9 +26,12 @@ OPTIMIZERS = {
 }
 
 
-def train_steps(endpoints, specs, batches, pipelined: bool, wire_dtype: str = "float32"):
+def train_steps(
+    endpoints, specs, batches, pipelined: bool, wire_dtype: str = "float32", depth: int = 0
+):
     """Losses, final rows and traffic of STEPS steps of DLRM on ``batches``, serial or
-    pipelined (with rows and gradients travelling as ``wire_dtype``)."""
+    pipelined (with rows and gradients travelling as ``wire_dtype``; batches announced
+    ``depth`` steps ahead, 0: as far as the pipeline takes them, as train() does)."""
     torch.manual_seed(0)
     model = DLRM(13, len(specs), DIM)
     dense = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -38,15 +42,19 @@ def train_steps(endpoints, specs, batches, pipelined: bool, wire_dtype: str = "f
             job = StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60)
             steps = StepClient(client, job, {spec.name: wire_dtype for spec in specs})
             source = PipelinedRowSource(steps, staleness=0)
+            lookups = count_calls(steps, "lookup")
         else:
             source = PSRowSource(client)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
+        ahead = Lookahead(
+            iter(batches), depth or getattr(source, "lookahead", 1), len(batches),
+            lambda upcoming: ebc.prefetch(upcoming.sparse) if pipelined else None,
+        )  # fmt: skip
         losses = []
-        for step, batch in enumerate(batches):
+        while (batch := ahead.take()) is not None:
             dense.zero_grad()
             pooled = ebc(batch.sparse)
-            if pipelined and step + 1 < len(batches):
-                ebc.prefetch(batches[step + 1].sparse)
+            ahead.announce()
             loss = torch.nn.functional.binary_cross_entropy_with_logits(
                 model(batch.dense, pooled), batch.labels
             )
@@ -57,6 +65,8 @@ def train_steps(endpoints, specs, batches, pipelined: bool, wire_dtype: str = "f
         if pipelined:
             source.flush()
             assert source.timing.max_lag == 0 and len(source.timing.lags) == len(batches)
+            # Announced two steps ahead, every lookup but steps 0's and 1's rides on an update.
+            assert len(lookups) == (2 if (depth or 2) == 2 else len(batches))
             source.close()
         rows = {
             s.name: client.pull_with_versions(s.name, torch.arange(c)) for s, c in specs.items()
@@ -64,10 +74,25 @@ def train_steps(endpoints, specs, batches, pipelined: bool, wire_dtype: str = "f
     return losses, rows, source.traffic
 
 
-@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("ids", ["spread", "colliding"])
+def count_calls(target, name: str) -> list:
+    """The arguments of every call of ``target.name`` from now on (it still runs)."""
+    calls, method = [], getattr(target, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(target, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "optimizer,ids,depth",
+    [(optimizer, ids, 0) for optimizer in OPTIMIZERS for ids in ("spread", "colliding")]
+    + [("adam", "colliding", 1)],  # lookups that start on their own, none riding
+)
 def test_the_pipeline_with_staleness_0_trains_exactly_as_the_serial_path(
-    table_name, optimizer, ids
+    table_name, optimizer, ids, depth
 ):
     cardinalities = (40, 300, 2000, 7) if ids == "spread" else (3, 5, 4, 2)  # nearly all collide
     specs = {
@@ -79,7 +104,7 @@ def test_the_pipeline_with_staleness_0_trains_exactly_as_the_serial_path(
     results = []
     for pipelined in (False, True):
         with LocalCluster(2) as cluster:  # same table names, fresh rows
-            results.append(train_steps(cluster.endpoints, specs, batches, pipelined))
+            results.append(train_steps(cluster.endpoints, specs, batches, pipelined, depth=depth))
     (serial_losses, serial_rows, _), (piped_losses, piped_rows, _) = results
     np.testing.assert_allclose(piped_losses, serial_losses, rtol=1e-5)
     for name, (rows, versions) in serial_rows.items():
@@ -147,14 +172,14 @@ def test_a_failed_update_surfaces_at_the_next_wait_not_after_the_lookup_it_stall
     with PSClient(cluster.endpoints) as client:
         client.create_table(spec)
         steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
-        send, clock_0_leaves = steps.update, threading.Event()
+        send, clock_0_leaves = steps.update_and_read, threading.Event()
 
-        def update(updates, clock, refresh):
+        def update(updates, clock, refresh, read):
             if clock == 0:
                 assert clock_0_leaves.wait(timeout=60)
-            return send(updates, clock, refresh)
+            return send(updates, clock, refresh, read)
 
-        steps.update = update
+        steps.update_and_read = update
         source = PipelinedRowSource(steps, staleness=1)
         source.rows(ids)
         source.prefetch(ids)

@@ -24,9 +24,12 @@ def spec(name: str) -> TableSpec:
     return TableSpec(name, dim=4, optimizer=ADAM)
 
 
+@pytest.mark.parametrize("rides", [False, True], ids=["lookups", "reads-riding-on-updates"])
 def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gradient(
-    cluster, table_name, transport
+    cluster, table_name, transport, rides
 ):
+    """Each rank reads every rank's earlier clocks: with a lookup naming the clock, or with
+    the next step's read riding on this step's update (answered once both ranks' are in)."""
     tables = [spec(table_name + ".a"), spec(table_name + ".b")]
     ids = torch.arange(0, 300, 3)
     steps = 3
@@ -45,13 +48,20 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
                 steps_client = StepClient(
                     client, StepJob(table_name, world=2, rank=rank, wait_s=30)
                 )
+                read = {t.name: ids for t in tables}
+                rows = None
                 for step in range(steps):
-                    rows, watermark = steps_client.lookup({t.name: ids for t in tables}, step - 1)
-                    assert watermark >= step - 1
+                    if rows is None:
+                        rows, watermark = steps_client.lookup(read, step - 1)
+                        assert watermark >= step - 1
                     seen[(rank, step)] = rows
-                    steps_client.update(
-                        {t.name: (ids, grads[(rank, step, t.name)]) for t in tables}, step
-                    )
+                    update = {t.name: (ids, grads[(rank, step, t.name)]) for t in tables}
+                    if rides:
+                        _, watermark, rows = steps_client.update_and_read(update, step, read=read)
+                        assert watermark >= step
+                    else:
+                        steps_client.update(update, step)
+                        rows = None
         except Exception as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
@@ -96,6 +106,26 @@ def test_an_update_hands_back_the_refresh_rows_its_clock_changed_from_every_shar
         order = torch.argsort(positions)
         assert positions[order].tolist() == [0, 2, 4]  # 38, 0 and 20 changed; 1 and 7 did not
         assert torch.equal(rows[order], client.pull(t.name, later[[0, 2, 4]]))
+
+
+def test_a_read_riding_on_an_update_comes_back_again_with_a_retry_and_only_in_exact_mode(
+    cluster, table_name, transport
+):
+    t = spec(table_name)
+    with PSClient(cluster.endpoints, ClientConfig(transport=transport)) as client:
+        client.create_table(t)
+        steps = StepClient(client, StepJob(table_name, world=1))
+        ids, read = torch.arange(0, 40, 2), {t.name: torch.tensor([38, 1, 38, 7])}  # repeats
+        update = {t.name: (ids, torch.ones(len(ids), 4))}
+        answers = [steps.update_and_read(update, 0, read=read) for _ in range(2)]  # a retry
+        expected = client.pull(t.name, read[t.name])
+        for _, watermark, rows in answers:
+            assert watermark == 0 and torch.equal(rows[t.name], expected)
+        assert client.pull_with_versions(t.name, ids)[1].eq(1).all()  # applied once
+        async_steps = StepClient(client, StepJob(table_name + "-async", mode="async"))
+        with pytest.raises(ValueError, match="exact mode only"):
+            async_steps.update_and_read(update, 0, read=read)
+        assert client.pull_with_versions(t.name, ids)[1].eq(1).all()  # nothing sent
 
 
 def test_a_rank_that_never_arrives_fails_the_others_within_the_wait_naming_it(

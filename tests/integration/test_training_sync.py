@@ -15,6 +15,7 @@ from ember.trainer.cache.profiler import cache_bytes_per_row, profile_hot_ids
 from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
+from ember.trainer.lookahead import Lookahead
 from ember.trainer.models.dlrm import DLRM
 from ember.trainer.pipeline import PipelinedRowSource
 
@@ -113,8 +114,13 @@ def test_ps_training_matches_reference(cluster, table_name, optimizers, source_k
             client.create_table(spec)
         source = SOURCES[source_kind](client, specs, batches)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
+        ahead = Lookahead(  # as train() does: the replicated source's cold lookups ride
+            iter(batches), getattr(source, "lookahead", 1), len(batches),
+            lambda upcoming: ebc.prefetch(upcoming.sparse),
+        )  # fmt: skip
         reference_losses, ps_losses = [], []
-        for index, batch in enumerate(batches):
+        for index in range(len(batches)):
+            batch = ahead.take()
             for model, embed, opts, losses in (
                 (
                     reference_model,
@@ -127,8 +133,8 @@ def test_ps_training_matches_reference(cluster, table_name, optimizers, source_k
                 for opt in opts:
                     opt.zero_grad()
                 pooled = embed(batch.sparse)
-                if embed is ebc and index + 1 < len(batches):
-                    ebc.prefetch(batches[index + 1].sparse)  # as train() does
+                if embed is ebc:
+                    ahead.announce()
                 logits = model(batch.dense, pooled)
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
                 loss.backward()

@@ -30,6 +30,7 @@ from ember.ps_server.wire.table_spec import (
     OptimizerSpec,
     TableSpec,
 )
+from ember.trainer.lookahead import Lookahead
 from ember.trainer.pipeline import PipelinedRowSource
 
 IDS = torch.arange(8)
@@ -52,11 +53,13 @@ def main(argv: list[str]) -> int:
             StepClient(client, StepJob(job, world, rank, "exact", float(wait_s))), staleness
         )
         seen, started = [], time.perf_counter()
-        for step in range(steps):
+        # As train() does: lookups announced early ride on the updates they need.
+        ahead = Lookahead(iter(range(steps)), source.lookahead, steps,
+                          lambda _: source.prefetch({table: IDS}))  # fmt: skip
+        while (step := ahead.take()) is not None:
             rows = source.rows({table: IDS})
             seen.append(float(rows[table][0, 0]))
-            if step + 1 < steps:
-                source.prefetch({table: IDS})
+            ahead.announce()
             time.sleep(float(sleep_s))  # this rank's compute
             source.apply_gradients({table: (IDS, -torch.ones(len(IDS), 2))})
             print(f"step {step}", flush=True)

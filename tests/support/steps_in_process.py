@@ -13,6 +13,7 @@ from ember.ps_server.wire.step_codec import (
     decode_lookup_request,
     decode_lookup_response,
     decode_update_request,
+    decode_update_response,
     encode_lookup_request,
     encode_update_request,
 )
@@ -36,12 +37,24 @@ def clock(step, rank=0, world=2, mode=pb.EXACT, job="job-a", wait_ms=20_000):
 
 
 def update(server, step, ids, grads, rank=0, refresh=(), call=None, **kwargs):
+    """``(duplicate, refreshed, watermark)`` of an update of table ``emb``."""
     request = encode_update_request(
         [("emb", np.asarray(ids, "<i8"), np.asarray(grads, "<f4"))],
         clock(step, rank, **kwargs),
         [("emb", np.asarray(r, "<i8")) for r in refresh],
     )
-    return server.steps.update(decode_update_request(request), call)
+    return server.steps.update(decode_update_request(request), call)[:3]
+
+
+def update_and_read(server, step, ids, grads, read, rank=0, **kwargs):
+    """``(watermark, rows of ``read``)`` of an update of table ``emb`` that carries a read of
+    ``read`` (its ids), through the handler that writes the reply."""
+    request = encode_update_request(
+        [("emb", np.asarray(ids, "<i8"), np.asarray(grads, "<f4"))],
+        clock(step, rank, **kwargs), read=[("emb", np.asarray(read, "<i8"))],
+    )  # fmt: skip
+    reply = decode_update_response(StepHandlers(server).update(decode_update_request(request)))
+    return reply.watermark, np.frombuffer(reply.rows, "<f4").reshape(len(read), -1)
 
 
 def lookup(server, ids, step=None, rank=0, **kwargs):

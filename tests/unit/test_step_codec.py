@@ -115,22 +115,26 @@ def test_entries_without_a_dtype_travel_as_float32_and_unknown_dtypes_decode_unc
     clock=clocks,
     refresh=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
     replica=st.booleans(),
+    read=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
 )
-def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh, replica):
-    encoded = encode_update_request(tables, clock, refresh, replica)
+def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh, replica, read):
+    encoded = encode_update_request(tables, clock, refresh, replica, read=read)
     parsed = pb.UpdateRequest.FromString(encoded)
     assert [(t.table, t.ids, t.grads, t.dtype) for t in parsed.tables] == tables
     assert [(t.table, t.ids, t.dtype) for t in parsed.refresh] == refresh
+    assert [(t.table, t.ids, t.dtype) for t in parsed.read] == read
     assert _view_clock(parsed, parsed.HasField("clock")) == clock and parsed.replica == replica
     generated = pb.UpdateRequest(
         tables=[pb.TableGrads(table=t, ids=i, grads=g, dtype=d) for t, i, g, d in tables],
         clock=_pb_clock(clock),
         refresh=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in refresh],
         replica=replica,
+        read=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in read],
     ).SerializeToString()
     view = decode_update_request(generated)
     assert [(t.table, bytes(t.ids), bytes(t.grads), t.dtype) for t in view.tables] == tables
     assert [(t.table, bytes(t.ids), t.dtype) for t in view.refresh] == refresh
+    assert [(t.table, bytes(t.ids), t.dtype) for t in view.read] == read
     assert view.clock == clock
     assert view.replica == replica
 
@@ -142,9 +146,10 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
     duplicate=st.booleans(),
     refreshed=st.lists(st.tuples(blobs, blobs, dtypes), max_size=3),
     flush=names,
+    rows=blobs | st.binary(min_size=5000, max_size=5000),  # small, and over the in-place size
 )
 def test_responses_match_the_generated_code_both_ways(
-    values, watermark, duplicate, refreshed, flush
+    values, watermark, duplicate, refreshed, flush, rows
 ):
     parsed = pb.LookupResponse.FromString(_lookup_response(values, watermark))
     assert list(parsed.values) == values and parsed.watermark == watermark and not parsed.rows
@@ -160,20 +165,30 @@ def test_responses_match_the_generated_code_both_ways(
         pb.LookupResponse(rows=b"".join(values), watermark=watermark).SerializeToString()
     )
     assert bytes(view.rows) == b"".join(values) and not view.values
-    encoded = encode_update_response(duplicate, refreshed, watermark, flush)
+
+    def fill(view):
+        view[:] = rows
+
+    encoded = encode_update_response(duplicate, refreshed, watermark, flush, b"", len(rows), fill)
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
-    assert parsed.flush == flush
+    assert parsed.flush == flush and parsed.rows == rows
     assert [(r.positions, r.values, r.dtype) for r in parsed.refreshed] == refreshed
+    if rows:  # first: a tag, a (padded) length, then the rows 4-byte aligned
+        start = 1 + next(i for i, byte in enumerate(encoded[1:], 1) if byte < 0x80)
+        assert encoded[0] == (5 << 3 | 2) and start % 4 == 0
+        assert encoded[start : start + len(rows)] == rows
     view = decode_update_response(
         pb.UpdateResponse(
             duplicate=duplicate,
             refreshed=[pb.RefreshedRows(positions=p, values=v, dtype=d) for p, v, d in refreshed],
             watermark=watermark,
             flush=flush,
+            rows=rows,
         ).SerializeToString()
     )
     assert view.duplicate == duplicate and view.watermark == watermark and view.flush == flush
+    assert bytes(view.rows) == rows
     assert [(bytes(p), bytes(v), d) for p, v, d in view.refreshed] == refreshed
 
 

@@ -36,6 +36,7 @@ from tests.support.steps_in_process import (
     reference_rows,
     shard,
     update,
+    update_and_read,
 )  # fmt: skip
 
 
@@ -107,6 +108,28 @@ def test_an_update_returns_the_refresh_rows_its_clock_changed():
     assert dtype == RowDtype.FLOAT32
     assert positions.tolist() == [1, 3]  # 9 and 4 changed; 1 and 7 did not
     np.testing.assert_array_equal(rows, lookup(server, [9, 4])[0])
+
+
+def test_a_read_riding_on_an_update_is_answered_once_every_ranks_clock_is_applied():
+    server = shard()
+    g0, g1 = np.full((2, 3), 0.3), np.full((2, 3), -0.1)
+    first, result = in_thread(update_and_read, server, 0, [4, 9], g0, [9, 5, 4, 9], rank=0)
+    assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)  # held for rank 1
+    assert "value" not in result
+    update(server, 0, [4, 9], g1, rank=1)
+    first.join(30)
+    watermark, rows = result["value"]
+    assert watermark == 0
+    np.testing.assert_array_equal(rows, lookup(server, [9, 5, 4, 9])[0])  # both ranks' sum
+    summed = reference_rows([9, 4], [g0 + g1])
+    np.testing.assert_allclose(rows[[0, 2, 3]], summed[[0, 1, 0]], rtol=1e-5, atol=1e-6)
+
+
+def test_a_read_riding_on_an_async_update_is_refused_before_anything_is_applied():
+    server = shard()
+    with pytest.raises(InvalidArgumentError, match="read needs EXACT mode"):
+        update_and_read(server, 0, [4], np.ones((1, 3)), [4], world=1, mode=pb.ASYNC)
+    assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ the write-back, which the shards hold until the checkpoint has paused writes
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import NamedTuple
@@ -33,6 +34,7 @@ from ember.kernels.split import split_tables
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.wire.table_spec import TableSpec
 from ember.trainer.cache.replica_groups import HotGrads, ReplicaGroups
+from ember.trainer.lookahead import take_planned
 from ember.trainer.pipeline import PipelinedRowSource, same_requests
 from ember.trainer.timer import Timer
 from ember.trainer.traffic import CountingClient, TrafficStats
@@ -116,9 +118,14 @@ class ReplicatedRowSource:
         )
         self.hits = self.lookups = 0
         self._served: _Located | None = None  # the last rows() call's, for its gradients
-        # The next step's ids as prefetch located them, so rows() neither searches again
-        # nor hands the cold source different tensors.
-        self._located: _Located | None = None
+        # The next steps' ids as prefetch located them, oldest first, so rows() neither
+        # searches again nor hands the cold source different tensors.
+        self._located: collections.deque[_Located] = collections.deque(maxlen=self.cold.lookahead)
+
+    @property
+    def lookahead(self) -> int:
+        """How many steps ahead :meth:`prefetch` takes ids for (the cold source's)."""
+        return self.cold.lookahead
 
     @property
     def blocked_s(self) -> float:
@@ -161,9 +168,8 @@ class ReplicatedRowSource:
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the cold source."""
-        located, self._located = self._located, None
-        if located is None or located.requests is not requests:
-            located = self._locate(requests)
+        located = take_planned(self._located, lambda found: found.requests is requests)
+        located = located or self._locate(requests)
         self._served = located
         self.hits += len(located.found_at)
         self.lookups += sum(len(ids) for ids in requests.values())
@@ -175,9 +181,9 @@ class ReplicatedRowSource:
         return self._assembled(located, self.cold.read(located.cold))
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
-        """Let the cold source start fetching the next step's cold rows."""
-        self._located = self._locate(requests)
-        self.cold.prefetch(self._located.cold)
+        """Let the cold source start fetching the next announced step's cold rows."""
+        self._located.append(self._locate(requests))
+        self.cold.prefetch(self._located[-1].cold)
 
     def _assembled(
         self, located: _Located, cold_rows: dict[str, torch.Tensor]

@@ -1,0 +1,91 @@
+"""Batches known ahead of their steps: a training loop's window over its batches, and the
+plans that a row source or collection keeps for them until their step comes.
+
+A pipelined row source fetches a step's rows while earlier steps compute, and
+in exact mode lets the lookup of step t ride on the update of step t-2 (see
+:mod:`ember.trainer.pipeline`): it needs step t's ids two steps early. The
+loop hands each batch to ``prefetch`` once, in step order, as soon as it is
+within the source's ``lookahead``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+Batch = TypeVar("Batch")
+Planned = TypeVar("Planned")
+
+
+class Lookahead(Generic[Batch]):
+    """A training loop's batches, each announced to ``prefetch`` up to ``depth`` steps early.
+
+    Args:
+        batches: the training batches, in step order.
+        depth: how many steps past the current one ``prefetch`` takes batches (>= 1).
+        steps: the run's last step is ``steps - 1``: no batch past it is announced.
+        prefetch: called once per batch, in order, before its step.
+
+    Example:
+        >>> ahead = Lookahead(batches, source.lookahead, steps, lambda b: ebc.prefetch(b.sparse))
+        >>> while (batch := ahead.take()) is not None:          # doctest: +SKIP
+        ...     pooled = ebc(batch.sparse)
+        ...     ahead.announce()            # the next batches' rows come while this computes
+    """
+
+    def __init__(
+        self,
+        batches: Iterator[Batch],
+        depth: int,
+        steps: int,
+        prefetch: Callable[[Batch], None],
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self._batches, self._depth, self._steps = batches, depth, steps
+        self._prefetch = prefetch
+        self._ahead: collections.deque[Batch] = collections.deque()
+        self._taken = 0  # steps whose batch take() gave
+        self._announced = 0  # batches at the front of _ahead already given to prefetch
+
+    def has_batch(self) -> bool:
+        """Whether :meth:`take` has a batch to give."""
+        self._fill()
+        return bool(self._ahead)
+
+    def take(self) -> Batch | None:
+        """The next step's batch (None when the batches ran out)."""
+        if not self.has_batch():
+            return None
+        self._taken += 1
+        self._announced = max(0, self._announced - 1)
+        return self._ahead.popleft()
+
+    def announce(self) -> None:
+        """Give ``prefetch`` the batches of the next ``depth`` steps it has not had yet (call
+        after the current step's rows are read)."""
+        room = min(len(self._ahead), self._depth, self._steps - self._taken)
+        while self._announced < room:
+            self._prefetch(self._ahead[self._announced])
+            self._announced += 1
+
+    def _fill(self) -> None:
+        while len(self._ahead) < self._depth + 1:
+            batch = next(self._batches, None)
+            if batch is None:
+                return
+            self._ahead.append(batch)
+
+
+def take_planned(
+    planned: collections.deque[Planned], matches: Callable[[Planned], bool]
+) -> Planned | None:
+    """The oldest plan in ``planned`` that ``matches``, removed with every older one (plans
+    of steps that were served without them); None, removing nothing, when none does."""
+    for index, plan in enumerate(planned):
+        if matches(plan):
+            for _ in range(index + 1):
+                planned.popleft()
+            return plan
+    return None
