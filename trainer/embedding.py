@@ -38,8 +38,8 @@ class RowSource(Protocol):
     Every tensor in and out is a host (CPU) tensor.
 
     Training calls, per step: :meth:`rows` (the step's rows), optionally
-    :meth:`prefetch` (a later step's ids, known early: once per step, in step order,
-    up to ``lookahead`` steps past the current one where a source has that attribute,
+    :meth:`prefetch` (later steps' ids, known early: each step's once, in step order,
+    at most ``lookahead`` steps past the current one where a source has that attribute,
     else 1), then :meth:`apply_gradients` exactly once (the step's gradients, possibly
     none). Evaluation calls :meth:`read`.
     """

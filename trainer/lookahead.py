@@ -2,10 +2,11 @@
 plans that a row source or collection keeps for them until their step comes.
 
 A pipelined row source fetches a step's rows while earlier steps compute, and
-in exact mode lets the lookup of step t ride on the update of step t-2 (see
-:mod:`ember.trainer.pipeline`): it needs step t's ids two steps early. The
-loop hands each batch to ``prefetch`` once, in step order, as soon as it is
-within the source's ``lookahead``.
+(exact mode, staleness <= 1) lets the lookup of step t ride on the update of
+step t-2 (see :mod:`ember.trainer.pipeline`): it needs step t's ids two steps
+early. The loop hands each batch to ``prefetch`` once, in step order, as soon
+as it is within the source's ``lookahead`` (after step 0's rows, the next
+``lookahead`` batches; after each later step's, one).
 """
 
 from __future__ import annotations

@@ -4,12 +4,14 @@ Per step t (see the RowSource protocol): ``rows`` serves step t's rows from
 the lookup started before; ``prefetch`` announces a later step's ids as soon
 as they are known; ``apply_gradients`` sends step t's update (clock t) in the
 background. The lookup of step u needs clock c = u-1-max(s, 1). In EXACT
-mode it rides on the update of clock c when its ids are announced before
-that update leaves (HET's piggyback; :attr:`lookahead` steps ahead): the
-shards answer it with that update, once every rank's clock c is applied, so
-a step costs one call per shard instead of two. Otherwise (ids announced
-later, or ASYNC mode) a lookup naming clock c starts at once. With
-staleness ``s``:
+mode with ``s <= 1`` it rides on the update of clock c, u-2, when its ids
+are announced before that update leaves (HET's piggyback; :attr:`lookahead`
+steps ahead): the shards answer it with that update, once every rank's
+clock c is applied, so a step costs one call per shard instead of two.
+Otherwise (ids announced later, ASYNC mode, or ``s >= 2``, whose rows would
+then be read as stale as the bound allows, s steps early, rather than at
+the step before) a lookup naming clock c starts at once. With staleness
+``s``:
 
 * ``s = 0``: step t+1's rows, read at clock t-1, miss only clock t, so the
   update of clock t carries those ids as ``refresh``: the shards answer it
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
 from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.errors import PSClientError, Status
 from ember.trainer.traffic import TrafficStats
 
 # Each step in flight holds a thread here and a request on the shards; with the next
@@ -118,14 +121,14 @@ class PipelinedRowSource:
         self._updates: dict[int, concurrent.futures.Future] = {}
         # Lookups waiting for the update they ride on: its clock -> (their step, their ids).
         self._riders: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
-        self._rides = steps.job.mode == "exact"
+        self._rides = steps.job.mode == "exact" and staleness <= 1
 
     @property
     def lookahead(self) -> int:
-        """How many steps past the current one :meth:`prefetch` takes ids for: a step's
-        lookup rides on the update of 1 + max(s, 1) steps before it (exact mode), whose ids
-        must be announced before that update leaves; 1 in async mode."""
-        return 1 + max(self.staleness, 1) if self._rides else 1
+        """How many steps past the current one :meth:`prefetch` takes ids for: 2 where a
+        step's lookup rides on the update two steps before it, whose ids must be announced
+        before that update leaves (see the module docstring); else 1."""
+        return 2 if self._rides else 1
 
     @property
     def traffic(self) -> TrafficStats:
@@ -249,7 +252,19 @@ class PipelinedRowSource:
         self, updates, step: int, refresh: dict[str, torch.Tensor], read: dict[str, torch.Tensor]
     ):
         try:
-            refreshed, watermark, rows = self.steps.update_and_read(updates, step, refresh, read)
+            try:
+                refreshed, watermark, rows = self.steps.update_and_read(
+                    updates, step, refresh, read
+                )
+            except PSClientError as error:
+                if not read or error.code != Status.RESOURCE_EXHAUSTED:
+                    raise
+                # The answer with the read would pass a shard's message limit (each part
+                # alone fits), or a shard had no wait slot: refused before anything was
+                # applied there. The update alone again (a duplicate where it was applied),
+                # then the read as a lookup of the clock.
+                refreshed, watermark = self.steps.update(updates, step, refresh)
+                rows = self.steps.lookup(read, clock=step)[0]
         except Exception as error:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise

@@ -1,8 +1,10 @@
 """StepClient: a trainer's step data plane, Lookup and clocked Update (see the .proto).
 
-One Lookup and one Update per shard per step carry every table: ids are
-routed to their shards, each shard's part encoded by the zero-copy step
-codec, and replies scattered back into the caller's order as they arrive.
+One Lookup and one Update per shard per step carry every table (in exact
+mode a later step's lookup may ride on an update instead, see
+:meth:`StepClient.update_and_read`): ids are routed to their shards, each
+shard's part encoded by the zero-copy step codec, and replies scattered back
+into the caller's order as they arrive.
 With a :class:`StepJob`, updates carry the rank's step clock and go to every
 shard, even one that gets no rows this step, so that every shard's clock
 advances; lookups may name the clock they need.
@@ -312,9 +314,17 @@ class StepClient:
                 try:
                     reads.place(shard, reply.rows)
                 except InvalidArgumentError as error:
+                    older = "" if len(reply.rows) else "; a shard older than reads answers none"
                     raise PSClientError(
-                        self.client.endpoints[shard], Status.INTERNAL, f"{error} (an update's read)"
+                        self.client.endpoints[shard],
+                        Status.INTERNAL,
+                        f"{error} (an update's read, its clock applied{older})",
                     ) from None
+            elif len(reply.rows):
+                raise PSClientError(
+                    self.client.endpoints[shard], Status.INTERNAL,
+                    f"an update's answer holds {len(reply.rows)} bytes of rows nobody asked for",
+                )  # fmt: skip
 
         self.client.shard_rpc.run(calls, on_reply=collect)
         self.flush_request = max(flush_requests)  # a shard that asks, if any does

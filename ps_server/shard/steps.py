@@ -59,8 +59,10 @@ TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 class UpdateAnswer(NamedTuple):
     """What an update answers: whether its clock was applied before (a duplicate), per
     refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the validated
-    reads riding on it, whose rows are read (by :mod:`ember.ps_server.shard.step_rows`) now
-    that its clock is applied."""
+    reads riding on it. Their rows are read afterwards, outside the job's lock, as a
+    lookup's are (:mod:`ember.ps_server.shard.step_rows`): they hold every rank's clock
+    and, as for a lookup, may hold later clocks in part (no later clock of the caller's
+    can be applied before it has this answer)."""
 
     duplicate: bool
     refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]

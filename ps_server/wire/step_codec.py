@@ -276,19 +276,21 @@ def encode_update_response(
 ) -> bytes:
     """Serialise an UpdateResponse (``refreshed``: ``(positions, values, dtype)``), then
     ``trailer``, in one pass: the read entries' rows (``row_bytes``, omitted when 0) come
-    first, 4-byte aligned where :func:`aligned_len_field` has room, written in place by
-    ``fill_rows(view)`` as :func:`encode_lookup_response`'s filler writes them."""
+    first, after the watermark, 4-byte aligned as :func:`aligned_varint_then_len` aligns
+    them, written in place by ``fill_rows(view)`` as :func:`encode_lookup_response`'s filler
+    writes them."""
     parts = _scalar(1, int(duplicate))
     for positions, values, dtype in refreshed:
         parts += _message(
             2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
         )
-    tail = b"".join([*parts, *_scalar(3, watermark, int64_varint), *_string(4, flush), trailer])
+    rest = [*parts, *_string(4, flush), trailer]
     if not row_bytes:
-        return tail
+        return b"".join([*_scalar(3, watermark, int64_varint), *rest])
     if fill_rows is None:
         raise ValueError("an update's answer with rows needs fill_rows")
-    header = aligned_len_field(5, row_bytes, 0)
+    header = aligned_varint_then_len(3, int64_varint(watermark), 5, row_bytes)
+    tail = b"".join(rest)
     end = len(header) + row_bytes
 
     def fill(view: memoryview) -> None:

@@ -66,7 +66,7 @@ def train_steps(
             source.flush()
             assert source.timing.max_lag == 0 and len(source.timing.lags) == len(batches)
             # Announced two steps ahead, every lookup but steps 0's and 1's rides on an update.
-            assert len(lookups) == (2 if (depth or 2) == 2 else len(batches))
+            assert len(lookups) == (2 if (depth or source.lookahead) == 2 else len(batches))
             source.close()
         rows = {
             s.name: client.pull_with_versions(s.name, torch.arange(c)) for s, c in specs.items()
@@ -193,3 +193,33 @@ def test_a_failed_update_surfaces_at_the_next_wait_not_after_the_lookup_it_stall
             source.rows(ids)
         assert time.perf_counter() - started < 20
     source.close()  # the client's close ended the calls still waiting on the shards
+
+
+def test_a_read_too_large_to_ride_with_its_update_comes_by_a_lookup_of_the_clock(table_name):
+    """Staleness 0: the update of clock 0 carries step 1's refresh and step 2's read. Under a
+    64 KiB message limit each answer fits alone but not both in one: the shard refuses before
+    applying, and the pipeline sends the update alone, then the read as a lookup."""
+    spec = TableSpec(table_name, 4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    ids, touched = torch.arange(1800), torch.arange(10)
+    with (
+        LocalCluster(1, ["--max-message-bytes", str(1 << 16)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(spec)
+        initial = client.pull(table_name, ids)
+        steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
+        lookups = count_calls(steps, "lookup")
+        source = PipelinedRowSource(steps, staleness=0)
+        source.rows({table_name: touched})
+        requests = [{table_name: ids}, {table_name: ids}]
+        for request in requests:  # steps 1 (a lookup now) and 2 (riding on clock 0)
+            source.prefetch(request)
+        for step, request in enumerate(requests, 1):
+            source.apply_gradients({table_name: (touched, torch.ones(10, 4))})
+            rows = source.rows(request)[table_name]
+            expected = initial.clone()
+            expected[:10] -= step  # every clock before this step, and no other
+            torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
+        assert len(lookups) == 3  # steps 0 and 1, and the read that could not ride
+        source.flush()
+        source.close()

@@ -49,11 +49,12 @@ def main(argv: list[str]) -> int:
     world, rank, steps, staleness = int(world), int(rank), int(steps), int(staleness)
     with PSClient(endpoints.split(",")) as client:
         client.create_table(counter_table(table))
-        source = PipelinedRowSource(
-            StepClient(client, StepJob(job, world, rank, "exact", float(wait_s))), staleness
-        )
+        steps_client = StepClient(client, StepJob(job, world, rank, "exact", float(wait_s)))
+        lookups, lookup = [], steps_client.lookup
+        steps_client.lookup = lambda *args, **kwargs: lookups.append(1) or lookup(*args, **kwargs)
+        source = PipelinedRowSource(steps_client, staleness)
         seen, started = [], time.perf_counter()
-        # As train() does: lookups announced early ride on the updates they need.
+        # As train() does: lookups announced early ride on the updates they need (s <= 1).
         ahead = Lookahead(iter(range(steps)), source.lookahead, steps,
                           lambda _: source.prefetch({table: IDS}))  # fmt: skip
         while (step := ahead.take()) is not None:
@@ -69,6 +70,7 @@ def main(argv: list[str]) -> int:
         json.dumps(
             {
                 "seen": seen,
+                "lookups": len(lookups),  # the step Lookup calls: the others rode on updates
                 "lags": source.timing.lags,
                 "exposed_wait_s": source.timing.exposed_wait,
                 "rows_to_update_s": source.timing.rows_to_update_per_step,

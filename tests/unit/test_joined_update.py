@@ -84,8 +84,9 @@ class _TwoShards:
 
     num_shards = 2
 
-    def __init__(self, drop: int = 0) -> None:
+    def __init__(self, drop: int = 0, rows: bytes = b"") -> None:
         self.drop = drop  # refreshed entries each answer leaves out
+        self.rows = rows  # what each answer holds as its read rows
         self.endpoints = ["shard-0:7000", "shard-1:7000"]
         self.dims = {"wide": 8, "narrow": 4, "wide2": 8}
         self.shard_rpc = SimpleNamespace(data_plane=SimpleNamespace(trailer=b""), run=self._run)
@@ -99,7 +100,9 @@ class _TwoShards:
                 found = np.arange(0, len(ids), 2, dtype=np.int64)
                 rows = _refreshed(entry.table, ids[found], self.dims[entry.table])
                 refreshed.append((memoryview(found.tobytes()), memoryview(rows.tobytes()), 0))
-            on_reply(index, UpdateResponseView(False, refreshed[self.drop :], 0))
+            answer = UpdateResponseView(False, refreshed[self.drop :], 0)
+            answer.rows = memoryview(self.rows)
+            on_reply(index, answer)
 
     def dim(self, table: str) -> int:
         return self.dims[table]
@@ -134,4 +137,20 @@ def test_an_answer_that_refreshes_other_tables_than_asked_is_internal():
     steps = StepClient(_TwoShards(drop=1), StepJob("job"))
     with pytest.raises(PSClientError, match="must refresh 3 tables, got 2") as error:
         steps.update({}, 0, {t: torch.arange(0, 60, 2) for t in ("wide", "narrow", "wide2")})
+    assert error.value.code == Status.INTERNAL
+
+
+@pytest.mark.parametrize(
+    ("rows", "read", "message"),
+    [
+        (b"", True, "a shard older than reads answers none"),  # it ignored the read
+        (bytes(12), True, "its clock applied"),  # too few bytes
+        (bytes(32), False, "32 bytes of rows nobody asked for"),
+    ],
+)
+def test_an_answer_whose_read_rows_are_not_as_asked_is_internal(rows, read, message):
+    steps = StepClient(_TwoShards(rows=rows), StepJob("job"))
+    asked = {"wide": torch.arange(0, 60, 2)} if read else None
+    with pytest.raises(PSClientError, match=message) as error:
+        steps.update_and_read({}, 0, read=asked)
     assert error.value.code == Status.INTERNAL

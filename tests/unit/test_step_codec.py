@@ -174,10 +174,8 @@ def test_responses_match_the_generated_code_both_ways(
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
     assert parsed.flush == flush and parsed.rows == rows
     assert [(r.positions, r.values, r.dtype) for r in parsed.refreshed] == refreshed
-    if rows:  # first: a tag, a (padded) length, then the rows 4-byte aligned
-        start = 1 + next(i for i, byte in enumerate(encoded[1:], 1) if byte < 0x80)
-        assert encoded[0] == (5 << 3 | 2) and start % 4 == 0
-        assert encoded[start : start + len(rows)] == rows
+    if rows:  # first the watermark, then the rows, 4-byte aligned
+        assert _rows_start(encoded, rows) % 4 == 0
     view = decode_update_response(
         pb.UpdateResponse(
             duplicate=duplicate,
@@ -190,6 +188,28 @@ def test_responses_match_the_generated_code_both_ways(
     assert view.duplicate == duplicate and view.watermark == watermark and view.flush == flush
     assert bytes(view.rows) == rows
     assert [(bytes(p), bytes(v), d) for p, v, d in view.refreshed] == refreshed
+
+
+def _rows_start(encoded: bytes, rows: bytes) -> int:
+    """Where an encoded UpdateResponse's ``rows`` payload starts (it must hold ``rows``)."""
+    view = decode_update_response(encoded).rows
+    start = np.frombuffer(view, np.uint8).ctypes.data - np.frombuffer(encoded, np.uint8).ctypes.data
+    assert encoded[start : start + len(rows)] == rows
+    return start
+
+
+@pytest.mark.parametrize("size", [4 << 10, 1 << 20, 3 << 20])  # length varints of 2, 3, 4 bytes
+@pytest.mark.parametrize("watermark", [-1, 0, 7, 2**40])
+def test_an_update_responses_rows_start_aligned_however_long(size, watermark):
+    rows = bytes(size)
+
+    def fill(view):
+        view[:] = rows
+
+    encoded = encode_update_response(False, [], watermark, "f", b"", size, fill)
+    assert _rows_start(encoded, rows) % 4 == 0
+    parsed = decode_update_response(encoded)
+    assert parsed.watermark == watermark and parsed.flush == "f" and len(parsed.rows) == size
 
 
 def test_a_repeated_clock_is_merged_field_by_field_as_protobuf_merges_it():

@@ -7,6 +7,7 @@ import torch
 from ember.ps_server.errors import (
     ClockTimeoutError,
     InvalidArgumentError,
+    OutOfRangeError,
     Status,
     TooManyWaitingError,
     status_for,
@@ -123,6 +124,19 @@ def test_a_read_riding_on_an_update_is_answered_once_every_ranks_clock_is_applie
     np.testing.assert_array_equal(rows, lookup(server, [9, 5, 4, 9])[0])  # both ranks' sum
     summed = reference_rows([9, 4], [g0 + g1])
     np.testing.assert_allclose(rows[[0, 2, 3]], summed[[0, 1, 0]], rtol=1e-5, atol=1e-6)
+
+
+def test_a_read_row_beyond_its_dtype_fails_the_answer_and_the_clock_stays_applied():
+    server = shard()
+    ids = np.array([3, 8], "<i8")
+    request = encode_update_request(
+        [("other", ids, np.full((2, 2), -3e5, "<f4"))], clock(0, world=1),
+        read=[("other", ids, RowDtype.FLOAT16)],  # SGD lr 0.5: rows near 1.5e5 > 65504
+    )  # fmt: skip
+    with pytest.raises(OutOfRangeError, match="float16"):
+        StepHandlers(server).update(decode_update_request(request))
+    assert server.pull("other", ids.tobytes()).versions.tolist() == [1, 1]
+    assert update(server, 0, [4], np.ones((1, 3)), world=1)[0] is True  # a retry: a duplicate
 
 
 def test_a_read_riding_on_an_async_update_is_refused_before_anything_is_applied():
