@@ -19,7 +19,12 @@ the step before) a lookup naming clock c starts at once. With staleness
   collision rows), and ``rows`` of step t+1 patches them in. Every value
   step t+1 uses then includes every rank's steps <= t: the serial result,
   exactly, and with several ranks in EXACT mode the result of one process on
-  the union of their batches.
+  the union of their batches. With one rank, float32 rows on the wire and
+  the read riding on an update, clock t is this rank's own update: the read
+  also brings the optimizer state of the rows step t+1 shares with step t,
+  and ``apply_gradients`` of step t steps them in step t+1's copy as the
+  shard will (:mod:`ember.trainer.shared_rows`), so step t+1 waits for
+  nothing of step t.
 * ``s >= 1``: nothing is patched; at most s+1 updates are in flight
   (``apply_gradients`` of step t first waits for clock t-1-s's answer).
 
@@ -37,8 +42,10 @@ from typing import Any
 
 import torch
 from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
-from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_client import StepClient, UpdateAnswer
 from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.wire.row_dtype import RowDtype
+from ember.trainer.shared_rows import SharedRows
 from ember.trainer.traffic import TrafficStats
 
 # Each step in flight holds a thread here and a request on the shards; with the next
@@ -82,8 +89,12 @@ class PipelineTiming:
 @dataclasses.dataclass
 class _Prefetch:
     requests: dict[str, torch.Tensor]
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future | None
     rides: bool = False  # ``future`` is an update's, whose answer carries these rows
+    # Rows shared with the step before, whose state the answer carries (set by the update's
+    # thread before it sends; read once ``future`` is done).
+    shared: SharedRows | None = None
+    stepped: bool = False  # they are stepped here: the rows hold the step before's clock
 
 
 class PipelinedRowSource:
@@ -119,9 +130,12 @@ class PipelinedRowSource:
         self._rows_served_at: float | None = None  # when rows() last returned
         self._prefetched: dict[int, _Prefetch] = {}
         self._updates: dict[int, concurrent.futures.Future] = {}
-        # Lookups waiting for the update they ride on: its clock -> (their step, their ids).
-        self._riders: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+        # Lookups waiting for the update they ride on: its clock -> their prefetch's step, ids
+        # and the ids of the step before (None: their shared rows are not stepped here).
+        self._riders: dict[int, tuple[int, dict[str, torch.Tensor], dict | None]] = {}
         self._rides = steps.job.mode == "exact" and staleness <= 1
+        self._steps_shared_rows = self._rides and staleness == 0 and steps.job.world == 1
+        self._last_announced: dict[str, torch.Tensor] = {}  # the ids prefetch() last had
 
     @property
     def lookahead(self) -> int:
@@ -153,10 +167,16 @@ class PipelinedRowSource:
         current step's :meth:`rows`: its lookup rides on the update that carries it, when
         that has not left yet, or starts now."""
         step = max(self._step, self._announced) + 1
+        earlier, self._last_announced = self._last_announced, requests
+        stepped_here = (
+            self._announced == step - 1
+            and self._steps_shared_rows
+            and all(self.steps.wire_dtype(table) is RowDtype.FLOAT32 for table in requests)
+        )
         self._announced = step
         needed = step - 1 - max(self.staleness, 1)  # s = 0: one clock short, then patched
         if self._rides and needed >= self._step:  # that clock's update has not left
-            self._riders[needed] = (step, requests)
+            self._riders[needed] = (step, requests, earlier if stepped_here else None)
             return
         self._prefetched[step] = _Prefetch(
             requests, self._submit(self._lookups, self._lookup, requests, needed)
@@ -167,12 +187,20 @@ class PipelinedRowSource:
         no prefetch asked for, a lookup now of the clock step t needs."""
         step = self._step
         prefetched = self._prefetched.pop(step, None)
-        previous = self._updates.pop(step - 1, None) if self.staleness == 0 else None
-        if prefetched is not None and same_requests(prefetched.requests, requests):
+        planned = prefetched is not None and same_requests(prefetched.requests, requests)
+        previous = None
+        stepped = planned and prefetched.stepped
+        if self.staleness == 0 and not stepped:
+            previous = self._updates.pop(step - 1, None)
+        if stepped:  # at clock step-1: see apply_gradients
+            rows, _ = self._prefetched_rows(prefetched)
+            watermark = step - 1
+        elif planned:
             rows, watermark = self._prefetched_rows(prefetched)
             if previous is not None:
-                refreshed, watermark, _ = self._wait(previous)
-                for table, (positions, patch) in refreshed.items():
+                answer = self._wait(previous)
+                watermark = answer.watermark
+                for table, (positions, patch) in answer.refreshed.items():
                     if len(positions):
                         rows[table][positions] = patch
         else:  # unplanned: the previous update's refresh answers another request
@@ -204,14 +232,37 @@ class PipelinedRowSource:
             if old <= step - 1 - self.staleness:
                 self._wait(self._updates.pop(old))
         refresh = {}
-        if self.staleness == 0 and step + 1 in self._prefetched:
-            refresh = self._prefetched[step + 1].requests
-        rider, read = self._riders.pop(step, (None, {}))
-        update = self._submit(self._updates_pool, self._update, updates, step, refresh, read)
+        upcoming = self._prefetched.get(step + 1)
+        if self.staleness == 0 and upcoming is not None and not self._stepped(upcoming, updates):
+            refresh = upcoming.requests
+        rider, read, earlier = self._riders.pop(step, (None, {}, None))
+        prefetch = _Prefetch(read, None, rides=True) if rider is not None else None
+        update = self._submit(
+            self._updates_pool, self._update, updates, step, refresh, read, earlier, prefetch
+        )
         self._updates[step] = update
-        if rider is not None:
-            self._prefetched[rider] = _Prefetch(read, update, rides=True)
+        if prefetch is not None:
+            prefetch.future = update
+            self._prefetched[rider] = prefetch
         self._step += 1
+
+    def _stepped(
+        self, upcoming: _Prefetch, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    ) -> bool:
+        """Step the rows ``upcoming`` (the next step's prefetch) shares with this step with
+        this step's ``updates``, where its read brought their state (its update, the one
+        before this step's, has answered: staleness 0 waits for it first); whether it did.
+        (On this thread: on a thread of its own it would contend with the step's compute.)"""
+        if not upcoming.rides:
+            return False
+        answer = self._wait(upcoming.future)
+        shared = upcoming.shared
+        if shared is None or not shared.steppable(updates):
+            return False
+        optimizers = {table: self.steps.client.spec(table).optimizer for table in shared.shared}
+        shared.step(answer.rows, answer.states, updates, optimizers)
+        upcoming.stepped = True
+        return True
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation, as the shards hold them now (call :meth:`flush` first)."""
@@ -244,27 +295,41 @@ class PipelinedRowSource:
         """A prefetch's rows and the watermark they were read at, once its call answered."""
         answer = self._wait(prefetched.future)
         if prefetched.rides:
-            _, watermark, rows = answer
-            return rows, watermark
+            return answer.rows, answer.watermark
         return answer
 
     def _update(
-        self, updates, step: int, refresh: dict[str, torch.Tensor], read: dict[str, torch.Tensor]
-    ):
+        self,
+        updates,
+        step: int,
+        refresh: dict[str, torch.Tensor],
+        read: dict[str, torch.Tensor],
+        earlier: dict[str, torch.Tensor] | None,
+        prefetch: _Prefetch | None,
+    ) -> UpdateAnswer:
+        """Send the update of ``step``; ``read`` rides on it for ``prefetch``, with the state
+        of the rows it shares with ``earlier`` (the step before's ids) when given."""
+        read_state = {}
+        if earlier is not None:
+            prefetch.shared = SharedRows.between(earlier, read)
+            read_state = prefetch.shared.ids
         try:
             try:
-                refreshed, watermark, rows = self.steps.update_and_read(
-                    updates, step, refresh, read
-                )
+                answer = self.steps.update_and_read(updates, step, refresh, read, read_state)
             except PSClientError as error:
                 if not read or error.code != Status.RESOURCE_EXHAUSTED:
                     raise
                 # The answer with the read would pass a shard's message limit (each part
                 # alone fits), or a shard had no wait slot: refused before anything was
                 # applied there. The update alone again (a duplicate where it was applied),
-                # then the read as a lookup of the clock.
+                # then the read as a lookup of the clock (and no state: nothing is stepped
+                # here).
+                if prefetch is not None:
+                    prefetch.shared = None
                 refreshed, watermark = self.steps.update(updates, step, refresh)
-                rows = self.steps.lookup(read, clock=step)[0]
+                answer = UpdateAnswer(
+                    refreshed, watermark, self.steps.lookup(read, clock=step)[0], {}
+                )
         except Exception as error:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise
@@ -272,11 +337,13 @@ class PipelinedRowSource:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)
                 self._payload.bytes_pushed += len(ids) * (8 + self._row_bytes(table))
-            for table, (_, patch) in refreshed.items():  # their ids and positions are control
+            for table, (_, patch) in answer.refreshed.items():  # ids, positions: control
                 self._payload.rows_pulled += len(patch)
                 self._payload.bytes_pulled += len(patch) * self._row_bytes(table)
             self._count_pulled(read)
-        return refreshed, watermark, rows
+            for versions, state in answer.states.values():  # the rows' own state
+                self._payload.bytes_pulled += versions.nbytes + state.nbytes
+        return answer
 
     def _row_bytes(self, table: str) -> int:
         """Bytes of one of ``table``'s rows (or gradient rows) on the wire."""

@@ -426,18 +426,20 @@ class LookupResponse(_message.Message):
     def __init__(self, values: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class UpdateRequest(_message.Message):
-    __slots__ = ("tables", "clock", "refresh", "replica", "read")
+    __slots__ = ("tables", "clock", "refresh", "replica", "read", "read_state")
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
+    READ_STATE_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableGrads]
     clock: StepClock
     refresh: _containers.RepeatedCompositeFieldContainer[TableIds]
     replica: bool
     read: _containers.RepeatedCompositeFieldContainer[TableIds]
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., replica: _Optional[bool] = ..., read: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ...) -> None: ...
+    read_state: _containers.RepeatedCompositeFieldContainer[TableIds]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableGrads, _Mapping]]] = ..., clock: _Optional[_Union[StepClock, _Mapping]] = ..., refresh: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., replica: _Optional[bool] = ..., read: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ..., read_state: _Optional[_Iterable[_Union[TableIds, _Mapping]]] = ...) -> None: ...
 
 class RefreshedRows(_message.Message):
     __slots__ = ("positions", "values", "dtype")
@@ -450,18 +452,20 @@ class RefreshedRows(_message.Message):
     def __init__(self, positions: _Optional[bytes] = ..., values: _Optional[bytes] = ..., dtype: _Optional[_Union[RowDtype, str]] = ...) -> None: ...
 
 class UpdateResponse(_message.Message):
-    __slots__ = ("duplicate", "refreshed", "watermark", "flush", "rows")
+    __slots__ = ("duplicate", "refreshed", "watermark", "flush", "rows", "state")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     REFRESHED_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
     refreshed: _containers.RepeatedCompositeFieldContainer[RefreshedRows]
     watermark: int
     flush: str
     rows: bytes
-    def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ..., flush: _Optional[str] = ..., rows: _Optional[bytes] = ...) -> None: ...
+    state: bytes
+    def __init__(self, duplicate: _Optional[bool] = ..., refreshed: _Optional[_Iterable[_Union[RefreshedRows, _Mapping]]] = ..., watermark: _Optional[int] = ..., flush: _Optional[str] = ..., rows: _Optional[bytes] = ..., state: _Optional[bytes] = ...) -> None: ...
 
 class FlushReplicasRequest(_message.Message):
     __slots__ = ("flush_id", "wait_ms")

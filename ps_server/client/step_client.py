@@ -15,12 +15,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from ember.kernels.optim import state_width
 from ember.ps_server.client.joined_ids import JoinedIds
 from ember.ps_server.client.joined_lookup import JoinedLookup
+from ember.ps_server.client.joined_state import JoinedState
 from ember.ps_server.client.joined_update import JoinedUpdate
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
@@ -39,6 +41,26 @@ from ember.ps_server.wire.step_codec import (
 )
 
 MODES = ("exact", "async")
+
+
+class UpdateAnswer(NamedTuple):
+    """What :meth:`StepClient.update_and_read` returns, all in the caller's order.
+
+    Attributes:
+        refreshed: ``{table: (positions, rows)}``: the positions into ``refresh[table]`` of
+            the rows the clock changed, with their rows once it is applied.
+        watermark: the lowest watermark the shards answered with.
+        rows: ``{table: rows [len(ids), dim]}`` of ``read``, as :meth:`StepClient.lookup`
+            gives them.
+        states: ``{table: (versions [n], state [n, width])}`` of ``read_state``.
+    """
+
+    refreshed: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    watermark: int
+    rows: dict[str, torch.Tensor]
+    states: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
 _MODE_NUMBERS = {"exact": 1, "async": 2}  # ember.v1.UpdateMode
 
 
@@ -222,8 +244,8 @@ class StepClient:
             PSClientError: a shard refused or failed, or timed out waiting for other
                 ranks (DEADLINE_EXCEEDED, naming them).
         """
-        refreshed, watermark, _ = self.update_and_read(updates, clock, refresh)
-        return refreshed, watermark
+        answer = self.update_and_read(updates, clock, refresh)
+        return answer.refreshed, answer.watermark
 
     def update_and_read(
         self,
@@ -231,17 +253,16 @@ class StepClient:
         clock: int,
         refresh: Mapping[str, Any] | None = None,
         read: Mapping[str, Any] | None = None,
-    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], int, dict[str, torch.Tensor]]:
+        read_state: Mapping[str, Any] | None = None,
+    ) -> UpdateAnswer:
         """:meth:`update`, with a later step's lookup riding on it (exact mode only): one
         call per shard instead of two.
 
         Args:
             read: ``{table: ids}`` (ids may repeat), read once every rank's clock ``clock``
                 is applied: the rows of a lookup naming that clock, or later ones.
-
-        Returns:
-            ``(refreshed, watermark, {table: rows [len(ids), dim]})``: :meth:`update`'s
-            answer and the read rows, in the caller's order, as :meth:`lookup` gives them.
+            read_state: ``{table: distinct ids}`` whose versions and optimizer state to
+                read as ``read`` is.
 
         Raises:
             As :meth:`update`; ValueError: reads in async mode (nothing sent);
@@ -249,7 +270,7 @@ class StepClient:
             is applied).
         """
         clock_view = self._clock(clock)
-        if read and self.job.mode != "exact":
+        if (read or read_state) and self.job.mode != "exact":
             raise ValueError("an update carries reads in exact mode only; use lookup()")
         tables = list(updates)
         batch = JoinedUpdate(
@@ -260,15 +281,20 @@ class StepClient:
         refresh_tables = list(refresh or {})
         asked = self._joined(refresh or {})
         reads = JoinedLookup(self._joined(read or {}))
+        states = JoinedState(
+            self._joined(read_state or {}),
+            {t: state_width(self.client.spec(t).optimizer.kind, self.client.dim(t))
+             for t in read_state or {}},
+        )  # fmt: skip
         calls = []
         for shard in range(self.client.num_shards):  # every entry packed before any is sent
             entries, refresh_entries = batch.grad_entries(shard), asked.entries(shard)
-            read_entries = reads.ids.entries(shard)
+            read_entries, state_entries = reads.ids.entries(shard), states.ids.entries(shard)
             request = encode_update_request(
                 entries, clock_view, refresh_entries, replica=self.job.replica,
-                trailer=self._trailer, read=read_entries,
+                trailer=self._trailer, read=read_entries, read_state=state_entries,
             )  # fmt: skip
-            dtypes = [e[-1] for e in (*entries, *refresh_entries, *read_entries)]
+            dtypes = [e[-1] for e in (*entries, *refresh_entries, *read_entries, *state_entries)]
             calls.append(
                 ShardCall(
                     shard, "Update", request, self._wait_s(clock_view), len(entries), clock,
@@ -325,6 +351,14 @@ class StepClient:
                     self.client.endpoints[shard], Status.INTERNAL,
                     f"an update's answer holds {len(reply.rows)} bytes of rows nobody asked for",
                 )  # fmt: skip
+            try:
+                states.place(shard, reply.state)  # none asked: must be empty
+            except InvalidArgumentError as error:
+                raise PSClientError(
+                    self.client.endpoints[shard],
+                    Status.INTERNAL,
+                    f"{error} (an update's read_state, its clock applied)",
+                ) from None
 
         self.client.shard_rpc.run(calls, on_reply=collect)
         self.flush_request = max(flush_requests)  # a shard that asks, if any does
@@ -337,7 +371,7 @@ class StepClient:
             )
             for table, (found, rows) in refreshed.items()
         }
-        return result, min(watermarks), reads.rows()
+        return UpdateAnswer(result, min(watermarks), reads.rows(), states.states())
 
     def replicas_flushed(self, flush_id: str, clock: int, release: bool = False) -> bool:
         """Tell every shard this job wrote its hot-row replicas back after ``clock``, for

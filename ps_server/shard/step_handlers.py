@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.server import ParameterServer
-from ember.ps_server.shard.step_rows import wire_row_bytes, write_joined_rows, write_wire_rows
+from ember.ps_server.shard.step_rows import (
+    optimizer_state,
+    wire_row_bytes,
+    write_joined_rows,
+    write_wire_rows,
+)
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
@@ -72,7 +77,7 @@ class StepHandlers:
         return encode_update_response(
             answer.duplicate, answer.refreshed, answer.watermark, flush, trailer,
             sum(wire_row_bytes(read) for read in answer.reads),
-            lambda view: write_joined_rows(answer.reads, view),
+            lambda view: write_joined_rows(answer.reads, view), optimizer_state(answer.states),
         )  # fmt: skip
 
     def frame_handlers(self) -> dict[Op, FrameHandler]:
@@ -87,7 +92,7 @@ class StepHandlers:
 
     def _update_frame(self, header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
         request = decode_update_request(message)
-        rows = [*request.tables, *request.refresh, *request.read]
+        rows = [*request.tables, *request.refresh, *request.read, *request.read_state]
         _check_frame(header, len(request.tables), request.clock, rows)
         return self.update(request, END_MARK, call)
 

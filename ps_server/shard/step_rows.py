@@ -1,5 +1,5 @@
 """The rows a step's replies carry: a lookup's rows written into its reply, as each entry's
-dtype carries them, and the refresh rows an update's clock changed."""
+dtype carries them, the refresh rows an update's clock changed, and rows' optimizer state."""
 
 from __future__ import annotations
 
@@ -97,3 +97,14 @@ def refreshed_rows(
             wide = RowDtype.FLOAT32
             replies.append((positions, rows_to_wire(rows, wide, name, changed_ids), wide))
     return replies
+
+
+def optimizer_state(reads: list[TableRead]) -> bytes:
+    """Each read's rows' versions (int64), then their optimizer state (float32, the
+    table's state width per row), read after one another, back to back: an update's
+    ``state`` (initial rows at version 0 with zero state where never written)."""
+    parts = []
+    for target, ids, _ in reads:
+        stored = target.pull(ids, with_state=True)
+        parts += [stored.versions.numpy().astype("<i8"), stored.state.numpy().astype("<f4")]
+    return b"".join(part.tobytes() for part in parts)

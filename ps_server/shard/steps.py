@@ -68,6 +68,7 @@ class UpdateAnswer(NamedTuple):
     refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]
     watermark: int
     reads: list[TableRead]
+    states: list[TableRead]  # rows whose optimizer state to answer, read as ``reads`` are
 
 
 class StepService:
@@ -136,7 +137,8 @@ class StepService:
         updates = self._checked_updates(request.tables)
         refresh = self._checked_reads(request.refresh, "refresh")
         reads = self._checked_reads(request.read, "read")
-        if reads and clock.mode != pb.EXACT:
+        states = self._checked_reads(request.read_state, "read_state")
+        if (reads or states) and clock.mode != pb.EXACT:
             raise InvalidArgumentError(
                 "an update's read needs EXACT mode (only there is its clock every rank's once "
                 "applied); send a Lookup with the clock instead"
@@ -144,11 +146,12 @@ class StepService:
         self._server.checks.replies_fit(
             [(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh]
             + [(t, len(ids), t.spec.dim) for t, ids, _ in reads]
+            + [(t, len(ids), 2 + t.store.state_width) for t, ids, _ in states]
         )
 
         def answer(duplicate: bool) -> UpdateAnswer:
             refreshed = refreshed_rows(job.changed.get(step), refresh)
-            return UpdateAnswer(duplicate, refreshed, job.watermark, reads)
+            return UpdateAnswer(duplicate, refreshed, job.watermark, reads, states)
 
         with self.clocks.using(clock) as job:
             rank, step, deadline = clock.rank, clock.clock, _deadline(clock)

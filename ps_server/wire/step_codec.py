@@ -107,6 +107,7 @@ class UpdateRequestView:
     refresh: list[TableIdsView]
     replica: bool = False  # the job holds hot-row replicas
     read: list[TableIdsView] = dataclasses.field(default_factory=list)  # a later step's rows
+    read_state: list[TableIdsView] = dataclasses.field(default_factory=list)  # their state
 
 
 @dataclasses.dataclass
@@ -132,6 +133,7 @@ class UpdateResponseView:
     flush: str = ""  # the checkpoint waiting for the job's replicas to be written back
     size: int = 0  # bytes of the serialised message
     rows: memoryview = EMPTY
+    state: memoryview = EMPTY  # per read_state entry: versions, then optimizer state
 
 
 # ---- encoding -----------------------------------------------------------------
@@ -212,15 +214,18 @@ def encode_update_request(
     replica: bool = False,
     trailer: bytes = b"",
     read: Sequence[tuple] = (),
+    read_state: Sequence[tuple] = (),
 ) -> bytes:
     """Serialise an UpdateRequest of :class:`GradsEntry` fields ``(table, ids, grads[, dtype])``
-    and refresh and read :class:`IdsEntry` fields, then ``trailer``."""
+    and refresh, read and read_state :class:`IdsEntry` fields, then ``trailer``."""
     parts = [part for entry in tables for part in _table_grads(1, entry)]
     refreshes = [part for entry in refresh for part in _table_ids(3, entry)]
     reads = [part for entry in read for part in _table_ids(5, entry)]
+    states = [part for entry in read_state for part in _table_ids(6, entry)]
     return b"".join(
-        [*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), *reads, trailer]
-    )
+        [*parts, *_clock(2, clock), *refreshes, *_scalar(4, int(replica)), *reads, *states,
+         trailer]
+    )  # fmt: skip
 
 
 def encode_lookup_response(
@@ -273,18 +278,19 @@ def encode_update_response(
     trailer: bytes = b"",
     row_bytes: int = 0,
     fill_rows: Callable[[memoryview], None] | None = None,
+    state: Buffer = b"",
 ) -> bytes:
     """Serialise an UpdateResponse (``refreshed``: ``(positions, values, dtype)``), then
     ``trailer``, in one pass: the read entries' rows (``row_bytes``, omitted when 0) come
     first, after the watermark, 4-byte aligned as :func:`aligned_varint_then_len` aligns
     them, written in place by ``fill_rows(view)`` as :func:`encode_lookup_response`'s filler
-    writes them."""
+    writes them; then ``state``."""
     parts = _scalar(1, int(duplicate))
     for positions, values, dtype in refreshed:
         parts += _message(
             2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
         )
-    rest = [*parts, *_string(4, flush), trailer]
+    rest = [*parts, *_string(4, flush), *_payload(6, state), trailer]
     if not row_bytes:
         return b"".join([*_scalar(3, watermark, int64_varint), *rest])
     if fill_rows is None:
@@ -388,6 +394,8 @@ def decode_update_request(data: bytes) -> UpdateRequestView:
             request.refresh.append(_decode_table_ids(value))
         elif number == 5:
             request.read.append(_decode_table_ids(value))
+        elif number == 6:
+            request.read_state.append(_decode_table_ids(value))
     return request
 
 
@@ -426,4 +434,6 @@ def decode_update_response(data: bytes) -> UpdateResponseView:
             response.flush = utf8(value, "flush")
         elif number == 5 and wire_type == LEN:
             response.rows = value
+        elif number == 6 and wire_type == LEN:
+            response.state = value
     return response

@@ -43,6 +43,7 @@ def train_steps(
             steps = StepClient(client, job, {spec.name: wire_dtype for spec in specs})
             source = PipelinedRowSource(steps, staleness=0)
             lookups = count_calls(steps, "lookup")
+            updates = count_calls(steps, "update_and_read")
         else:
             source = PSRowSource(client)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
@@ -67,6 +68,11 @@ def train_steps(
             assert source.timing.max_lag == 0 and len(source.timing.lags) == len(batches)
             # Announced two steps ahead, every lookup but steps 0's and 1's rides on an update.
             assert len(lookups) == (2 if (depth or source.lookahead) == 2 else len(batches))
+            # With float32 rows riding on updates, the collision rows are stepped here: only
+            # the update of clock 0 (step 1's rows came by a lookup) asks for a refresh.
+            refreshing = sum(1 for args in updates if args[2])
+            stepped_here = wire_dtype == "float32" and not depth
+            assert refreshing == (1 if stepped_here else len(batches) - 1)
             source.close()
         rows = {
             s.name: client.pull_with_versions(s.name, torch.arange(c)) for s, c in specs.items()
@@ -123,9 +129,16 @@ def test_bfloat16_on_the_wire_trains_close_to_float32_with_half_the_row_bytes(ta
     data = SyntheticCriteo(SyntheticCriteoConfig(cardinalities=cardinalities, seed=3))
     batches = [data.batch(64, index) for index in range(STEPS)]
     runs = {}
-    for wire_dtype in ("float32", "bfloat16"):
+    # Lookups and refreshes both ways (depth 1), so that the same rows travel in each: with
+    # float32 and reads riding on updates the trainer steps its collision rows itself.
+    for wire_dtype, depth in (("float32", 1), ("bfloat16", 1), ("riding", 0)):
         with LocalCluster(2) as cluster:
-            runs[wire_dtype] = train_steps(cluster.endpoints, specs, batches, True, wire_dtype)
+            runs[wire_dtype] = train_steps(
+                cluster.endpoints, specs, batches, True, wire_dtype.replace("riding", "bfloat16"),
+                depth=depth,
+            )  # fmt: skip
+    # bfloat16 reads riding on updates, patched by bfloat16 refreshes: the same rows exactly
+    assert runs.pop("riding")[0] == runs["bfloat16"][0]
     (full_losses, full_rows, full), (narrow_losses, narrow_rows, narrow) = runs.values()
     np.testing.assert_allclose(narrow_losses, full_losses, rtol=0, atol=5e-3)
     assert not np.allclose(narrow_losses, full_losses, rtol=0, atol=1e-7)  # rounding did happen
@@ -174,10 +187,10 @@ def test_a_failed_update_surfaces_at_the_next_wait_not_after_the_lookup_it_stall
         steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
         send, clock_0_leaves = steps.update_and_read, threading.Event()
 
-        def update(updates, clock, refresh, read):
+        def update(updates, clock, *asked):
             if clock == 0:
                 assert clock_0_leaves.wait(timeout=60)
-            return send(updates, clock, refresh, read)
+            return send(updates, clock, *asked)
 
         steps.update_and_read = update
         source = PipelinedRowSource(steps, staleness=1)
@@ -221,5 +234,34 @@ def test_a_read_too_large_to_ride_with_its_update_comes_by_a_lookup_of_the_clock
             expected[:10] -= step  # every clock before this step, and no other
             torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
         assert len(lookups) == 3  # steps 0 and 1, and the read that could not ride
+        source.flush()
+        source.close()
+
+
+def test_a_step_served_other_ids_than_announced_leaves_the_shared_rows_to_a_refresh(
+    cluster, table_name
+):
+    """Step 2's read rides on clock 0 with the state of the row it shares with step 1's
+    announced ids; step 1 then reads and updates other ids, so stepping that row here would
+    apply the wrong gradient: the update of clock 1 asks for a refresh instead."""
+    spec = TableSpec(table_name, DIM, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=1.0))
+    announced, served, later = torch.tensor([1, 2]), torch.tensor([5]), torch.tensor([2, 3])
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(spec)
+        initial = client.pull(table_name, later)
+        steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
+        updates = count_calls(steps, "update_and_read")
+        source = PipelinedRowSource(steps, staleness=0)
+        source.rows({table_name: announced})
+        source.prefetch({table_name: announced})  # step 1, as announced
+        source.prefetch({table_name: later})  # step 2: rides on clock 0, shares id 2
+        source.apply_gradients({table_name: (announced, torch.ones(2, DIM))})
+        source.rows({table_name: served})  # step 1 reads other ids after all
+        source.apply_gradients({table_name: (served, torch.ones(1, DIM))})
+        rows = source.rows({table_name: later})[table_name]
+        expected = initial.clone()
+        expected[0] -= 1.0  # id 2: clock 0 only; id 3: never
+        torch.testing.assert_close(rows, expected, rtol=0, atol=1e-6)
+        assert [bool(args[2]) for args in updates] == [True, True]  # both refreshed
         source.flush()
         source.close()

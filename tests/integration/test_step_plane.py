@@ -57,8 +57,9 @@ def test_two_ranks_in_exact_mode_step_each_row_once_per_clock_with_the_summed_gr
                     seen[(rank, step)] = rows
                     update = {t.name: (ids, grads[(rank, step, t.name)]) for t in tables}
                     if rides:
-                        _, watermark, rows = steps_client.update_and_read(update, step, read=read)
-                        assert watermark >= step
+                        answer = steps_client.update_and_read(update, step, read=read)
+                        assert answer.watermark >= step
+                        rows = answer.rows
                     else:
                         steps_client.update(update, step)
                         rows = None
@@ -119,8 +120,8 @@ def test_a_read_riding_on_an_update_comes_back_again_with_a_retry_and_only_in_ex
         update = {t.name: (ids, torch.ones(len(ids), 4))}
         answers = [steps.update_and_read(update, 0, read=read) for _ in range(2)]  # a retry
         expected = client.pull(t.name, read[t.name])
-        for _, watermark, rows in answers:
-            assert watermark == 0 and torch.equal(rows[t.name], expected)
+        for answer in answers:
+            assert answer.watermark == 0 and torch.equal(answer.rows[t.name], expected)
         assert client.pull_with_versions(t.name, ids)[1].eq(1).all()  # applied once
         async_steps = StepClient(client, StepJob(table_name + "-async", mode="async"))
         with pytest.raises(ValueError, match="exact mode only"):

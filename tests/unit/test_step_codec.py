@@ -116,13 +116,19 @@ def test_entries_without_a_dtype_travel_as_float32_and_unknown_dtypes_decode_unc
     refresh=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
     replica=st.booleans(),
     read=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
+    read_state=st.lists(st.tuples(names, blobs, dtypes), max_size=3),
 )
-def test_update_requests_match_the_generated_code_both_ways(tables, clock, refresh, replica, read):
-    encoded = encode_update_request(tables, clock, refresh, replica, read=read)
+def test_update_requests_match_the_generated_code_both_ways(
+    tables, clock, refresh, replica, read, read_state
+):
+    encoded = encode_update_request(
+        tables, clock, refresh, replica, read=read, read_state=read_state
+    )
     parsed = pb.UpdateRequest.FromString(encoded)
     assert [(t.table, t.ids, t.grads, t.dtype) for t in parsed.tables] == tables
     assert [(t.table, t.ids, t.dtype) for t in parsed.refresh] == refresh
     assert [(t.table, t.ids, t.dtype) for t in parsed.read] == read
+    assert [(t.table, t.ids, t.dtype) for t in parsed.read_state] == read_state
     assert _view_clock(parsed, parsed.HasField("clock")) == clock and parsed.replica == replica
     generated = pb.UpdateRequest(
         tables=[pb.TableGrads(table=t, ids=i, grads=g, dtype=d) for t, i, g, d in tables],
@@ -130,11 +136,13 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
         refresh=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in refresh],
         replica=replica,
         read=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in read],
+        read_state=[pb.TableIds(table=t, ids=i, dtype=d) for t, i, d in read_state],
     ).SerializeToString()
     view = decode_update_request(generated)
     assert [(t.table, bytes(t.ids), bytes(t.grads), t.dtype) for t in view.tables] == tables
     assert [(t.table, bytes(t.ids), t.dtype) for t in view.refresh] == refresh
     assert [(t.table, bytes(t.ids), t.dtype) for t in view.read] == read
+    assert [(t.table, bytes(t.ids), t.dtype) for t in view.read_state] == read_state
     assert view.clock == clock
     assert view.replica == replica
 
@@ -147,9 +155,10 @@ def test_update_requests_match_the_generated_code_both_ways(tables, clock, refre
     refreshed=st.lists(st.tuples(blobs, blobs, dtypes), max_size=3),
     flush=names,
     rows=blobs | st.binary(min_size=5000, max_size=5000),  # small, and over the in-place size
+    state=blobs,
 )
 def test_responses_match_the_generated_code_both_ways(
-    values, watermark, duplicate, refreshed, flush, rows
+    values, watermark, duplicate, refreshed, flush, rows, state
 ):
     parsed = pb.LookupResponse.FromString(_lookup_response(values, watermark))
     assert list(parsed.values) == values and parsed.watermark == watermark and not parsed.rows
@@ -169,10 +178,12 @@ def test_responses_match_the_generated_code_both_ways(
     def fill(view):
         view[:] = rows
 
-    encoded = encode_update_response(duplicate, refreshed, watermark, flush, b"", len(rows), fill)
+    encoded = encode_update_response(
+        duplicate, refreshed, watermark, flush, b"", len(rows), fill, state
+    )
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
-    assert parsed.flush == flush and parsed.rows == rows
+    assert parsed.flush == flush and parsed.rows == rows and parsed.state == state
     assert [(r.positions, r.values, r.dtype) for r in parsed.refreshed] == refreshed
     if rows:  # first the watermark, then the rows, 4-byte aligned
         assert _rows_start(encoded, rows) % 4 == 0
@@ -183,10 +194,11 @@ def test_responses_match_the_generated_code_both_ways(
             watermark=watermark,
             flush=flush,
             rows=rows,
+            state=state,
         ).SerializeToString()
     )
     assert view.duplicate == duplicate and view.watermark == watermark and view.flush == flush
-    assert bytes(view.rows) == rows
+    assert bytes(view.rows) == rows and bytes(view.state) == state
     assert [(bytes(p), bytes(v), d) for p, v, d in view.refreshed] == refreshed
 
 

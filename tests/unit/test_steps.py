@@ -23,6 +23,7 @@ from ember.ps_server.wire.step_codec import (
     decode_lookup_request,
     decode_lookup_response,
     decode_update_request,
+    decode_update_response,
     encode_lookup_request,
     encode_update_request,
 )
@@ -126,6 +127,22 @@ def test_a_read_riding_on_an_update_is_answered_once_every_ranks_clock_is_applie
     np.testing.assert_allclose(rows[[0, 2, 3]], summed[[0, 1, 0]], rtol=1e-5, atol=1e-6)
 
 
+def test_an_updates_read_state_answers_versions_then_optimizer_state_once_it_is_applied():
+    server = shard()
+    update(server, 0, [4, 9], np.full((2, 3), 0.5), world=1)
+    ids = np.array([9, 2, 4], "<i8")  # 2 was never written
+    request = encode_update_request(
+        [("emb", ids[[0, 2]], np.full((2, 3), -0.25, "<f4"))], clock(1, world=1),
+        read_state=[("emb", ids)],
+    )  # fmt: skip
+    reply = decode_update_response(StepHandlers(server).update(decode_update_request(request)))
+    stored = server.pull("emb", ids.tobytes(), with_state=True)  # after clock 1
+    assert np.frombuffer(reply.state, "<i8", 3).tolist() == [2, 0, 2] == stored.versions.tolist()
+    state = np.frombuffer(reply.state, "<f4", offset=24).reshape(3, 6)  # Adam: m, then v
+    np.testing.assert_array_equal(state, stored.state)
+    assert state[1].tolist() == [0.0] * 6 and state[0].any()
+
+
 def test_a_read_row_beyond_its_dtype_fails_the_answer_and_the_clock_stays_applied():
     server = shard()
     ids = np.array([3, 8], "<i8")
@@ -143,6 +160,12 @@ def test_a_read_riding_on_an_async_update_is_refused_before_anything_is_applied(
     server = shard()
     with pytest.raises(InvalidArgumentError, match="read needs EXACT mode"):
         update_and_read(server, 0, [4], np.ones((1, 3)), [4], world=1, mode=pb.ASYNC)
+    request = encode_update_request(
+        [("emb", np.array([4], "<i8"), np.ones((1, 3), "<f4"))],
+        clock(0, world=1, mode=pb.ASYNC), read_state=[("emb", np.array([4], "<i8"))],
+    )  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match="read needs EXACT mode"):
+        server.steps.update(decode_update_request(request))
     assert server.pull("emb", np.array([4], "<i8").tobytes()).versions.tolist() == [0]
 
 
