@@ -37,7 +37,8 @@ from ember.kernels.dedup import unique_inverse
 from ember.ps_server.client.fanout import FanOut
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import fan_out_threads
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers

@@ -29,7 +29,8 @@ import numpy as np
 from bench_timing import time_per_op
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers

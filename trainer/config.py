@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 from ember.ps_server.client.config import ClientConfig
-from ember.ps_server.client.step_client import MODES
+from ember.ps_server.client.step_job import MODES
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import OptimizerKind
 from ember.trainer.balance import BALANCERS

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from ember.kernels.optim import state_width
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.wire.table_spec import OptimizerKind, TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource
 from ember.trainer.cache.hot_cache import HotEmbeddingCache

@@ -5,7 +5,8 @@ Importing it loads no shard, store or durability module.
 
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.wire.stats import ShardStats
 from ember.ps_server.wire.table_spec import (
     InitializerSpec,

@@ -3,7 +3,7 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 
 # A validated read of one table: the table, its ids and the dtype its rows travel in.
 TableRead = tuple["Table", np.ndarray, RowDtype]
+
+
+class UpdateAnswer(NamedTuple):
+    """What an update answers: whether its clock was applied before (a duplicate), per
+    refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the validated
+    reads riding on it. Their rows are read afterwards, outside the job's lock, as a
+    lookup's are (:mod:`ember.ps_server.shard.step_rows`): they hold every rank's clock
+    and, as for a lookup, may hold later clocks in part (no later clock of the caller's
+    can be applied before it has this answer)."""
+
+    duplicate: bool
+    refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]
+    watermark: int
+    reads: list[TableRead]
+    states: list[TableRead]  # rows whose optimizer state to answer, read as ``reads`` are
 
 
 def wire_row_bytes(read: TableRead) -> int:

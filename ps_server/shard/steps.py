@@ -14,7 +14,7 @@ step's lookup riding on it, read after that too.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
-from ember.ps_server.shard.step_rows import TableRead, refreshed_rows
+from ember.ps_server.shard.step_rows import TableRead, UpdateAnswer, refreshed_rows
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -54,21 +54,6 @@ MAX_LOGGED_CLOCK_BYTES = (2 << 30) - (64 << 20)
 
 # A validated update of one table: the table, its ids and gradient rows.
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
-
-
-class UpdateAnswer(NamedTuple):
-    """What an update answers: whether its clock was applied before (a duplicate), per
-    refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the validated
-    reads riding on it. Their rows are read afterwards, outside the job's lock, as a
-    lookup's are (:mod:`ember.ps_server.shard.step_rows`): they hold every rank's clock
-    and, as for a lookup, may hold later clocks in part (no later clock of the caller's
-    can be applied before it has this answer)."""
-
-    duplicate: bool
-    refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]
-    watermark: int
-    reads: list[TableRead]
-    states: list[TableRead]  # rows whose optimizer state to answer, read as ``reads`` are
 
 
 class StepService:

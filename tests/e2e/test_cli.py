@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.wire.table_spec import TableSpec

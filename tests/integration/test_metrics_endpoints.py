@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.wire.messages import encode_ids, pb, pb_grpc
 from ember.ps_server.wire.table_spec import TableSpec

@@ -15,7 +15,8 @@ import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.durability.checkpoint_coordinator import take_checkpoint
 from ember.ps_server.durability.recovery import recover

@@ -15,7 +15,8 @@ import pytest
 import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.security.certs import make_certificates

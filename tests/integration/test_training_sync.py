@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.cache.cached_source import CachedRowSource

@@ -5,7 +5,8 @@ import uuid
 
 import pytest
 import torch
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.embedding import PSRowSource

@@ -9,7 +9,8 @@ import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import ShardCall
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.errors import OutOfRangeError, PSClientError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.messages import encode_ids

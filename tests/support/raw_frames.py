@@ -11,7 +11,8 @@ import pytest
 import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.ucx import close_endpoint, load_ucx, ucx_errors, ucx_loop, ucx_missing
 from ember.ps_server.wire.frames import END_MARK, HEADER_BYTES, FrameHeader
 

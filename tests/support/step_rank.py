@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.wire.table_spec import (
     InitializerSpec,
     InitKind,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.joined_update import JoinedUpdate
-from ember.ps_server.client.step_client import StepClient, StepJob
+from ember.ps_server.client.step_client import StepClient
+from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.errors import OutOfRangeError, PSClientError, Status
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.row_dtype import RowDtype
