@@ -23,8 +23,8 @@ the step before) a lookup naming clock c starts at once. With staleness
   the read riding on an update, clock t is this rank's own update: the read
   also brings the optimizer state of the rows step t+1 shares with step t,
   and ``apply_gradients`` of step t steps them in step t+1's copy as the
-  shard will (:mod:`ember.trainer.shared_rows`), so step t+1 waits for
-  nothing of step t.
+  shard will (:mod:`ember.trainer.shared_rows`, which says when that holds),
+  so step t+1's rows wait for nothing of step t.
 * ``s >= 1``: nothing is patched; at most s+1 updates are in flight
   (``apply_gradients`` of step t first waits for clock t-1-s's answer).
 
@@ -45,7 +45,7 @@ from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
 from ember.ps_server.client.step_client import StepClient, UpdateAnswer
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.trainer.shared_rows import SharedRows
+from ember.trainer.shared_rows import SharedRows, steps_like_the_shards
 from ember.trainer.traffic import TrafficStats
 
 # Each step in flight holds a thread here and a request on the shards; with the next
@@ -134,7 +134,9 @@ class PipelinedRowSource:
         # and the ids of the step before (None: their shared rows are not stepped here).
         self._riders: dict[int, tuple[int, dict[str, torch.Tensor], dict | None]] = {}
         self._rides = steps.job.mode == "exact" and staleness <= 1
-        self._steps_shared_rows = self._rides and staleness == 0 and steps.job.world == 1
+        self._steps_shared_rows = (
+            self._rides and staleness == 0 and steps.job.world == 1 and steps_like_the_shards()
+        )
         self._last_announced: dict[str, torch.Tensor] = {}  # the ids prefetch() last had
 
     @property
@@ -192,8 +194,16 @@ class PipelinedRowSource:
         stepped = planned and prefetched.stepped
         if self.staleness == 0 and not stepped:
             previous = self._updates.pop(step - 1, None)
-        if stepped:  # at clock step-1: see apply_gradients
-            rows, _ = self._prefetched_rows(prefetched)
+        if stepped:  # read at clock step-2, then stepped to step-1's: see apply_gradients
+            update = self._updates.get(step - 1)
+            if update is not None and update.done() and update.exception() is not None:
+                raise update.exception()  # the rows were stepped for an update that failed
+            rows, read_at = self._prefetched_rows(prefetched)
+            if read_at < step - 2:
+                raise RuntimeError(
+                    f"step {step}'s rows were read at clock {read_at}, before the clock "
+                    f"{step - 2} they rode on (a protocol error)"
+                )
             watermark = step - 1
         elif planned:
             rows, watermark = self._prefetched_rows(prefetched)
@@ -233,7 +243,11 @@ class PipelinedRowSource:
                 self._wait(self._updates.pop(old))
         refresh = {}
         upcoming = self._prefetched.get(step + 1)
-        if self.staleness == 0 and upcoming is not None and not self._stepped(upcoming, updates):
+        if (
+            self.staleness == 0
+            and upcoming is not None
+            and not self._step_shared_rows(upcoming, updates)
+        ):
             refresh = upcoming.requests
         rider, read, earlier = self._riders.pop(step, (None, {}, None))
         prefetch = _Prefetch(read, None, rides=True) if rider is not None else None
@@ -246,7 +260,7 @@ class PipelinedRowSource:
             self._prefetched[rider] = prefetch
         self._step += 1
 
-    def _stepped(
+    def _step_shared_rows(
         self, upcoming: _Prefetch, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]
     ) -> bool:
         """Step the rows ``upcoming`` (the next step's prefetch) shares with this step with
@@ -257,9 +271,11 @@ class PipelinedRowSource:
             return False
         answer = self._wait(upcoming.future)
         shared = upcoming.shared
-        if shared is None or not shared.steppable(updates):
+        if shared is None or not shared.by_table.keys() <= answer.states.keys():
+            return False  # no state asked for, or a shard that predates it answered none
+        if not shared.steppable(updates):
             return False
-        optimizers = {table: self.steps.client.spec(table).optimizer for table in shared.shared}
+        optimizers = {t: self.steps.client.spec(t).optimizer for t in shared.by_table}
         shared.step(answer.rows, answer.states, updates, optimizers)
         upcoming.stepped = True
         return True
@@ -309,11 +325,11 @@ class PipelinedRowSource:
     ) -> UpdateAnswer:
         """Send the update of ``step``; ``read`` rides on it for ``prefetch``, with the state
         of the rows it shares with ``earlier`` (the step before's ids) when given."""
-        read_state = {}
-        if earlier is not None:
-            prefetch.shared = SharedRows.between(earlier, read)
-            read_state = prefetch.shared.ids
         try:
+            read_state = {}
+            if earlier is not None:
+                prefetch.shared = SharedRows.between(earlier, read)
+                read_state = prefetch.shared.ids
             try:
                 answer = self.steps.update_and_read(updates, step, refresh, read, read_state)
             except PSClientError as error:
@@ -322,10 +338,8 @@ class PipelinedRowSource:
                 # The answer with the read would pass a shard's message limit (each part
                 # alone fits), or a shard had no wait slot: refused before anything was
                 # applied there. The update alone again (a duplicate where it was applied),
-                # then the read as a lookup of the clock (and no state: nothing is stepped
+                # then the read as a lookup of the clock (with no state, nothing is stepped
                 # here).
-                if prefetch is not None:
-                    prefetch.shared = None
                 refreshed, watermark = self.steps.update(updates, step, refresh)
                 answer = UpdateAnswer(
                     refreshed, watermark, self.steps.lookup(read, clock=step)[0], {}

@@ -50,7 +50,8 @@ class UpdateAnswer(NamedTuple):
         watermark: the lowest watermark the shards answered with.
         rows: ``{table: rows [len(ids), dim]}`` of ``read``, as :meth:`StepClient.lookup`
             gives them.
-        states: ``{table: (versions [n], state [n, width])}`` of ``read_state``.
+        states: ``{table: (versions [n], state [n, width])}`` of ``read_state`` (none when
+            a shard answered no state: one that predates ``read_state``).
     """
 
     refreshed: dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -251,7 +252,7 @@ class StepClient:
             )  # fmt: skip
 
         self._count_wire(sum(len(call.request) for call in calls))
-        watermarks, flush_requests = [], []
+        watermarks, flush_requests, stateless = [], [], []
         refreshed: dict[str, tuple[list, list]] = {table: ([], []) for table in refresh_tables}
 
         def collect(index: int, reply: UpdateResponseView) -> None:
@@ -299,6 +300,9 @@ class StepClient:
                     self.client.endpoints[shard], Status.INTERNAL,
                     f"an update's answer holds {len(reply.rows)} bytes of rows nobody asked for",
                 )  # fmt: skip
+            if not len(reply.state) and states.ids.entries(shard):
+                stateless.append(shard)  # a shard that predates read_state
+                return
             try:
                 states.place(shard, reply.state)  # none asked: must be empty
             except InvalidArgumentError as error:
@@ -319,7 +323,9 @@ class StepClient:
             )
             for table, (found, rows) in refreshed.items()
         }
-        return UpdateAnswer(result, min(watermarks), reads.rows(), states.states())
+        return UpdateAnswer(
+            result, min(watermarks), reads.rows(), {} if stateless else states.states()
+        )
 
     def replicas_flushed(self, flush_id: str, clock: int, release: bool = False) -> bool:
         """Tell every shard this job wrote its hot-row replicas back after ``clock``, for

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ember.ps_server.wire.step_codec import StepClockView
+from ember.ps_server.wire.step_messages import StepClockView
 
 MODES = ("exact", "async")
 

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 TableRead = tuple["Table", np.ndarray, RowDtype]
 
 
-class UpdateAnswer(NamedTuple):
-    """What an update answers: whether its clock was applied before (a duplicate), per
-    refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the validated
-    reads riding on it. Their rows are read afterwards, outside the job's lock, as a
-    lookup's are (:mod:`ember.ps_server.shard.step_rows`): they hold every rank's clock
-    and, as for a lookup, may hold later clocks in part (no later clock of the caller's
-    can be applied before it has this answer)."""
+class AppliedUpdate(NamedTuple):
+    """What an applied update answers: whether its clock was applied before (a duplicate),
+    per refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the
+    validated reads riding on it. Their rows (:func:`write_joined_rows`) and state
+    (:func:`optimizer_state`) are read afterwards, outside the job's lock, as a lookup's
+    rows are: they hold every rank's clock and, as for a lookup, may hold later clocks in
+    part (no later clock of the caller's can be applied before it has this answer)."""
 
     duplicate: bool
     refreshed: list[tuple[np.ndarray, np.ndarray, RowDtype]]

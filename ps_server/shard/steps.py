@@ -32,7 +32,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
-from ember.ps_server.shard.step_rows import TableRead, UpdateAnswer, refreshed_rows
+from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_rows
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -102,7 +102,7 @@ class StepService:
                 watermark = job.watermark
         return reads, watermark
 
-    def update(self, request: UpdateRequestView, call: CallWatch | None = None) -> UpdateAnswer:
+    def update(self, request: UpdateRequestView, call: CallWatch | None = None) -> AppliedUpdate:
         """Apply one rank's update of one clock (see the module docstring); a wait ends
         early when ``call``'s caller is gone.
 
@@ -134,9 +134,9 @@ class StepService:
             + [(t, len(ids), 2 + t.store.state_width) for t, ids, _ in states]
         )
 
-        def answer(duplicate: bool) -> UpdateAnswer:
+        def answer(duplicate: bool) -> AppliedUpdate:
             refreshed = refreshed_rows(job.changed.get(step), refresh)
-            return UpdateAnswer(duplicate, refreshed, job.watermark, reads, states)
+            return AppliedUpdate(duplicate, refreshed, job.watermark, reads, states)
 
         with self.clocks.using(clock) as job:
             rank, step, deadline = clock.rank, clock.clock, _deadline(clock)

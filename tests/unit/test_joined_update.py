@@ -85,9 +85,9 @@ class _TwoShards:
 
     num_shards = 2
 
-    def __init__(self, drop: int = 0, rows: bytes = b"") -> None:
+    def __init__(self, drop: int = 0, rows: bytes = b"", state: bytes = b"") -> None:
         self.drop = drop  # refreshed entries each answer leaves out
-        self.rows = rows  # what each answer holds as its read rows
+        self.rows, self.state = rows, state  # what each answer holds as read rows and state
         self.endpoints = ["shard-0:7000", "shard-1:7000"]
         self.dims = {"wide": 8, "narrow": 4, "wide2": 8}
         self.shard_rpc = SimpleNamespace(data_plane=SimpleNamespace(trailer=b""), run=self._run)
@@ -102,7 +102,7 @@ class _TwoShards:
                 rows = _refreshed(entry.table, ids[found], self.dims[entry.table])
                 refreshed.append((memoryview(found.tobytes()), memoryview(rows.tobytes()), 0))
             answer = UpdateResponseView(False, refreshed[self.drop :], 0)
-            answer.rows = memoryview(self.rows)
+            answer.rows, answer.state = memoryview(self.rows), memoryview(self.state)
             on_reply(index, answer)
 
     def dim(self, table: str) -> int:
@@ -154,4 +154,16 @@ def test_an_answer_whose_read_rows_are_not_as_asked_is_internal(rows, read, mess
     asked = {"wide": torch.arange(0, 60, 2)} if read else None
     with pytest.raises(PSClientError, match=message) as error:
         steps.update_and_read({}, 0, read=asked)
+    assert error.value.code == Status.INTERNAL
+
+
+def test_an_answer_without_the_state_asked_for_is_no_state_and_a_wrong_one_is_internal():
+    asked = {"wide": torch.arange(0, 60, 2)}
+    client = _TwoShards()  # shards that predate read_state: they answer none
+    client.spec = lambda table: SimpleNamespace(optimizer=SimpleNamespace(kind=2))  # Adagrad
+    answer = StepClient(client, StepJob("job")).update_and_read({}, 0, read_state=asked)
+    assert answer.states == {}  # the caller falls back to a refresh
+    client.state = bytes(40)  # neither none nor as many bytes as asked
+    with pytest.raises(PSClientError, match="an update's read_state, its clock applied") as error:
+        StepClient(client, StepJob("job")).update_and_read({}, 0, read_state=asked)
     assert error.value.code == Status.INTERNAL

@@ -18,22 +18,27 @@ def test_the_shared_rows_are_the_ids_both_steps_have_at_both_positions():
     earlier = {"a": torch.tensor([9, 1, 5]), "b": torch.tensor([2]), "c": torch.tensor([7])}
     later = {"a": torch.tensor([5, 3, 9]), "b": torch.tensor([4]), "d": torch.tensor([7])}
     shared = SharedRows.between(earlier, later)
-    assert list(shared.shared) == ["a"]  # b shares nothing; d is not in the earlier step
-    ids, at_later, at_earlier = shared.shared["a"]
+    assert list(shared.by_table) == ["a"]  # b shares nothing; d is not in the earlier step
+    ids, at_later, at_earlier = shared.by_table["a"]
     assert ids.tolist() == [5, 9] and at_later.tolist() == [0, 2] and at_earlier.tolist() == [2, 0]
     assert {t: i.tolist() for t, i in shared.ids.items()} == {"a": [5, 9]}
 
 
-def test_rows_are_stepped_here_only_when_the_update_carries_the_announced_ids():
-    earlier = {"a": torch.tensor([1, 2]), "b": torch.tensor([3])}
+def test_rows_are_stepped_here_only_when_the_update_carries_exactly_the_announced_ids():
+    earlier = {"a": torch.tensor([1, 2]), "b": torch.tensor([3]), "c": torch.tensor([4])}
     shared = SharedRows.between(earlier, {"a": torch.tensor([2]), "b": torch.tensor([3])})
+    assert list(shared.by_table) == ["a", "b"]  # c shares nothing
     grads = torch.ones(2, 4)
+    announced = {t: (ids, grads[: len(ids)]) for t, ids in earlier.items()}
     assert shared.steppable({})  # no gradients: no row changes
-    assert shared.steppable({"a": (torch.tensor([1, 2]), grads), "b": (torch.tensor([3]), grads)})
-    assert not shared.steppable(
-        {"a": (torch.tensor([2, 1]), grads), "b": (torch.tensor([3]), grads)}
-    )
-    assert not shared.steppable({"a": (torch.tensor([1, 2]), grads)})  # b's rows not in it
+    assert shared.steppable(announced)
+    for changed in (
+        {**announced, "a": (torch.tensor([2, 1]), grads)},  # other ids of a shared table
+        {**announced, "c": (torch.tensor([2]), grads[:1])},  # of a table sharing nothing
+        {t: announced[t] for t in ("a", "b")},  # a table short
+        {**announced, "d": (torch.tensor([2]), grads[:1])},  # a table not announced
+    ):
+        assert not shared.steppable(changed)
 
 
 @pytest.mark.parametrize("kind", [OptimizerKind.SGD, OptimizerKind.ADAGRAD, OptimizerKind.ADAM])
@@ -50,13 +55,13 @@ def test_stepping_the_shared_rows_matches_a_float64_reference(kind):
     width = {OptimizerKind.SGD: 0, OptimizerKind.ADAGRAD: 3, OptimizerKind.ADAM: 6}[kind]
     states = {
         t: (torch.tensor([2] * len(i)), torch.from_numpy(rng.random((len(i), width)).astype("f4")))
-        for t, (i, _, _) in shared.shared.items()
+        for t, (i, _, _) in shared.by_table.items()
     }
     updates = {t: (i, torch.from_numpy(rng.standard_normal((len(i), 3)).astype("f4")))
                for t, i in earlier.items()}  # fmt: skip
     shared.step(rows, {t: (v.clone(), s.clone()) for t, (v, s) in states.items()}, updates,
                 {t: optimizer for t in later})  # fmt: skip
-    for table, (_, at_later, at_earlier) in shared.shared.items():
+    for table, (_, at_later, at_earlier) in shared.by_table.items():
         versions, state = states[table]
         for row, pos in enumerate(at_later.tolist()):
             reference = ReferenceRow(before[table][pos].numpy(), optimizer)
