@@ -134,20 +134,21 @@ class RequestChecks:
         return writes
 
     def replies_fit(self, parts: Sequence[tuple[Table, int, int]]) -> None:
-        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit
-        (each alone is checked by :meth:`reads`).
+        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit.
+        One part alone is checked too: :meth:`reads` assumes ``dim + 2`` words a row, and an
+        optimizer state's rows are wider.
 
         Raises:
             MessageTooLargeError: they do.
         """
-        if len(parts) < 2:
+        if not parts:
             return
         reply_bytes = REPLY_OVERHEAD_BYTES + sum(
             rows * words * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES for _, rows, words in parts
         )
         if reply_bytes > self.max_message_bytes:
             raise MessageTooLargeError(
-                f"a batch of {len(parts)} pulls ({sum(rows for _, rows, _ in parts)} ids) needs up "
+                f"a batch of {len(parts)} reads ({sum(rows for _, rows, _ in parts)} ids) needs up "
                 f"to a {reply_bytes}-byte reply, over this shard's limit of "
                 f"{self.max_message_bytes}; split it into smaller batches"
             )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.wire.messages import ROW_DTYPE, VERSION_DTYPE
 from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
@@ -120,6 +121,6 @@ def optimizer_state(reads: list[TableRead]) -> bytes:
     ``state`` (initial rows at version 0 with zero state where never written)."""
     parts = []
     for target, ids, _ in reads:
-        stored = target.pull(ids, with_state=True)
-        parts += [stored.versions.numpy().astype("<i8"), stored.state.numpy().astype("<f4")]
-    return b"".join(part.tobytes() for part in parts)
+        versions, state = target.read_state(ids)  # as the wire's dtypes: no copy on this host
+        parts += [np.asarray(versions.numpy(), VERSION_DTYPE), np.asarray(state.numpy(), ROW_DTYPE)]
+    return b"".join(part.reshape(-1).view(np.uint8) for part in parts)

@@ -1,8 +1,8 @@
 """What every row store holds and speaks.
 
 A store keeps the rows of one table on one shard, each row with its optimizer
-state and version, and answers in batches: ``fetch``, ``fetch_versions``,
-``absent``, ``insert`` (upsert), ``update`` (one optimizer step, creating
+state and version, and answers in batches: ``fetch``, ``fetch_weights``,
+``fetch_versions``, ``fetch_state``, ``absent``, ``insert`` (upsert), ``update`` (one optimizer step, creating
 absent rows on request), ``evict``, ``dump`` (every row, in chunks), ``clear``,
 ``flush``, ``reserve`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
 (:class:`RedisStore`) and ``tiered`` (:class:`TieredStore`), chosen by URL in
@@ -97,6 +97,10 @@ class RowStore(Protocol):
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""
 
+    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(versions [n] int64, optimizer state [n, state_width] float32)`` of ``ids``
+        (duplicates allowed) without their weights; 0 and zero state where absent."""
+
     def absent(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask over ids: true where no row is held."""
 
@@ -141,6 +145,13 @@ class RowStore(Protocol):
 
     def size(self) -> int:
         """Number of rows held."""
+
+
+def state_via_fetch(store: RowStore, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fetch_state`` for a store whose reads go through ``fetch``."""
+    found, rows = store.fetch(ids, with_state=True)
+    absent = torch.from_numpy(~found)
+    return rows.versions.masked_fill_(absent, 0), rows.state.masked_fill_(absent[:, None], 0.0)
 
 
 def weights_via_fetch(store: RowStore, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:

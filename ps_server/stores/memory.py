@@ -107,6 +107,17 @@ class InMemoryStore:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return self._index.gather(id_tensor(ids), self._weights, out).numpy()
 
+    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(versions, state)`` of ``ids``, 0 where absent: one lookup of their slots, no
+        weights read."""
+        slots = self.locate(ids)
+        absent = slots < 0
+        if not self._rows:
+            return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), self.state_width)
+        index = slots.clamp(min=0)  # absent ids read slot 0, then cleared
+        versions, state = _take(self._versions, index), _take(self._state, index)
+        return versions.masked_fill_(absent, 0), state.masked_fill_(absent[:, None], 0.0)
+
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""
         slots = self.locate(ids)

@@ -35,6 +35,7 @@ from ember.ps_server.stores.base import (
     RowBatch,
     RowFactory,
     empty_batch,
+    state_via_fetch,
     weights_via_fetch,
 )
 from ember.ps_server.stores.redis_connection import (
@@ -123,6 +124,10 @@ class RedisStore:
     def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return weights_via_fetch(self, ids, out)
+
+    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(versions, state)`` of ``ids``, 0 where absent."""
+        return state_via_fetch(self, ids)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

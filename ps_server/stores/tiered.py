@@ -29,6 +29,7 @@ from ember.ps_server.stores.base import (
     RowBatch,
     RowFactory,
     RowStore,
+    state_via_fetch,
     weights_via_fetch,
 )
 from ember.ps_server.stores.memory import InMemoryStore
@@ -107,6 +108,10 @@ class TieredStore:
     def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return weights_via_fetch(self, ids, out)
+
+    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(versions, state)`` of ``ids``, 0 where absent."""
+        return state_via_fetch(self, ids)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -63,6 +63,8 @@ def test_absent_rows_are_reported_and_zero(store):
     assert not found.any()
     assert not rows.weights.any() and not rows.state.any() and not rows.versions.any()
     assert store.absent(ids_of([1, 5])).all() and store.size() == 0
+    versions, state = store.fetch_state(ids_of([1, 5]))
+    assert versions.tolist() == [0, 0] and state.shape == (2, WIDTH) and not state.any()
 
 
 def test_inserted_rows_come_back_with_state_and_versions(store):
@@ -83,6 +85,11 @@ def test_inserted_rows_come_back_with_state_and_versions(store):
         int(rows.versions[0]),
         int(rows.versions[0]),
     ]
+    versions, state = store.fetch_state(probe)  # without weights; the absent id's are zero
+    assert versions.tolist() == [rows.versions[2], 0, rows.versions[0], rows.versions[0]]
+    assert torch.equal(
+        state, torch.stack([rows.state[2], torch.zeros(WIDTH), *[rows.state[0]] * 2])
+    )
     assert store.size() == 4
     _, without_state = store.fetch(ids, with_state=False)
     assert without_state.state.shape == (4, 0) and torch.equal(without_state.weights, rows.weights)

@@ -226,10 +226,10 @@ def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
     server.create_table(TableSpec("u", dim=4))
     ids = encode_ids(np.arange(1500, dtype=np.int64))  # 1500 x 24 B = 36 KB: one fits
     assert len(server.pull_batch([("t", ids, False)])[0].values) == 1500
-    with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls .*3000 ids"):
+    with pytest.raises(MessageTooLargeError, match="a batch of 2 reads .*3000 ids"):
         server.pull_batch([("t", ids, False), ("u", ids, False)])
     held = np.full(1500, -1, dtype=np.int64).tobytes()
-    with pytest.raises(MessageTooLargeError, match="a batch of 2 pulls"):
+    with pytest.raises(MessageTooLargeError, match="a batch of 2 reads"):
         server.pull_stale_batch([("t", ids, held, 0), ("u", ids, held, 0)])
     assert [s.counters.pull_requests for s in server.stats()] == [1, 0]  # nothing read
 

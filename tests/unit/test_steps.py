@@ -7,6 +7,7 @@ import torch
 from ember.ps_server.errors import (
     ClockTimeoutError,
     InvalidArgumentError,
+    MessageTooLargeError,
     OutOfRangeError,
     Status,
     TooManyWaitingError,
@@ -136,11 +137,28 @@ def test_an_updates_read_state_answers_versions_then_optimizer_state_once_it_is_
         read_state=[("emb", ids)],
     )  # fmt: skip
     reply = decode_update_response(StepHandlers(server).update(decode_update_request(request)))
+    counters = {s.name: s.counters for s in server.stats()}["emb"]  # state: not a pull
+    assert (counters.pull_requests, counters.rows_pulled) == (0, 0)
     stored = server.pull("emb", ids.tobytes(), with_state=True)  # after clock 1
     assert np.frombuffer(reply.state, "<i8", 3).tolist() == [2, 0, 2] == stored.versions.tolist()
     state = np.frombuffer(reply.state, "<f4", offset=24).reshape(3, 6)  # Adam: m, then v
     np.testing.assert_array_equal(state, stored.state)
     assert state[1].tolist() == [0.0] * 6 and state[0].any()
+
+
+def test_a_read_state_alone_wider_than_a_row_is_refused_before_anything_is_applied():
+    """An Adam row's state is 2 + 6 words against a row read's 3 + 2: 2000 ids pass the
+    check of each read alone under 64 KiB, and their state would not."""
+    server = ParameterServer(0, 1, max_message_bytes=1 << 16)
+    server.create_table(ADAM)
+    ids = np.arange(2000, dtype="<i8")
+    request = encode_update_request(
+        [("emb", ids[:1], np.ones((1, 3), "<f4"))], clock(0, world=1),
+        read_state=[("emb", ids)],
+    )  # fmt: skip
+    with pytest.raises(MessageTooLargeError, match="a batch of 1 reads .*2000 ids"):
+        server.steps.update(decode_update_request(request))
+    assert server.pull("emb", ids[:1].tobytes()).versions.tolist() == [0]
 
 
 def test_a_read_row_beyond_its_dtype_fails_the_answer_and_the_clock_stays_applied():
