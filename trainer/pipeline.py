@@ -45,6 +45,7 @@ from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
 from ember.ps_server.client.step_client import StepClient, UpdateAnswer
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.wire.row_dtype import RowDtype
+from ember.trainer.pipeline_timing import PipelineTiming
 from ember.trainer.shared_rows import SharedRows, steps_like_the_shards
 from ember.trainer.traffic import TrafficStats
 
@@ -55,35 +56,6 @@ ASYNC_NEEDS_STALENESS = (
     "update mode async needs staleness >= 1: staleness 0 patches the next step's rows with "
     "every rank's update of this step, which only exact mode applies as one clock"
 )
-
-
-@dataclasses.dataclass
-class PipelineTiming:
-    """Seconds: ``exposed_wait`` blocked on the shards, ``ps_time`` the step RPCs took in all
-    (exposed or overlapped), and the lag of every step's served clock.
-
-    ``rows_to_update`` is the time from each step's rows being served to its
-    ``apply_gradients`` (before that waits for room among the updates in flight): the
-    compute that needs the rows, which no pipelining hides, since later lookups park until
-    this update is applied. With several ranks it includes their all-reduces inside the
-    step, and so waits for slower ranks."""
-
-    exposed_wait: float = 0.0
-    ps_time: float = 0.0
-    rows_to_update: float = 0.0
-    rows_to_update_steps: int = 0
-    max_lag: int = 0
-    lags: list[int] = dataclasses.field(default_factory=list)
-
-    @property
-    def overlapped(self) -> float:
-        """PS time hidden behind compute."""
-        return max(0.0, self.ps_time - self.exposed_wait)
-
-    @property
-    def rows_to_update_per_step(self) -> float:
-        """Mean seconds from a step's rows to its update (0 before the first update)."""
-        return self.rows_to_update / self.rows_to_update_steps if self.rows_to_update_steps else 0.0
 
 
 @dataclasses.dataclass

@@ -34,7 +34,8 @@ from ember.trainer.data.batch import Batch
 from ember.trainer.data.criteo import CriteoTSVReader
 from ember.trainer.data.synthetic import SyntheticCriteo
 from ember.trainer.embedding import PSRowSource
-from ember.trainer.pipeline import PipelinedRowSource, PipelineTiming
+from ember.trainer.pipeline import PipelinedRowSource
+from ember.trainer.pipeline_timing import PipelineTiming
 from ember.trainer.timer import Timer
 
 log = logging.getLogger(__name__)

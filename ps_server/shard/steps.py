@@ -32,6 +32,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
+from ember.ps_server.shard.step_requests import TableUpdate, checked_reads, checked_updates
 from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_rows
 from ember.ps_server.shard.table import push_tables
 from ember.ps_server.wire.messages import pb
@@ -39,21 +40,15 @@ from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (
     LookupRequestView,
     StepClockView,
-    TableGradsView,
-    TableIdsView,
     UpdateRequestView,
 )
 
 if TYPE_CHECKING:
     from ember.ps_server.shard.server import ParameterServer
-    from ember.ps_server.shard.table import Table
 
 # protobuf's limit on one message (2 GiB), less room for names and framing: the most one
 # write-ahead log record of an exact clock's summed update may hold.
 MAX_LOGGED_CLOCK_BYTES = (2 << 30) - (64 << 20)
-
-# A validated update of one table: the table, its ids and gradient rows.
-TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 
 
 class StepService:
@@ -77,7 +72,7 @@ class StepService:
             ``(reads, the job's watermark or -1)``.
         """
         self._server.fault.check()
-        reads = self._checked_reads(request.tables, "lookup")
+        reads = checked_reads(self._server.checks, request.tables, "lookup")
         self._server.checks.replies_fit([(t, len(ids), t.spec.dim) for t, ids, _ in reads])
         watermark = -1
         if request.clock is not None:
@@ -119,10 +114,10 @@ class StepService:
         clock = request.clock
         if clock is None or clock.clock < 0:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
-        updates = self._checked_updates(request.tables)
-        refresh = self._checked_reads(request.refresh, "refresh")
-        reads = self._checked_reads(request.read, "read")
-        states = self._checked_reads(request.read_state, "read_state")
+        updates = checked_updates(self._server.checks, request.tables)
+        refresh = checked_reads(self._server.checks, request.refresh, "refresh")
+        reads = checked_reads(self._server.checks, request.read, "read")
+        states = checked_reads(self._server.checks, request.read_state, "read_state")
         if (reads or states) and clock.mode != pb.EXACT:
             raise InvalidArgumentError(
                 "an update's read needs EXACT mode (only there is its clock every rank's once "
@@ -307,12 +302,6 @@ class StepService:
             apply()
         job.remember_changed(clock.clock, {t.spec.name: ids for t, ids, _ in summed})
 
-    def _checked_reads(self, entries: list[TableIdsView], what: str) -> list[TableRead]:
-        _distinct_tables(entries, what)
-        dtypes = [RowDtype.from_wire(e.dtype) for e in entries]
-        reads = self._server.checks.reads([(e.table, e.ids) for e in entries])
-        return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
-
     def _buffer_and_await(
         self,
         job: Job,
@@ -393,21 +382,6 @@ class StepService:
                 del job.attempts[entry]
             if not superseded():
                 del job.owners[entry]
-
-    def _checked_updates(self, entries: list[TableGradsView]) -> list[TableUpdate]:
-        _distinct_tables(entries, "update")
-        writes = self._server.checks.writes(
-            [(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype)) for e in entries]
-        )
-        return [(target, ids.copy(), grads.copy()) for target, ids, grads in writes]
-
-
-def _distinct_tables(entries: list, what: str) -> None:
-    names = [entry.table for entry in entries]
-    if len(set(names)) != len(names):
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        shown = ", ".join(repr(name[:128]) for name in repeated[:10])  # fits gRPC's metadata
-        raise InvalidArgumentError(f"a {what} names a table more than once: {shown}")
 
 
 def _deadline(clock: StepClockView) -> float:
