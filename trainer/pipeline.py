@@ -307,8 +307,8 @@ class PipelinedRowSource:
             except PSClientError as error:
                 if not read or error.code != Status.RESOURCE_EXHAUSTED:
                     raise
-                # The answer with the read would pass a shard's message limit (each part
-                # alone fits), or a shard had no wait slot: refused before anything was
+                # The answer with the read would pass a shard's message limit (the rows
+                # with their state, or the state alone), or a shard had no wait slot: refused before anything was
                 # applied there. The update alone again (a duplicate where it was applied),
                 # then the read as a lookup of the clock (with no state, nothing is stepped
                 # here).

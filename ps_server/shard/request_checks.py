@@ -135,23 +135,30 @@ class RequestChecks:
 
     def replies_fit(self, parts: Sequence[tuple[Table, int, int]]) -> None:
         """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit.
-        One part alone is checked too: :meth:`reads` assumes ``dim + 2`` words a row, and an
-        optimizer state's rows are wider.
+        One part alone is checked as :meth:`reads` checks it, with its own row width (an
+        optimizer state's rows can be wider than the width :meth:`reads` was given).
 
         Raises:
             MessageTooLargeError: they do.
         """
-        if not parts:
-            return
-        reply_bytes = REPLY_OVERHEAD_BYTES + sum(
+        reply_bytes = sum(
             rows * words * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES for _, rows, words in parts
-        )
-        if reply_bytes > self.max_message_bytes:
-            raise MessageTooLargeError(
-                f"a batch of {len(parts)} reads ({sum(rows for _, rows, _ in parts)} ids) needs up "
-                f"to a {reply_bytes}-byte reply, over this shard's limit of "
-                f"{self.max_message_bytes}; split it into smaller batches"
+        ) + (REPLY_OVERHEAD_BYTES if len(parts) > 1 else 0)
+        if reply_bytes <= self.max_message_bytes:
+            return
+        ids = sum(rows for _, rows, _ in parts)
+        what, split = (
+            (
+                f"a read of {ids} ids from table {parts[0][0].spec.name!r}",
+                "the ids into smaller requests",
             )
+            if len(parts) == 1
+            else (f"a batch of {len(parts)} reads ({ids} ids)", "it into smaller batches")
+        )
+        raise MessageTooLargeError(
+            f"{what} needs up to a {reply_bytes}-byte reply, over this shard's limit of "
+            f"{self.max_message_bytes}; split {split}"
+        )
 
     def owned(self, tables: Sequence[str], ids: Sequence[np.ndarray]) -> None:
         """Refuse ids this shard does not own; ``ids[t]`` are ids of ``tables[t]``, every

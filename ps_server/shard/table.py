@@ -84,7 +84,8 @@ class Table:
         state where never written: the companion of a read of the same ids, so neither
         counted as a pull nor made into initial rows."""
         if len(ids) == 0:
-            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, self.store.state_width)
+            state = torch.zeros(0, self.store.state_width, dtype=torch.float32)
+            return torch.zeros(0, dtype=torch.int64), state
         with self._lock:
             return self.store.fetch_state(ids)
 

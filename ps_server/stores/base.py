@@ -2,9 +2,9 @@
 
 A store keeps the rows of one table on one shard, each row with its optimizer
 state and version, and answers in batches: ``fetch``, ``fetch_weights``,
-``fetch_versions``, ``fetch_state``, ``absent``, ``insert`` (upsert), ``update`` (one optimizer step, creating
-absent rows on request), ``evict``, ``dump`` (every row, in chunks), ``clear``,
-``flush``, ``reserve`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
+``fetch_versions``, ``fetch_state``, ``absent``, ``insert`` (upsert), ``update``
+(one optimizer step, creating absent rows on request), ``evict``, ``dump``
+(every row, in chunks), ``clear``, ``flush``, ``reserve`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
 (:class:`RedisStore`) and ``tiered`` (:class:`TieredStore`), chosen by URL in
 :func:`ember.ps_server.stores.open_store`.
 """
@@ -88,7 +88,9 @@ class RowStore(Protocol):
     state_width: int
 
     def fetch(self, ids: np.ndarray, with_state: bool = True) -> tuple[np.ndarray, RowBatch]:
-        """``(found mask, rows)`` for ids (duplicates allowed); absent entries are zeros."""
+        """``(found mask, rows)`` for ids (duplicates allowed); absent entries are unspecified
+        (zeros, or whatever row a backend read for them). The batch is the caller's: fresh
+        tensors, never views of the store's own."""
 
     def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
         """Write the weights of held ``ids`` (duplicates allowed) into ``out`` [len(ids), dim];
@@ -145,13 +147,6 @@ class RowStore(Protocol):
 
     def size(self) -> int:
         """Number of rows held."""
-
-
-def state_via_fetch(store: RowStore, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fetch_state`` for a store whose reads go through ``fetch``."""
-    found, rows = store.fetch(ids, with_state=True)
-    absent = torch.from_numpy(~found)
-    return rows.versions.masked_fill_(absent, 0), rows.state.masked_fill_(absent[:, None], 0.0)
 
 
 def weights_via_fetch(store: RowStore, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:

@@ -113,7 +113,8 @@ class InMemoryStore:
         slots = self.locate(ids)
         absent = slots < 0
         if not self._rows:
-            return torch.zeros(len(ids), dtype=torch.int64), torch.zeros(len(ids), self.state_width)
+            versions = torch.zeros(len(ids), dtype=torch.int64)
+            return versions, torch.zeros(len(ids), self.state_width, dtype=torch.float32)
         index = slots.clamp(min=0)  # absent ids read slot 0, then cleared
         versions, state = _take(self._versions, index), _take(self._state, index)
         return versions.masked_fill_(absent, 0), state.masked_fill_(absent[:, None], 0.0)

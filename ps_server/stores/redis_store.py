@@ -35,7 +35,6 @@ from ember.ps_server.stores.base import (
     RowBatch,
     RowFactory,
     empty_batch,
-    state_via_fetch,
     weights_via_fetch,
 )
 from ember.ps_server.stores.redis_connection import (
@@ -126,8 +125,9 @@ class RedisStore:
         return weights_via_fetch(self, ids, out)
 
     def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, state)`` of ``ids``, 0 where absent."""
-        return state_via_fetch(self, ids)
+        """``(versions, state)`` of ``ids``, 0 where absent (whole records are read)."""
+        _, rows = self.fetch(ids)  # absent rows are zeros
+        return rows.versions, rows.state
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -29,7 +29,6 @@ from ember.ps_server.stores.base import (
     RowBatch,
     RowFactory,
     RowStore,
-    state_via_fetch,
     weights_via_fetch,
 )
 from ember.ps_server.stores.memory import InMemoryStore
@@ -109,9 +108,11 @@ class TieredStore:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return weights_via_fetch(self, ids, out)
 
+    @_locked
     def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, state)`` of ``ids``, 0 where absent."""
-        return state_via_fetch(self, ids)
+        """``(versions, state)`` of ``ids``, 0 where absent, admitting cold rows."""
+        self._admit(np.unique(ids), create=None)
+        return self._hot.fetch_state(ids)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""
