@@ -316,8 +316,10 @@ class ResumeWritesRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ..., flush_id: _Optional[str] = ...) -> None: ...
 
 class ResumeWritesResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("still_writing",)
+    STILL_WRITING_FIELD_NUMBER: _ClassVar[int]
+    still_writing: bool
+    def __init__(self, still_writing: _Optional[bool] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_id", "directory", "base_id", "cut")

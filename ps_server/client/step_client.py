@@ -98,9 +98,10 @@ class StepClient:
         for table in self.wire_dtypes:
             client.dim(table)  # a misspelt table fails here, not silently as float32
         self._wire_bytes, self._wire_lock = 0, threading.Lock()
-        # A checkpoint waiting for this replica job's write-back, as the last update's
-        # replies said ("" when none).
-        self.flush_request = ""
+        # A checkpoint waiting for this replica job's write-back, as the replies of the
+        # newest clock answered so far said ("" when none), and that clock.
+        self.flush_request, self._flush_clock = "", -1
+        self._flush_lock = threading.Lock()
         client.ensure_topology()
 
     @property
@@ -313,7 +314,10 @@ class StepClient:
                 ) from None
 
         self.client.shard_rpc.run(calls, on_reply=collect)
-        self.flush_request = max(flush_requests)  # a shard that asks, if any does
+        with self._flush_lock:  # updates in flight answer in any order: the newest clock's wins
+            if clock >= self._flush_clock:
+                self._flush_clock = clock
+                self.flush_request = max(flush_requests)  # a shard that asks, if any does
         result = {
             table: (
                 torch.from_numpy(np.concatenate(found or [np.empty(0, np.int64)])),

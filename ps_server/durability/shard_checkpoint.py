@@ -87,9 +87,10 @@ class ShardCheckpoints:
         self._server.fault.check()
         self._server.gate.pause(checkpoint_id, lease_s)
 
-    def resume(self, checkpoint_id: str) -> None:
-        """Let writes in again (a coordinator abandoning ``checkpoint_id``)."""
-        self._server.gate.resume(checkpoint_id)
+    def resume(self, checkpoint_id: str) -> bool:
+        """Let writes in again (a coordinator abandoning ``checkpoint_id``); whether this shard
+        still writes that checkpoint's files (then writes resume once they are written)."""
+        return self._server.gate.resume(checkpoint_id)
 
     def write(
         self,

@@ -220,9 +220,9 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
     def ResumeWrites(
         self, request: pb.ResumeWritesRequest, context: grpc.ServicerContext
     ) -> pb.ResumeWritesResponse:
-        self.server.checkpoints.resume(request.checkpoint_id)
+        still_writing = self.server.checkpoints.resume(request.checkpoint_id)
         self.server.steps.replicas.settle(request.flush_id, paused=False)
-        return pb.ResumeWritesResponse()
+        return pb.ResumeWritesResponse(still_writing=still_writing)
 
     def Checkpoint(
         self, request: pb.CheckpointRequest, context: grpc.ServicerContext

@@ -171,9 +171,10 @@ class WriteGate:
                 reason = "writes were not paused for it (call PauseWrites first)"
             raise CheckpointStateError(f"checkpoint {checkpoint_id!r} refused: {reason}")
 
-    def resume(self, checkpoint_id: str) -> None:
+    def resume(self, checkpoint_id: str) -> bool:
         """Let writes in again, if ``checkpoint_id`` holds the gate and has not claimed it
-        (otherwise nothing to do: a claim ends with :meth:`end_claim`)."""
+        (otherwise nothing to do: a claim ends with :meth:`end_claim`); whether it had: the
+        resume was ignored, writes still held while that checkpoint writes its files."""
         with self._cond:
             if self._holder == checkpoint_id and self._claimed:
                 log.warning(
@@ -181,8 +182,10 @@ class WriteGate:
                     "resume when they are written",
                     checkpoint_id,
                 )
-            elif self._holder == checkpoint_id:
+                return True
+            if self._holder == checkpoint_id:
                 self._release()
+            return False
 
     def end_claim(self, checkpoint_id: str) -> None:
         """End the claim of ``checkpoint_id`` (its files are written, or failed) and let

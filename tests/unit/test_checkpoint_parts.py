@@ -2,11 +2,14 @@
 
 import hashlib
 import json
+import logging
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.durability.checkpoint_coordinator import _resume_all
 from ember.ps_server.durability.checkpoint_format import (
     MANIFEST,
     ROW_MAGIC,
@@ -23,6 +26,7 @@ from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
 from ember.ps_server.shard.changed_ids import ChangedIds
 from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import RowBatch
+from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.table_spec import TableSpec
 
 
@@ -68,12 +72,29 @@ def test_a_claimed_gate_ignores_late_pauses_and_resumes_until_its_claim_ends():
     gate.claim("c1")
     with pytest.raises(CheckpointStateError, match="writes its files here now"):
         gate.pause("c1", lease_s=0.05)  # a late PauseWrites would shorten the lease
-    gate.resume("c1")  # a late ResumeWrites: ignored
+    assert gate.resume("c1") is True  # a late ResumeWrites: ignored, and says so
     thread, entered = _writer(gate)
     assert gate.await_held(1, 10) and not entered.is_set()
     gate.end_claim("c1")
     thread.join(10)
     assert entered.is_set()
+
+
+def test_a_failed_checkpoint_names_the_shards_that_still_write_its_files(caplog):
+    calls = []
+
+    def run(shard_calls):
+        calls.extend(shard_calls)
+        return [pb.ResumeWritesResponse(still_writing=k == 1) for k in range(3)]
+
+    rpc = SimpleNamespace(endpoints=["s0:1", "s1:1", "s2:1"], run=run)
+    with caplog.at_level(logging.WARNING):
+        _resume_all(rpc, "ckpt-000004", "flush-9")
+    assert [(c.shard, c.method, c.request.flush_id) for c in calls] == [
+        (k, "ResumeWrites", "flush-9") for k in range(3)
+    ]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "shard s1:1 still writes the files of failed checkpoint ckpt-000004" in warning
 
 
 def test_changed_ids_cover_everything_since_the_last_commit():

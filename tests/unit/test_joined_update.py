@@ -87,6 +87,7 @@ class _TwoShards:
 
     def __init__(self, drop: int = 0, rows: bytes = b"", state: bytes = b"") -> None:
         self.drop = drop  # refreshed entries each answer leaves out
+        self.flush = ""  # the checkpoint each answer says is waiting for a write-back
         self.rows, self.state = rows, state  # what each answer holds as read rows and state
         self.endpoints = ["shard-0:7000", "shard-1:7000"]
         self.dims = {"wide": 8, "narrow": 4, "wide2": 8}
@@ -101,7 +102,7 @@ class _TwoShards:
                 found = np.arange(0, len(ids), 2, dtype=np.int64)
                 rows = _refreshed(entry.table, ids[found], self.dims[entry.table])
                 refreshed.append((memoryview(found.tobytes()), memoryview(rows.tobytes()), 0))
-            answer = UpdateResponseView(False, refreshed[self.drop :], 0)
+            answer = UpdateResponseView(False, refreshed[self.drop :], 0, self.flush)
             answer.rows, answer.state = memoryview(self.rows), memoryview(self.state)
             on_reply(index, answer)
 
@@ -167,3 +168,16 @@ def test_an_answer_without_the_state_asked_for_is_no_state_and_a_wrong_one_is_in
     with pytest.raises(PSClientError, match="an update's read_state, its clock applied") as error:
         StepClient(client, StepJob("job")).update_and_read({}, 0, read_state=asked)
     assert error.value.code == Status.INTERNAL
+
+
+def test_a_checkpoints_flush_request_is_the_newest_clocks_whatever_order_answers_come_in():
+    client = _TwoShards()
+    steps = StepClient(client, StepJob("job", replica=True))
+    client.flush = "ckpt-7"
+    steps.update({}, 1)
+    assert steps.flush_request == "ckpt-7"
+    client.flush = ""  # clock 0's answer, later than clock 1's (another thread's update)
+    steps.update({}, 0)
+    assert steps.flush_request == "ckpt-7"
+    steps.update({}, 2)  # written back: the shards stop asking
+    assert steps.flush_request == ""
