@@ -314,7 +314,9 @@ class StepClient:
                 ) from None
 
         self.client.shard_rpc.run(calls, on_reply=collect)
-        with self._flush_lock:  # updates in flight answer in any order: the newest clock's wins
+        # Updates in flight answer in any order: the newest clock's answer wins (a request an
+        # older clock's later answer saw comes again with the next update's: late by one).
+        with self._flush_lock:
             if clock >= self._flush_clock:
                 self._flush_clock = clock
                 self.flush_request = max(flush_requests)  # a shard that asks, if any does

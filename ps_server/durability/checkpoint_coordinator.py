@@ -165,20 +165,19 @@ def _resume_all(rpc: ShardRPC, checkpoint_id: str, flush_id: str) -> None:
     write its files (their writes resume when the files are written; a hung disk there
     needs that shard restarted)."""
     request = pb.ResumeWritesRequest(checkpoint_id=checkpoint_id, flush_id=flush_id)
-    try:
-        replies = rpc.run(
-            [ShardCall(k, "ResumeWrites", request) for k in range(len(rpc.endpoints))]
-        )
-    except PSClientError as error:  # the shard's lease resumes it anyway
-        log.warning("could not resume writes after a failed checkpoint: %s", error)
-        return
-    for endpoint, reply in zip(rpc.endpoints, replies):
-        if reply.still_writing:
+
+    def said(shard: int, reply: pb.ResumeWritesResponse) -> None:  # as each answers: another
+        if reply.still_writing:  # shard's failure must not hide it
             log.warning(
                 "shard %s still writes the files of failed checkpoint %s: its writes are "
                 "held until they are written (restart the shard if its disk hangs)",
-                endpoint, checkpoint_id,
+                rpc.endpoints[shard], checkpoint_id,
             )  # fmt: skip
+
+    try:
+        rpc.run([ShardCall(k, "ResumeWrites", request) for k in range(len(rpc.endpoints))], said)
+    except PSClientError as error:  # the shard's lease resumes it anyway
+        log.warning("could not resume writes after a failed checkpoint: %s", error)
 
 
 def _agreed_tables(replies: list[pb.CheckpointResponse], endpoints: list[str]) -> list[TableSpec]:

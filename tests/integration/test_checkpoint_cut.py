@@ -21,6 +21,7 @@ from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
+from ember.ps_server.shard.servicer import ParameterServerServicer
 from ember.ps_server.shard.step_clocks import StepClocks
 from ember.ps_server.wire.messages import encode_ids, pb
 from ember.ps_server.wire.step_codec import (
@@ -249,7 +250,8 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
             server.checkpoints.write("c1", str(tmp_path / "c1"), "", cut={JOB: [0, 0]})
         with pytest.raises(CheckpointStateError, match="writes its files here now"):
             server.checkpoints.pause("c1", 10)
-        assert server.checkpoints.resume("c1") is True  # ignored: still writing
+        resume = pb.ResumeWritesRequest(checkpoint_id="c1")  # ignored, and says so
+        assert ParameterServerServicer(server).ResumeWrites(resume, None).still_writing
         later = in_threads(send(1, 0), send(1, 1))
         assert server.gate.await_held(1, 30)  # clock 1 waits for the files
     finally:
@@ -264,7 +266,8 @@ def test_a_retry_or_resume_while_the_files_are_written_changes_nothing(tmp_path,
     with pytest.raises(CheckpointStateError, match="already holds this shard's files"):
         server.checkpoints.write("c1", str(tmp_path / "c1"), "")  # a retry with no pause
     server.checkpoints.pause("c2", 10)  # the refused retries let go of the gate
-    assert server.checkpoints.resume("c2") is False
+    resume = pb.ResumeWritesRequest(checkpoint_id="c2")
+    assert not ParameterServerServicer(server).ResumeWrites(resume, None).still_writing
     Manifest("c1", None, 1, specs, {0: files}).write(tmp_path / "c1")
     server.checkpoints.commit("c1")  # the refusals left the written checkpoint as it was
     assert applied_in_meta(tmp_path / "c1", 0, 1) == [0, 0]

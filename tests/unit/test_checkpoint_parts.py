@@ -22,7 +22,12 @@ from ember.ps_server.durability.checkpoint_format import (
     shard_files_in,
     write_row_file,
 )
-from ember.ps_server.errors import CheckpointStateError, DurableFileCorruptError
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    DurableFileCorruptError,
+    PSClientError,
+    Status,
+)
 from ember.ps_server.shard.changed_ids import ChangedIds
 from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import RowBatch
@@ -83,9 +88,11 @@ def test_a_claimed_gate_ignores_late_pauses_and_resumes_until_its_claim_ends():
 def test_a_failed_checkpoint_names_the_shards_that_still_write_its_files(caplog):
     calls = []
 
-    def run(shard_calls):
+    def run(shard_calls, on_reply):  # shard 1 still writes; shard 2 is unreachable
         calls.extend(shard_calls)
-        return [pb.ResumeWritesResponse(still_writing=k == 1) for k in range(3)]
+        for k in range(2):
+            on_reply(k, pb.ResumeWritesResponse(still_writing=k == 1))
+        raise PSClientError("s2:1", Status.UNAVAILABLE, "gone")
 
     rpc = SimpleNamespace(endpoints=["s0:1", "s1:1", "s2:1"], run=run)
     with caplog.at_level(logging.WARNING):
@@ -93,8 +100,9 @@ def test_a_failed_checkpoint_names_the_shards_that_still_write_its_files(caplog)
     assert [(c.shard, c.method, c.request.flush_id) for c in calls] == [
         (k, "ResumeWrites", "flush-9") for k in range(3)
     ]
-    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "shard s1:1 still writes the files of failed checkpoint ckpt-000004" in warning
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "could not resume writes" in warnings[1]
+    assert "shard s1:1 still writes the files of failed checkpoint ckpt-000004" in warnings[0]
 
 
 def test_changed_ids_cover_everything_since_the_last_commit():

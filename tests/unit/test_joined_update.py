@@ -181,3 +181,14 @@ def test_a_checkpoints_flush_request_is_the_newest_clocks_whatever_order_answers
     assert steps.flush_request == "ckpt-7"
     steps.update({}, 2)  # written back: the shards stop asking
     assert steps.flush_request == ""
+    run, client.flush = client.shard_rpc.run, "ckpt-8"
+
+    def fails(calls, on_reply):
+        raise PSClientError("shard-0:7000", Status.UNAVAILABLE, "gone")
+
+    client.shard_rpc.run = fails
+    with pytest.raises(PSClientError):
+        steps.update({}, 3)  # no answer: it does not count as the newest
+    client.shard_rpc.run = run
+    steps.update({}, 2)  # a retry of the newest answered clock answers for it again
+    assert steps.flush_request == "ckpt-8"
