@@ -308,8 +308,8 @@ class PipelinedRowSource:
                 if not read or error.code != Status.RESOURCE_EXHAUSTED:
                     raise
                 # The answer with the read would pass a shard's message limit (the rows
-                # with their state, or the state alone), or a shard had no wait slot: refused before anything was
-                # applied there. The update alone again (a duplicate where it was applied),
+                # with their state, or the state alone), or a shard had no wait slot:
+                # refused before anything was applied there. The update alone again (a duplicate where it was applied),
                 # then the read as a lookup of the clock (with no state, nothing is stepped
                 # here).
                 refreshed, watermark = self.steps.update(updates, step, refresh)

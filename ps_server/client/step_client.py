@@ -100,8 +100,7 @@ class StepClient:
         self._wire_bytes, self._wire_lock = 0, threading.Lock()
         # A checkpoint waiting for this replica job's write-back, as the replies of the
         # newest clock answered so far said ("" when none), and that clock.
-        self.flush_request, self._flush_clock = "", -1
-        self._flush_lock = threading.Lock()
+        self.flush_request, self._flush_clock, self._flush_lock = "", -1, threading.Lock()
         client.ensure_topology()
 
     @property
@@ -314,9 +313,7 @@ class StepClient:
                 ) from None
 
         self.client.shard_rpc.run(calls, on_reply=collect)
-        # Updates in flight answer in any order: the newest clock's answer wins (a request an
-        # older clock's later answer saw comes again with the next update's: late by one).
-        with self._flush_lock:
+        with self._flush_lock:  # answers come in any order; a request missed comes again
             if clock >= self._flush_clock:
                 self._flush_clock = clock
                 self.flush_request = max(flush_requests)  # a shard that asks, if any does

@@ -32,6 +32,7 @@ from ember.ps_server.durability.checkpoint_format import (
     shard_file_prefix,
     shard_files_in,
 )
+from ember.ps_server.durability.checkpoint_requests import check_checkpoint_id, check_cut
 from ember.ps_server.durability.checkpoint_restore import check_specs, restore_chain, shard_meta
 from ember.ps_server.durability.durable_files import make_directory_durably, write_durably
 from ember.ps_server.errors import (
@@ -39,7 +40,6 @@ from ember.ps_server.errors import (
     InvalidArgumentError,
     PermissionDeniedError,
 )
-from ember.ps_server.shard.step_clocks import MAX_WORLD, sound_job_name
 from ember.ps_server.shard.table import Table
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 MAX_PAUSE_LEASE_S = 300.0
 """The longest a checkpoint may hold a shard's writes before it writes its files."""
-MAX_CHECKPOINT_ID_CHARS = 128
 
 Chain = list[tuple[Path, Manifest]]
 
@@ -79,7 +78,7 @@ class ShardCheckpoints:
         Raises:
             InvalidArgumentError: a bad id, or a lease not in (0, MAX_PAUSE_LEASE_S].
         """
-        _check_checkpoint_id(checkpoint_id)
+        check_checkpoint_id(checkpoint_id)
         if not 0 < lease_s <= MAX_PAUSE_LEASE_S:
             raise InvalidArgumentError(
                 f"pause lease must be in (0, {MAX_PAUSE_LEASE_S:g}] seconds, got {lease_s}"
@@ -122,7 +121,7 @@ class ShardCheckpoints:
             PermissionDeniedError: ``directory`` is outside the checkpoint root or holds a
                 finished checkpoint, or there is no root.
         """
-        _check_checkpoint_id(checkpoint_id)
+        check_checkpoint_id(checkpoint_id)
         gate = self._server.gate
         with self._only_call(checkpoint_id):
             try:
@@ -339,30 +338,6 @@ class ShardCheckpoints:
         with self._lock:
             self._committed_directory, self._written_checkpoint = chain[-1][0], None
         return rows
-
-
-def _check_checkpoint_id(checkpoint_id: str) -> None:
-    if not 0 < len(checkpoint_id) <= MAX_CHECKPOINT_ID_CHARS or not checkpoint_id.isprintable():
-        raise InvalidArgumentError(
-            f"checkpoint_id must be 1..{MAX_CHECKPOINT_ID_CHARS} printable characters, "
-            f"got {checkpoint_id[:MAX_CHECKPOINT_ID_CHARS]!r}"
-        )
-
-
-def check_cut(cut: dict[str, list[int]]) -> dict[str, list[int]]:
-    """``cut`` if every job name is sound and every rank's clock is >= -1.
-
-    Raises:
-        InvalidArgumentError: otherwise.
-    """
-    for job, clocks in cut.items():
-        if not sound_job_name(job):
-            raise InvalidArgumentError(f"clock cut: bad job name {job[:40]!r}")
-        if not 0 < len(clocks) <= MAX_WORLD or min(clocks) < -1:
-            raise InvalidArgumentError(
-                f"clock cut of job {job!r}: one clock >= -1 per rank, got {clocks[:8]}"
-            )
-    return cut
 
 
 def _refuse_finished(directory: Path) -> None:

@@ -147,14 +147,11 @@ class RequestChecks:
         if reply_bytes <= self.max_message_bytes:
             return
         ids = sum(rows for _, rows, _ in parts)
-        what, split = (
-            (
-                f"a read of {ids} ids from table {parts[0][0].spec.name!r}",
-                "the ids into smaller requests",
-            )
-            if len(parts) == 1
-            else (f"a batch of {len(parts)} reads ({ids} ids)", "it into smaller batches")
-        )
+        if len(parts) == 1:
+            what = f"a read of {ids} ids from table {parts[0][0].spec.name!r}"
+            split = "the ids into smaller requests"
+        else:
+            what, split = f"a batch of {len(parts)} reads ({ids} ids)", "it into smaller batches"
         raise MessageTooLargeError(
             f"{what} needs up to a {reply_bytes}-byte reply, over this shard's limit of "
             f"{self.max_message_bytes}; split {split}"

@@ -4,8 +4,9 @@ A store keeps the rows of one table on one shard, each row with its optimizer
 state and version, and answers in batches: ``fetch``, ``fetch_weights``,
 ``fetch_versions``, ``fetch_state``, ``absent``, ``insert`` (upsert), ``update``
 (one optimizer step, creating absent rows on request), ``evict``, ``dump``
-(every row, in chunks), ``clear``, ``flush``, ``reserve`` and ``size``. Backends: ``memory`` (:class:`InMemoryStore`), ``redis``
-(:class:`RedisStore`) and ``tiered`` (:class:`TieredStore`), chosen by URL in
+(every row, in chunks), ``clear``, ``flush``, ``reserve`` and ``size``.
+Backends: ``memory`` (:class:`InMemoryStore`), ``redis`` (:class:`RedisStore`)
+and ``tiered`` (:class:`TieredStore`), chosen by URL in
 :func:`ember.ps_server.stores.open_store`.
 """
 
