@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_rows import (
-    optimizer_state,
+    state_bytes,
     wire_row_bytes,
     write_joined_rows,
+    write_optimizer_state,
     write_wire_rows,
 )
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op, check_header_matches
@@ -77,7 +78,8 @@ class StepHandlers:
         return encode_update_response(
             answer.duplicate, answer.refreshed, answer.watermark, flush, trailer,
             sum(wire_row_bytes(read) for read in answer.reads),
-            lambda view: write_joined_rows(answer.reads, view), optimizer_state(answer.states),
+            lambda view: write_joined_rows(answer.reads, view), state_bytes(answer.states),
+            lambda view: write_optimizer_state(answer.states, view),
         )  # fmt: skip
 
     def frame_handlers(self) -> dict[Op, FrameHandler]:

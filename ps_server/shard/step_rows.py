@@ -115,12 +115,32 @@ def refreshed_rows(
     return replies
 
 
-def optimizer_state(reads: list[TableRead]) -> bytes:
-    """Each read's rows' versions (int64), then their optimizer state (float32, the
-    table's state width per row), read after one another, back to back: an update's
-    ``state`` (initial rows at version 0 with zero state where never written)."""
-    parts = []
+def state_bytes(reads: list[TableRead]) -> int:
+    """The bytes of every read's rows' versions and optimizer state (see
+    :func:`write_optimizer_state`)."""
+    return sum(
+        len(ids) * (VERSION_DTYPE.itemsize + ROW_DTYPE.itemsize * target.store.state_width)
+        for target, ids, _ in reads
+    )
+
+
+def write_optimizer_state(reads: list[TableRead], view: memoryview) -> None:
+    """Write each read's rows' versions (int64), then their optimizer state (float32, the
+    table's state width per row), read after one another, back to back into ``view``
+    (:func:`state_bytes` long): an update's ``state`` (initial rows at version 0 with zero
+    state where never written). The state is gathered straight into ``view`` when it is
+    4-byte aligned."""
+    aligned, offset = is_aligned(view, 4), 0
     for target, ids, _ in reads:
-        versions, state = target.read_state(ids)  # as the wire's dtypes: no copy on this host
-        parts += [np.asarray(versions.numpy(), VERSION_DTYPE), np.asarray(state.numpy(), ROW_DTYPE)]
-    return b"".join(part.reshape(-1).view(np.uint8) for part in parts)
+        count, width = len(ids), target.store.state_width
+        state_at = offset + VERSION_DTYPE.itemsize * count
+        end = state_at + ROW_DTYPE.itemsize * count * width
+        if aligned and end > state_at:
+            state = torch.frombuffer(view[state_at:end], dtype=torch.float32).view(count, width)
+            versions = target.read_state(ids, state)
+        else:
+            state = torch.empty(count, width, dtype=torch.float32)
+            versions = target.read_state(ids, state)
+            view[state_at:end] = bytes_view(np.asarray(state.numpy(), ROW_DTYPE))
+        view[offset:state_at] = bytes_view(np.asarray(versions.numpy(), VERSION_DTYPE))
+        offset = end

@@ -79,15 +79,15 @@ class Table:
             out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
         return out
 
-    def read_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, optimizer state)`` of ``ids`` in order (duplicates allowed), 0 and zero
-        state where never written: the companion of a read of the same ids, so neither
-        counted as a pull nor made into initial rows."""
+    def read_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """The versions of ``ids`` in order (duplicates allowed), their optimizer state
+        written into ``state`` (float32 [len(ids), state width]); 0 and zero state where
+        never written: the companion of a read of the same ids, so neither counted as a
+        pull nor made into initial rows."""
         if len(ids) == 0:
-            state = torch.zeros(0, self.store.state_width, dtype=torch.float32)
-            return torch.zeros(0, dtype=torch.int64), state
+            return torch.zeros(0, dtype=torch.int64)
         with self._lock:
-            return self.store.fetch_state(ids)
+            return self.store.fetch_state(ids, state)
 
     def pull_stale(
         self, ids: np.ndarray, held_versions: np.ndarray, bound: int

@@ -100,9 +100,10 @@ class RowStore(Protocol):
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""
 
-    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions [n] int64, optimizer state [n, state_width] float32)`` of ``ids``
-        (duplicates allowed) without their weights; 0 and zero state where absent."""
+    def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """The versions [n] int64 of ``ids`` (duplicates allowed), their optimizer state
+        written into ``state`` [n, state_width] float32, without reading their weights; 0
+        and zero state where absent."""
 
     def absent(self, ids: np.ndarray) -> np.ndarray:
         """A bool mask over ids: true where no row is held."""

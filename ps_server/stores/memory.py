@@ -107,17 +107,17 @@ class InMemoryStore:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return self._index.gather(id_tensor(ids), self._weights, out).numpy()
 
-    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, state)`` of ``ids``, 0 where absent: one lookup of their slots, no
-        weights read."""
-        slots = self.locate(ids)
-        absent = slots < 0
-        if not self._rows:
-            versions = torch.zeros(len(ids), dtype=torch.int64)
-            return versions, torch.zeros(len(ids), self.state_width, dtype=torch.float32)
-        index = slots.clamp(min=0)  # absent ids read slot 0, then cleared
-        versions, state = _take(self._versions, index), _take(self._state, index)
-        return versions.masked_fill_(absent, 0), state.masked_fill_(absent[:, None], 0.0)
+    def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """Versions of ``ids``, their optimizer state written into ``state``; 0 where absent:
+        no weights read, one gather per array."""
+        keys = id_tensor(ids)
+        versions = torch.empty(len(ids), 1, dtype=torch.int64)
+        absent = self._index.gather(keys, self._versions.view(-1, 1), versions)
+        if self.state_width:
+            self._index.gather(keys, self._state, state)
+        if len(absent):
+            versions[absent], state[absent] = 0, 0.0
+        return versions.view(-1)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found, versions)`` of ``ids``: a bool mask and each row's version (0 where absent)."""

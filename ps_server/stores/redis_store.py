@@ -124,10 +124,12 @@ class RedisStore:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return weights_via_fetch(self, ids, out)
 
-    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, state)`` of ``ids``, 0 where absent (whole records are read)."""
+    def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """Versions of ``ids``, their state written into ``state``; 0 where absent (whole
+        records are read)."""
         _, rows = self.fetch(ids)  # absent rows are zeros
-        return rows.versions, rows.state
+        state.copy_(rows.state)
+        return rows.versions
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -109,10 +109,11 @@ class TieredStore:
         return weights_via_fetch(self, ids, out)
 
     @_locked
-    def fetch_state(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(versions, state)`` of ``ids``, 0 where absent, admitting cold rows."""
+    def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
+        """Versions of ``ids``, their state written into ``state``; 0 where absent, admitting
+        cold rows."""
         self._admit(np.unique(ids), create=None)
-        return self._hot.fetch_state(ids)
+        return self._hot.fetch_state(ids, state)
 
     def fetch_versions(self, ids: np.ndarray) -> tuple[np.ndarray, torch.Tensor]:
         """``(found mask, versions)``, 0 where absent."""

@@ -131,18 +131,18 @@ def aligned_len_field(number: int, payload_length: int, offset: int, alignment: 
 
 
 def aligned_varint_then_len(
-    varint_number: int, value: bytes, len_number: int, payload_length: int
+    varint_number: int, value: bytes, len_number: int, payload_length: int, offset: int = 0
 ) -> bytes:
     """A VARINT field (``value``, a varint's bytes), then the tag and length of a LEN field,
-    written at a message's start so that the LEN payload starts 4-byte aligned: the
+    written at ``offset`` in a message so that the LEN payload starts 4-byte aligned: the
     length's varint is padded as :func:`aligned_len_field` pads it, and ``value`` with
     continuation bytes (up to a varint's 10) where that alone cannot align it (always
     possible below 256 MiB of payload; else the last try is returned, unaligned)."""
     tag = varint((varint_number << 3) | VARINT)
     for extra in range(min(4, _VARINT_BYTES - len(value) + 1)):
         lead = tag + overlong_varint(value, extra)
-        header = lead + aligned_len_field(len_number, payload_length, len(lead))
-        if len(header) % 4 == 0:
+        header = lead + aligned_len_field(len_number, payload_length, offset + len(lead))
+        if (offset + len(header)) % 4 == 0:
             break
     return header
 

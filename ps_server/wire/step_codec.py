@@ -186,33 +186,47 @@ def encode_update_response(
     trailer: bytes = b"",
     row_bytes: int = 0,
     fill_rows: Callable[[memoryview], None] | None = None,
-    state: Buffer = b"",
+    state_bytes: int = 0,
+    fill_state: Callable[[memoryview], None] | None = None,
 ) -> bytes:
     """Serialise an UpdateResponse (``refreshed``: ``(positions, values, dtype)``), then
     ``trailer``, in one pass: the read entries' rows (``row_bytes``, omitted when 0) come
-    first, after the watermark, 4-byte aligned as :func:`aligned_varint_then_len` aligns
-    them, written in place by ``fill_rows(view)`` as :func:`encode_lookup_response`'s filler
-    writes them; then ``state``."""
-    parts = _scalar(1, int(duplicate))
+    first, after the watermark, and the ``state`` (``state_bytes``, omitted when 0) last,
+    after ``duplicate``, each 4-byte aligned as :func:`aligned_varint_then_len` aligns
+    them and written in place by ``fill_rows(view)`` or ``fill_state(view)`` as
+    :func:`encode_lookup_response`'s filler writes them."""
+    if (row_bytes and fill_rows is None) or (state_bytes and fill_state is None):
+        raise ValueError("an update's answer with rows or state needs their filler")
+    parts = []
     for positions, values, dtype in refreshed:
         parts += _message(
             2, [*_payload(1, positions), *_payload(2, values), *_scalar(3, dtype, int64_varint)]
         )
-    rest = [*parts, *_string(4, flush), *_payload(6, state), trailer]
-    if not row_bytes:
-        return b"".join([*_scalar(3, watermark, int64_varint), *rest])
-    if fill_rows is None:
-        raise ValueError("an update's answer with rows needs fill_rows")
-    header = aligned_varint_then_len(3, int64_varint(watermark), 5, row_bytes)
-    tail = b"".join(rest)
-    end = len(header) + row_bytes
+    middle = b"".join([*parts, *_string(4, flush)])
+    if row_bytes:
+        head = aligned_varint_then_len(3, int64_varint(watermark), 5, row_bytes)
+    else:
+        head = b"".join(_scalar(3, watermark, int64_varint))
+    rows_end = len(head) + row_bytes
+    if state_bytes:  # an explicit duplicate (even false) pads the state into alignment
+        middle += aligned_varint_then_len(
+            1, varint(int(duplicate)), 6, state_bytes, rows_end + len(middle)
+        )
+    else:
+        middle += b"".join(_scalar(1, int(duplicate)))
+    state_at = rows_end + len(middle)
+    end = state_at + state_bytes
 
     def fill(view: memoryview) -> None:
-        view[: len(header)] = header
-        fill_rows(view[len(header) : end])
-        view[end:] = tail
+        view[: len(head)] = head
+        if row_bytes:
+            fill_rows(view[len(head) : rows_end])
+        view[rows_end:state_at] = middle
+        if state_bytes:
+            fill_state(view[state_at:end])
+        view[end:] = trailer
 
-    return fill_new_bytes(end + len(tail), fill)
+    return fill_new_bytes(end + len(trailer), fill)
 
 
 # ---- decoding -----------------------------------------------------------------

@@ -63,8 +63,9 @@ def test_absent_rows_are_reported_and_zero(store):
     assert not found.any()
     assert not rows.weights.any() and not rows.state.any() and not rows.versions.any()
     assert store.absent(ids_of([1, 5])).all() and store.size() == 0
-    versions, state = store.fetch_state(ids_of([1, 5]))
-    assert versions.tolist() == [0, 0] and state.shape == (2, WIDTH) and not state.any()
+    state = torch.full((2, WIDTH), float("nan"))
+    versions = store.fetch_state(ids_of([1, 5]), state)
+    assert versions.tolist() == [0, 0] and not state.any()
 
 
 def test_inserted_rows_come_back_with_state_and_versions(store):
@@ -85,7 +86,8 @@ def test_inserted_rows_come_back_with_state_and_versions(store):
         int(rows.versions[0]),
         int(rows.versions[0]),
     ]
-    versions, state = store.fetch_state(probe)  # without weights; the absent id's are zero
+    state = torch.full((len(probe), WIDTH), float("nan"))  # the absent id's are zeroed
+    versions = store.fetch_state(probe, state)  # without weights
     assert versions.tolist() == [rows.versions[2], 0, rows.versions[0], rows.versions[0]]
     assert torch.equal(
         state, torch.stack([rows.state[2], torch.zeros(WIDTH), *[rows.state[0]] * 2])

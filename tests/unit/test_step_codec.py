@@ -178,8 +178,11 @@ def test_responses_match_the_generated_code_both_ways(
     def fill(view):
         view[:] = rows
 
+    def fill_state(view):
+        view[:] = state
+
     encoded = encode_update_response(
-        duplicate, refreshed, watermark, flush, b"", len(rows), fill, state
+        duplicate, refreshed, watermark, flush, b"", len(rows), fill, len(state), fill_state
     )
     parsed = pb.UpdateResponse.FromString(encoded)
     assert parsed.duplicate == duplicate and parsed.watermark == watermark
@@ -187,6 +190,8 @@ def test_responses_match_the_generated_code_both_ways(
     assert [(r.positions, r.values, r.dtype) for r in parsed.refreshed] == refreshed
     if rows:  # first the watermark, then the rows, 4-byte aligned
         assert _rows_start(encoded, rows) % 4 == 0
+    if state:  # last, 4-byte aligned
+        assert _payload_start(encoded, decode_update_response(encoded).state, state) % 4 == 0
     view = decode_update_response(
         pb.UpdateResponse(
             duplicate=duplicate,
@@ -204,9 +209,14 @@ def test_responses_match_the_generated_code_both_ways(
 
 def _rows_start(encoded: bytes, rows: bytes) -> int:
     """Where an encoded UpdateResponse's ``rows`` payload starts (it must hold ``rows``)."""
-    view = decode_update_response(encoded).rows
+    return _payload_start(encoded, decode_update_response(encoded).rows, rows)
+
+
+def _payload_start(encoded: bytes, view: memoryview, payload: bytes) -> int:
+    """Where ``view`` (a decoded payload of ``encoded``, which must hold ``payload``)
+    starts in ``encoded``."""
     start = np.frombuffer(view, np.uint8).ctypes.data - np.frombuffer(encoded, np.uint8).ctypes.data
-    assert encoded[start : start + len(rows)] == rows
+    assert encoded[start : start + len(payload)] == payload
     return start
 
 
@@ -222,6 +232,30 @@ def test_an_update_responses_rows_start_aligned_however_long(size, watermark):
     assert _rows_start(encoded, rows) % 4 == 0
     parsed = decode_update_response(encoded)
     assert parsed.watermark == watermark and parsed.flush == "f" and len(parsed.rows) == size
+
+
+@pytest.mark.parametrize("state_size", [4 << 10, (1 << 20) + 8, (3 << 20) + 4])
+@pytest.mark.parametrize("flush", ["", "f", "ckpt-0001"])  # the state's offset mod 4
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_an_update_responses_state_starts_aligned_however_long(state_size, flush, duplicate):
+    rows, state = (
+        bytes(range(12)) * 100,
+        bytes(range(256)) * (state_size // 256) + b"s" * (state_size % 256),
+    )
+
+    def fill(view):
+        view[:] = rows
+
+    def fill_state(view):
+        view[:] = state
+
+    encoded = encode_update_response(
+        duplicate, [], 5, flush, b"", len(rows), fill, len(state), fill_state
+    )
+    assert _payload_start(encoded, decode_update_response(encoded).state, state) % 4 == 0
+    parsed = pb.UpdateResponse.FromString(encoded)
+    assert parsed.duplicate == duplicate and parsed.flush == flush and parsed.watermark == 5
+    assert parsed.rows == rows and parsed.state == state
 
 
 def test_a_repeated_clock_is_merged_field_by_field_as_protobuf_merges_it():

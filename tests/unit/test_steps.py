@@ -16,7 +16,11 @@ from ember.ps_server.errors import (
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_handlers import StepHandlers
-from ember.ps_server.shard.step_rows import write_joined_rows
+from ember.ps_server.shard.step_rows import (
+    state_bytes,
+    write_joined_rows,
+    write_optimizer_state,
+)
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.proto_wire import aligned_len_field
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -391,3 +395,27 @@ def test_joined_float32_rows_are_copied_into_a_payload_that_is_not_aligned():
     expected = np.concatenate([table.read_weights(i).numpy().ravel() for table, i, _ in reads])
     assert np.array_equal(np.frombuffer(bytes(buffer[1:]), "<f4"), expected)
     assert not np.array_equal(expected[:3], initial_rows(ADAM, ids[:1]).numpy().ravel())
+
+
+@pytest.mark.parametrize("skew", [0, 1, 2, 3])  # 0: the state gathered in place; else copied
+def test_optimizer_state_is_written_alike_into_aligned_and_unaligned_payloads(skew):
+    server = shard()
+    written = np.arange(1, 40, 2, dtype=np.int64)
+    update(server, 0, written, np.ones((len(written), 3)), world=1)
+    update(server, 1, written[::3].copy(), np.ones((7, 3)), world=1)
+    ids = np.array([7, 2, 39, 7, 1], np.int64)  # 2 was never written; 7 twice; odd counts
+    request = encode_update_request(
+        [("emb", written[:1], np.zeros((1, 3), "<f4"))], clock(2, world=1),
+        read_state=[("emb", ids), ("other", ids[:3])],
+    )  # fmt: skip
+    states = server.steps.update(decode_update_request(request)).states
+    size = state_bytes(states)
+    buffer = bytearray(size + 4 + skew)
+    start = -np.frombuffer(buffer, np.uint8).ctypes.data % 4 + skew
+    write_optimizer_state(states, memoryview(buffer)[start : start + size])
+    expected = []
+    for table, table_ids, _ in states:
+        stored = server.pull(table.spec.name, table_ids.tobytes(), with_state=True)
+        expected += [stored.versions.tobytes(), stored.state.tobytes()]
+    assert bytes(buffer[start : start + size]) == b"".join(expected)
+    assert size == 8 * 8 + 4 * 5 * 6  # Adam: 6 state words a row, SGD none
