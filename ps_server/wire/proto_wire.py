@@ -25,6 +25,8 @@ def varint(value: int) -> bytes:
         return _ONE_BYTE[value]
     if value < 0:
         raise ValueError(f"a varint encodes a non-negative number, got {value}")
+    if value < 1 << 14:  # most lengths: two bytes without the loop
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while True:
         byte = value & 0x7F

@@ -82,24 +82,33 @@ def _clock(number: int, clock: StepClockView | None) -> list[bytes | memoryview]
     )
 
 
+def _table_entry(number: int, table: str, payloads: tuple[Buffer, ...], dtype: int) -> list:
+    """A TableIds (``payloads``: ids) or TableGrads (ids, grads) entry as field ``number``:
+    the table's name (field 1), each non-empty payload (fields 2, 3, ...), then the dtype.
+    Built with few calls: a step has one per table and shard, and their bookkeeping is
+    most of the encoder's time."""
+    parts: list[bytes | memoryview] = [*_string(1, table)]
+    for field, payload in enumerate(payloads, 2):
+        view = bytes_view(payload)
+        if len(view):
+            parts += (len_field(field, len(view)), view)
+    if dtype:
+        parts += (_DTYPE_TAGS[len(payloads)], int64_varint(dtype))
+    parts[:0] = (len_field(number, sum(map(len, parts))),)
+    return parts
+
+
+_DTYPE_TAGS = {1: varint(3 << 3), 2: varint(4 << 3)}  # TableIds.dtype, TableGrads.dtype
+
+
 def _table_ids(number: int, entry: tuple) -> list[bytes | memoryview]:
     table, ids, dtype = IdsEntry(*entry)
-    return _message(
-        number, [*_string(1, table), *_payload(2, ids), *_scalar(3, dtype, int64_varint)]
-    )
+    return _table_entry(number, table, (ids,), dtype)
 
 
 def _table_grads(number: int, entry: tuple) -> list[bytes | memoryview]:
     table, ids, grads, dtype = GradsEntry(*entry)
-    return _message(
-        number,
-        [
-            *_string(1, table),
-            *_payload(2, ids),
-            *_payload(3, grads),
-            *_scalar(4, dtype, int64_varint),
-        ],
-    )
+    return _table_entry(number, table, (ids, grads), dtype)
 
 
 def encode_lookup_request(

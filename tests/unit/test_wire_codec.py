@@ -9,6 +9,7 @@ from ember.ps_server.wire.pull_push_codec import (
     encode_push_request,
     push_log_record,
 )
+from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -142,3 +143,11 @@ def test_generated_code_reads_aligned_len_fields(offset, length):
 def test_varints_refuse_negative_numbers():
     with pytest.raises(ValueError, match="non-negative"):
         varint(-1)
+
+
+@pytest.mark.parametrize(
+    "value", [0, 1, 127, 128, 300, 16383, 16384, 2**21 - 1, 2**21, 2**35 + 7, 2**63, 2**64 - 1]
+)
+def test_varints_are_protobufs_own_bytes_and_read_back(value):
+    assert varint(value) == _VarintBytes(value)
+    assert read_varint(memoryview(varint(value)), 0) == (value, len(varint(value)))
