@@ -3,6 +3,7 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -24,7 +25,7 @@ class AppliedUpdate(NamedTuple):
     """What an applied update answers: whether its clock was applied before (a duplicate),
     per refresh entry ``(positions, rows, their dtype)``, the job's watermark, and the
     validated reads riding on it. Their rows (:func:`write_joined_rows`) and state
-    (:func:`optimizer_state`) are read afterwards, outside the job's lock, as a lookup's
+    (:func:`write_optimizer_state`) are read afterwards, outside the job's lock, as a lookup's
     rows are: they hold every rank's clock and, as for a lookup, may hold later clocks in
     part (no later clock of the caller's can be applied before it has this answer)."""
 
@@ -130,17 +131,20 @@ def write_optimizer_state(reads: list[TableRead], view: memoryview) -> None:
     (:func:`state_bytes` long): an update's ``state`` (initial rows at version 0 with zero
     state where never written). The state is gathered straight into ``view`` when it is
     4-byte aligned."""
-    aligned, offset = is_aligned(view, 4), 0
+    # In place only where torch's native float32 is the wire's little-endian one.
+    aligned, offset = is_aligned(view, 4) and sys.byteorder == "little", 0
     for target, ids, _ in reads:
         count, width = len(ids), target.store.state_width
         state_at = offset + VERSION_DTYPE.itemsize * count
         end = state_at + ROW_DTYPE.itemsize * count * width
-        if aligned and end > state_at:
-            state = torch.frombuffer(view[state_at:end], dtype=torch.float32).view(count, width)
-            versions = target.read_state(ids, state)
-        else:
-            state = torch.empty(count, width, dtype=torch.float32)
-            versions = target.read_state(ids, state)
+        in_place = aligned and end > state_at
+        state = (
+            torch.frombuffer(view[state_at:end], dtype=torch.float32).view(count, width)
+            if in_place
+            else torch.empty(count, width, dtype=torch.float32)
+        )
+        versions = target.read_state(ids, state)
+        if not in_place:
             view[state_at:end] = bytes_view(np.asarray(state.numpy(), ROW_DTYPE))
         view[offset:state_at] = bytes_view(np.asarray(versions.numpy(), VERSION_DTYPE))
         offset = end

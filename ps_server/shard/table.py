@@ -83,7 +83,19 @@ class Table:
         """The versions of ``ids`` in order (duplicates allowed), their optimizer state
         written into ``state`` (float32 [len(ids), state width]); 0 and zero state where
         never written: the companion of a read of the same ids, so neither counted as a
-        pull nor made into initial rows."""
+        pull nor made into initial rows.
+
+        Raises:
+            ValueError: ``state`` is not a contiguous float32 tensor of that shape (a
+                store copying into it would broadcast, or write past a view).
+        """
+        expected = (len(ids), self.store.state_width)
+        if state.dtype != torch.float32 or tuple(state.shape) != expected:
+            raise ValueError(
+                f"state must be float32 {expected}, not {state.dtype} {tuple(state.shape)}"
+            )
+        if not state.is_contiguous():
+            raise ValueError("state must be contiguous")
         if len(ids) == 0:
             return torch.zeros(0, dtype=torch.int64)
         with self._lock:

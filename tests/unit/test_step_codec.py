@@ -235,11 +235,14 @@ def test_an_update_responses_rows_start_aligned_however_long(size, watermark):
 
 
 @pytest.mark.parametrize("state_size", [4 << 10, (1 << 20) + 8, (3 << 20) + 4])
-@pytest.mark.parametrize("flush", ["", "f", "ckpt-0001"])  # the state's offset mod 4
+@pytest.mark.parametrize("flush", ["", "f", "abc", "abcd"])  # 0, 3, 5, 6 bytes: each offset mod 4
 @pytest.mark.parametrize("duplicate", [False, True])
-def test_an_update_responses_state_starts_aligned_however_long(state_size, flush, duplicate):
+@pytest.mark.parametrize("row_count", [0, 100])
+def test_an_update_responses_state_starts_aligned_however_long(
+    state_size, flush, duplicate, row_count
+):
     rows, state = (
-        bytes(range(12)) * 100,
+        bytes(range(12)) * row_count,
         bytes(range(256)) * (state_size // 256) + b"s" * (state_size % 256),
     )
 

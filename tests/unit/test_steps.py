@@ -410,7 +410,7 @@ def test_optimizer_state_is_written_alike_into_aligned_and_unaligned_payloads(sk
     )  # fmt: skip
     states = server.steps.update(decode_update_request(request)).states
     size = state_bytes(states)
-    buffer = bytearray(size + 4 + skew)
+    buffer = bytearray(b"\xff" * (size + 4 + skew))  # NaN words: an unwritten row shows
     start = -np.frombuffer(buffer, np.uint8).ctypes.data % 4 + skew
     write_optimizer_state(states, memoryview(buffer)[start : start + size])
     expected = []
@@ -419,3 +419,14 @@ def test_optimizer_state_is_written_alike_into_aligned_and_unaligned_payloads(sk
         expected += [stored.versions.tobytes(), stored.state.tobytes()]
     assert bytes(buffer[start : start + size]) == b"".join(expected)
     assert size == 8 * 8 + 4 * 5 * 6  # Adam: 6 state words a row, SGD none
+
+
+@pytest.mark.parametrize(
+    "state",
+    [torch.empty(2, 6, dtype=torch.float64), torch.empty(1, 6), torch.empty(2, 1),
+     torch.empty(6, 2).t()],
+)  # fmt: skip
+def test_a_state_read_into_a_tensor_of_another_shape_or_type_is_refused(state):
+    server = shard()  # Adam over dim 3: six state words a row; a copy would broadcast a [2, 1]
+    with pytest.raises(ValueError, match="state must be"):
+        server.tables()["emb"].read_state(np.array([1, 2], np.int64), state)
