@@ -150,15 +150,18 @@ class AutoCheckpoints:
     def checkpoint(self) -> Path:
         """Take one checkpoint now; returns its directory.
 
-        An attempt that fails before its manifest is written leaves nothing behind
-        but the log's new segment: its unfinished directory is deleted, so retries
-        on a full disk find the room the last one had, under the same name. One that
+        The attempt makes its directory itself (a name taken meanwhile fails it, and what
+        is there is left alone). An attempt that fails before its manifest is written
+        leaves nothing behind but the log's new segment: its unfinished directory is
+        deleted, so retries on a full disk find the room the last one had, under the same
+        name. One that
         fails after (the directory's fsync, the commit) leaves a finished checkpoint
         that is not the log's base; the next attempt takes the next name.
 
         Raises:
             CheckpointStateError: another checkpoint holds the shard's pause.
             ShardFailedError: the shard has failed.
+            FileExistsError: the next name was taken meanwhile (nothing written).
             OSError, EmberError: writing failed (nothing committed).
         """
         checkpoints = self._server.checkpoints
@@ -167,11 +170,17 @@ class AutoCheckpoints:
         target = self.directory / next_checkpoint_id(self.directory)
         gate_id = f"auto-{target.name}"
         checkpoints.pause(gate_id, PAUSE_LEASE_S)
+        made = False
         try:
             try:
+                # Made here, exclusively: a directory someone else made under this name
+                # meanwhile fails the attempt (FileExistsError), never written into or deleted.
+                target.mkdir()
+                made = True
+                fsync_directory(self.directory)
                 files, specs = checkpoints.write(gate_id, str(target), base.name if base else "")
             finally:
-                # write() resumes writes itself; this covers a refusal at its start.
+                # write() resumes writes itself; this covers a failure before or at its start.
                 checkpoints.resume(gate_id)
             Manifest(
                 id=target.name,
@@ -182,7 +191,7 @@ class AutoCheckpoints:
             ).write(target)
             fsync_directory(self.directory)  # the base file may name it only once it lasts
         except BaseException:
-            if not (target / MANIFEST).exists():
+            if made and not (target / MANIFEST).exists():
                 shutil.rmtree(target, ignore_errors=True)
             raise
         checkpoints.commit(gate_id)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ember.ps_server.durability import shard_checkpoint
+from ember.ps_server.durability import auto_checkpoint, shard_checkpoint
 from ember.ps_server.durability.auto_checkpoint import (
     MAX_CHAIN,
     AutoCheckpoints,
@@ -214,7 +214,7 @@ def test_a_failed_attempt_deletes_its_files_and_releases_the_pause(tmp_path, mon
     auto.directory.mkdir()
 
     def half_written(tables, shard, num_shards, directory, *args):
-        directory.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
         (directory / "shard-0-of-1.t.rows").write_bytes(b"partial")
         _full_disk()
 
@@ -254,6 +254,24 @@ def test_an_attempt_whose_manifest_failed_is_taken_again_under_the_same_name(tmp
     assert list(auto.directory.iterdir()) == []
     assert auto.checkpoint().name == "ckpt-000001"  # the same name, written again
     assert [p.name for p in auto.directory.iterdir()] == ["ckpt-000001"]
+    server.journal.close()
+
+
+def test_a_name_taken_meanwhile_fails_the_attempt_and_what_is_there_stays(tmp_path, monkeypatch):
+    server = _logged_server(tmp_path)
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto", AutoPolicy(None, None, 1), lambda _: None
+    )
+    theirs = auto.directory / "ckpt-000001"
+    theirs.mkdir(parents=True)
+    (theirs / "shard-0-of-1.t.rows").write_bytes(b"another writer's")
+    monkeypatch.setattr(auto_checkpoint, "next_checkpoint_id", lambda _: theirs.name)  # a race
+    with pytest.raises(FileExistsError):
+        auto.checkpoint()
+    assert [p.name for p in theirs.iterdir()] == ["shard-0-of-1.t.rows"]
+    assert (theirs / "shard-0-of-1.t.rows").read_bytes() == b"another writer's"
+    server.checkpoints.pause("next", 1)  # the failed attempt let go of the pause
+    server.checkpoints.resume("next")
     server.journal.close()
 
 
