@@ -16,7 +16,13 @@ from ember.ps_server.durability.checkpoint_coordinator import clock_cut, take_ch
 from ember.ps_server.durability.checkpoint_format import Manifest
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.durability.write_log import WriteLog
-from ember.ps_server.errors import CheckpointStateError, ClockTooLargeError, InvalidArgumentError
+from ember.ps_server.errors import (
+    CheckpointStateError,
+    ClockTooLargeError,
+    InvalidArgumentError,
+    PSClientError,
+    Status,
+)
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.initializers import initial_rows
@@ -373,3 +379,48 @@ def test_a_job_the_shard_has_not_seen_is_not_at_the_cut():
     clocks = StepClocks()
     assert not clocks.cut_reached({JOB: [0, 0]})()  # its first clocks may be on the way
     assert clocks.cut_reached({JOB: [-1, -1]})()
+
+
+class _CheckpointTwice:
+    """The coordinator's channels, sending shard 0 its Checkpoint call twice at once, as
+    a retry after a lost connection does while the first call still runs."""
+
+    def __init__(self, rpc) -> None:
+        self.rpc, self.endpoints = rpc, rpc.endpoints
+
+    def run(self, calls, on_reply=None):
+        if calls and calls[0].method == "Checkpoint":  # any refusal raises, as a retry's does
+            replies = self.rpc.run([*calls, ShardCall(0, "Checkpoint", calls[0].request)])
+            return replies[: len(calls)]
+        return self.rpc.run(calls, on_reply)
+
+
+def test_a_checkpoint_a_shard_was_asked_to_write_twice_is_never_committed(tmp_path):
+    """Whichever of the two calls comes second is refused (while the first writes, or once
+    its files are there): the coordinator writes no manifest, every shard writes again, and
+    the next checkpoint is whole."""
+    root = tmp_path / "ckpt"
+    with (
+        LocalCluster(2, extra_args=["--checkpoint-root", str(root)]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        ids = torch.from_numpy(IDS)
+        client.push("emb", ids, torch.ones(len(IDS), 4))
+        with pytest.raises(PSClientError) as refused:
+            take_checkpoint(_CheckpointTwice(client.shard_rpc), root, lease_s=300)
+        assert refused.value.code == Status.FAILED_PRECONDITION
+        assert cluster.endpoints[0] in str(refused.value)
+        assert [p.name for p in root.iterdir()] == ["ckpt-000001"]
+        assert not (root / "ckpt-000001" / "manifest.json").exists()
+        (pusher,) = in_threads(lambda: client.push("emb", ids, torch.ones(len(IDS), 4)))
+        pusher.join(30)  # a shard still paused would hold it for the 300 s lease
+        assert not pusher.is_alive()
+        directory = client.checkpoint(root)
+        assert directory.name == "ckpt-000002" and (directory / "manifest.json").exists()
+        with (
+            LocalCluster(2, extra_args=["--restore", str(directory)]) as restored_cluster,
+            PSClient(restored_cluster.endpoints) as restored,
+        ):
+            rows = restored.pull("emb", ids)
+        torch.testing.assert_close(rows, client.pull("emb", ids), rtol=0, atol=0)
