@@ -45,6 +45,23 @@ def test_a_value_beyond_the_type_is_refused_naming_its_id():
         rows_to_wire(rows[2:], RowDtype.BFLOAT16, "grads", np.array([13]))
 
 
+@pytest.mark.parametrize("dtype", [RowDtype.FLOAT16, RowDtype.BFLOAT16])
+def test_exactly_the_rows_that_pack_to_a_value_that_is_not_finite_are_refused(dtype):
+    """Every one of the 65,536 packed values, each as its own row: the refusals are those
+    torch.isfinite names, first row first."""
+    packed = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    values = packed.view(TORCH_DTYPES[dtype]).float().reshape(-1, 1)  # exact: widening
+    bad = torch.nonzero(~torch.isfinite(values[:, 0])).flatten().tolist()
+    assert len(bad) == 2 * (1 << (10 if dtype is RowDtype.FLOAT16 else 7))  # inf and NaNs
+    good = sorted(set(range(len(values))) - set(bad))
+    wire = rows_to_wire(values[good], dtype, "rows", np.array(good))
+    assert np.array_equal(wire.view(np.int16)[:, 0], packed[good].numpy())
+    assert 0 in good  # bit pattern 0x8000: -0.0
+    for row in bad[:: len(bad) // 7] + [bad[-1]]:  # some of each kind, both signs
+        with pytest.raises(OutOfRangeError, match=f"row of id {row} holds"):
+            rows_to_wire(values[[0, row, 0]], dtype, "rows", np.array([0, row, 0]))
+
+
 def test_a_buffer_of_the_wrong_size_for_its_dtype_is_invalid_argument():
     with pytest.raises(InvalidArgumentError, match="3 ids x dim 2 float16 = 12 bytes, got 24"):
         rows_from_wire(bytes(24), RowDtype.FLOAT16, 3, 2, "grads")
