@@ -150,8 +150,9 @@ class AutoCheckpoints:
     def checkpoint(self) -> Path:
         """Take one checkpoint now; returns its directory.
 
-        The attempt makes its directory itself (a name taken meanwhile fails it, and what
-        is there is left alone). An attempt that fails before its manifest is written
+        The attempt makes its directory itself: a name taken meanwhile fails it, and the
+        attempt leaves what is there alone (retention later removes an unfinished directory
+        below the newest finished checkpoint, as it does any leftover). An attempt that fails before its manifest is written
         leaves nothing behind but the log's new segment: its unfinished directory is
         deleted, so retries on a full disk find the room the last one had, under the same
         name. One that
@@ -174,7 +175,9 @@ class AutoCheckpoints:
         try:
             try:
                 # Made here, exclusively: a directory someone else made under this name
-                # meanwhile fails the attempt (FileExistsError), never written into or deleted.
+                # meanwhile fails the attempt (FileExistsError), never written into or
+                # deleted by it. (Its parent is made again if an operator removed it.)
+                make_directory_durably(self.directory)
                 target.mkdir()
                 made = True
                 fsync_directory(self.directory)

@@ -38,14 +38,19 @@ def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str, ids: np.ndarray
     if dtype is RowDtype.FLOAT32:
         return rows.contiguous().numpy()
     bits = pack_rows(rows, TORCH_DTYPES[dtype]).view(torch.int16).numpy().view(np.uint16)
-    exponent = _EXPONENT_BITS[dtype]
-    # A value packs to infinity or NaN exactly when its exponent bits are all ones: a
-    # numpy test on the bits costs a fraction of torch's isfinite over the packed rows.
-    not_finite = (bits & exponent) == exponent
+    not_finite = packed_not_finite(bits, dtype)
     if not_finite.any():
         row = int(np.flatnonzero(not_finite.any(axis=1))[0])
         raise OutOfRangeError(f"{what}: the row of id {int(ids[row])} {_beyond(rows[row], dtype)}")
     return bits
+
+
+def packed_not_finite(bits: np.ndarray, dtype: RowDtype) -> np.ndarray:
+    """Whether each packed float16 / bfloat16 value (its bits as uint16) is infinite or
+    NaN: its exponent bits are all ones. A numpy test on the bits costs a fraction of
+    torch's isfinite over the packed tensor."""
+    exponent = _EXPONENT_BITS[dtype]
+    return (bits & exponent) == exponent
 
 
 def rows_from_wire(

@@ -407,13 +407,17 @@ def test_a_checkpoint_a_shard_was_asked_to_write_twice_is_never_committed(tmp_pa
         client.create_table(SPEC)
         ids = torch.from_numpy(IDS)
         client.push("emb", ids, torch.ones(len(IDS), 4))
-        with pytest.raises(PSClientError) as refused:
+        guards = r"an earlier call is writing it|already holds this shard's files"
+        with pytest.raises(PSClientError, match=guards) as refused:
             take_checkpoint(_CheckpointTwice(client.shard_rpc), root, lease_s=300)
         assert refused.value.code == Status.FAILED_PRECONDITION
         assert cluster.endpoints[0] in str(refused.value)
         assert [p.name for p in root.iterdir()] == ["ckpt-000001"]
         assert not (root / "ckpt-000001" / "manifest.json").exists()
-        (pusher,) = in_threads(lambda: client.push("emb", ids, torch.ones(len(IDS), 4)))
+        pusher = threading.Thread(
+            target=lambda: client.push("emb", ids, torch.ones(len(IDS), 4)), daemon=True
+        )
+        pusher.start()
         pusher.join(30)  # a shard still paused would hold it for the 300 s lease
         assert not pusher.is_alive()
         directory = client.checkpoint(root)

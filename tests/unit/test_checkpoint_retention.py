@@ -2,6 +2,7 @@
 shard accepts, and that a single shard's checkpoint never restores onto another shard count."""
 
 import errno
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -257,7 +258,7 @@ def test_an_attempt_whose_manifest_failed_is_taken_again_under_the_same_name(tmp
     server.journal.close()
 
 
-def test_a_name_taken_meanwhile_fails_the_attempt_and_what_is_there_stays(tmp_path, monkeypatch):
+def test_a_name_taken_meanwhile_fails_the_attempt_which_leaves_it_alone(tmp_path, monkeypatch):
     server = _logged_server(tmp_path)
     auto = AutoCheckpoints(
         server, server.journal.log, tmp_path / "auto", AutoPolicy(None, None, 1), lambda _: None
@@ -268,10 +269,24 @@ def test_a_name_taken_meanwhile_fails_the_attempt_and_what_is_there_stays(tmp_pa
     monkeypatch.setattr(auto_checkpoint, "next_checkpoint_id", lambda _: theirs.name)  # a race
     with pytest.raises(FileExistsError):
         auto.checkpoint()
+    assert [p.name for p in auto.directory.iterdir()] == [theirs.name]  # nothing else made
     assert [p.name for p in theirs.iterdir()] == ["shard-0-of-1.t.rows"]
     assert (theirs / "shard-0-of-1.t.rows").read_bytes() == b"another writer's"
     server.checkpoints.pause("next", 1)  # the failed attempt let go of the pause
     server.checkpoints.resume("next")
+    server.journal.close()
+
+
+def test_a_removed_checkpoint_directory_is_made_again(tmp_path):
+    server = _logged_server(tmp_path)
+    auto = AutoCheckpoints(
+        server, server.journal.log, tmp_path / "auto" / "shard-0-of-1", AutoPolicy(None, None, 1),
+        lambda _: None,
+    )  # fmt: skip
+    auto.directory.mkdir(parents=True)
+    shutil.rmtree(tmp_path / "auto")  # an operator's cleanup
+    assert auto.checkpoint() == auto.directory / "ckpt-000001"
+    assert (auto.directory / "ckpt-000001" / MANIFEST).exists()
     server.journal.close()
 
 

@@ -8,7 +8,12 @@ import torch
 from ember.ps_server.errors import InvalidArgumentError, OutOfRangeError
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.row_packing import TORCH_DTYPES, rows_from_wire, rows_to_wire
+from ember.ps_server.wire.row_packing import (
+    TORCH_DTYPES,
+    packed_not_finite,
+    rows_from_wire,
+    rows_to_wire,
+)
 
 
 def test_the_numbers_are_the_protos():
@@ -46,20 +51,24 @@ def test_a_value_beyond_the_type_is_refused_naming_its_id():
 
 
 @pytest.mark.parametrize("dtype", [RowDtype.FLOAT16, RowDtype.BFLOAT16])
-def test_exactly_the_rows_that_pack_to_a_value_that_is_not_finite_are_refused(dtype):
-    """Every one of the 65,536 packed values, each as its own row: the refusals are those
-    torch.isfinite names, first row first."""
-    packed = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
-    values = packed.view(TORCH_DTYPES[dtype]).float().reshape(-1, 1)  # exact: widening
-    bad = torch.nonzero(~torch.isfinite(values[:, 0])).flatten().tolist()
-    assert len(bad) == 2 * (1 << (10 if dtype is RowDtype.FLOAT16 else 7))  # inf and NaNs
-    good = sorted(set(range(len(values))) - set(bad))
-    wire = rows_to_wire(values[good], dtype, "rows", np.array(good))
-    assert np.array_equal(wire.view(np.int16)[:, 0], packed[good].numpy())
-    assert 0 in good  # bit pattern 0x8000: -0.0
-    for row in bad[:: len(bad) // 7] + [bad[-1]]:  # some of each kind, both signs
-        with pytest.raises(OutOfRangeError, match=f"row of id {row} holds"):
-            rows_to_wire(values[[0, row, 0]], dtype, "rows", np.array([0, row, 0]))
+def test_the_bit_test_names_exactly_the_values_that_are_not_finite(dtype):
+    """All 65,536 bit patterns of the packed dtype against torch.isfinite of the same bits."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = torch.from_numpy(bits.view(np.int16).copy()).view(TORCH_DTYPES[dtype])
+    expected = ~torch.isfinite(values).numpy()
+    assert np.array_equal(packed_not_finite(bits, dtype), expected)
+    assert expected.sum() == 2 * (1 << (10 if dtype is RowDtype.FLOAT16 else 7))  # inf, NaNs
+
+
+@pytest.mark.parametrize("dtype", [RowDtype.FLOAT16, RowDtype.BFLOAT16])
+def test_the_first_row_that_packs_to_a_value_that_is_not_finite_is_named(dtype):
+    rows = torch.ones(5, 3)
+    rows[3, 2], rows[1, 0] = float("inf"), float("nan")  # rows 1 and 3 are refused; 1 first
+    with pytest.raises(OutOfRangeError, match="row of id 11 holds a value that is not finite"):
+        rows_to_wire(rows, dtype, "grads", np.arange(10, 15))
+    rows[1, 0] = -3.4e38  # finite in float32, infinite in both packed types
+    with pytest.raises(OutOfRangeError, match=r"row of id 11 holds 3.4e\+38, beyond"):
+        rows_to_wire(rows, dtype, "grads", np.arange(10, 15))
 
 
 def test_a_buffer_of_the_wrong_size_for_its_dtype_is_invalid_argument():
