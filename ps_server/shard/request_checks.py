@@ -3,7 +3,7 @@ which ids it owns. Nothing is read or applied until every part of a request pass
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,6 +49,16 @@ def check_request_id(request_id: str, what: str) -> None:
         )
 
 
+def weights_and_version(table: Table) -> int:
+    """The 4-byte words of a row read with its version: its weights and an int64."""
+    return table.spec.dim + 2
+
+
+def version_and_state(table: Table) -> int:
+    """The 4-byte words of a row's optimizer-state read: an int64 version and its state."""
+    return 2 + table.store.state_width
+
+
 class RequestChecks:
     """The checks of shard ``shard`` of ``num_shards`` over ``tables`` (the live registry).
 
@@ -84,22 +94,23 @@ class RequestChecks:
         return table
 
     def reads(
-        self, entries: Sequence[tuple[str, Bytes]], words_per_row: int = 2
+        self,
+        entries: Sequence[tuple[str, Bytes]],
+        row_words: Callable[[Table], int] = weights_and_version,
     ) -> list[tuple[Table, np.ndarray]]:
         """The table and ids of each read ``(table, packed ids)``: ids, each reply's size
-        (``words_per_row``: 4-byte words a reply row carries beside its ``dim`` floats) and
+        (``row_words(table)``: the 4-byte words a reply row of that table carries) and
         ownership checked, the last in one pass over every entry."""
         reads = []
         for name, ids in entries:
             target = self.table(name)
             id_array = decode_ids(ids)
             reply_bytes = (
-                len(id_array) * (target.spec.dim + words_per_row) * ROW_BYTES_PER_ELEMENT
-                + REPLY_OVERHEAD_BYTES
+                len(id_array) * row_words(target) * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES
             )
             if reply_bytes > self.max_message_bytes:
                 raise MessageTooLargeError(
-                    f"pull of {len(id_array)} ids from table {name!r} needs up to a "
+                    f"a read of {len(id_array)} ids from table {name!r} needs up to a "
                     f"{reply_bytes}-byte reply, over this shard's limit of "
                     f"{self.max_message_bytes}; split the ids into smaller requests"
                 )

@@ -46,8 +46,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# 4-byte words a conditional pull's reply row carries beside its floats: position and version.
-_STALE_WORDS_PER_ROW = 4
+
+def _stale_row_words(table: Table) -> int:
+    """The 4-byte words of a conditional pull's reply row: its floats, position and version."""
+    return table.spec.dim + 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +189,8 @@ class ParameterServer:
         validated = []
         for table, ids, with_state in requests:
             words = 2 + (self.checks.table(table).store.state_width if with_state else 0)
-            validated.append((*self.checks.reads([(table, ids)], words)[0], words, with_state))
+            read = self.checks.reads([(table, ids)], lambda t, w=words: t.spec.dim + w)[0]
+            validated.append((*read, words, with_state))
         self.checks.replies_fit(
             [(target, len(ids), target.spec.dim + words) for target, ids, words, _ in validated]
         )
@@ -221,13 +224,11 @@ class ParameterServer:
         self.fault.check()
         validated = []
         for table, ids, held_versions, bound in requests:
-            target, id_array = self.checks.reads([(table, ids)], _STALE_WORDS_PER_ROW)[0]
+            target, id_array = self.checks.reads([(table, ids)], _stale_row_words)[0]
             validated.append(
                 (target, id_array, decode_versions(held_versions, len(id_array)), bound)
             )
-        self.checks.replies_fit(
-            [(t, len(ids), t.spec.dim + _STALE_WORDS_PER_ROW) for t, ids, _, _ in validated]
-        )
+        self.checks.replies_fit([(t, len(ids), _stale_row_words(t)) for t, ids, _, _ in validated])
         replies = []
         for target, id_array, held, bound in validated:
             positions, weights, versions = target.pull_stale(id_array, held, bound)

@@ -3,10 +3,12 @@ and read_state, and an update's gradients (each table once per entry list)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 from ember.ps_server.errors import InvalidArgumentError
+from ember.ps_server.shard.request_checks import weights_and_version
 from ember.ps_server.shard.step_rows import TableRead
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import TableGradsView, TableIdsView
@@ -19,9 +21,15 @@ if TYPE_CHECKING:
 TableUpdate = tuple["Table", np.ndarray, np.ndarray]
 
 
-def checked_reads(checks: RequestChecks, entries: list[TableIdsView], what: str) -> list[TableRead]:
+def checked_reads(
+    checks: RequestChecks,
+    entries: list[TableIdsView],
+    what: str,
+    row_words: Callable[[Table], int] = weights_and_version,
+) -> list[TableRead]:
     """The validated reads of ``entries`` (a ``what``: lookup, refresh, read or read_state),
-    each with the dtype its rows travel in.
+    each with the dtype its rows travel in; ``row_words`` as :meth:`RequestChecks.reads`
+    takes it.
 
     Raises:
         InvalidArgumentError, TableNotFoundError, NotOwnedError, MessageTooLargeError: as
@@ -29,7 +37,7 @@ def checked_reads(checks: RequestChecks, entries: list[TableIdsView], what: str)
     """
     _distinct_tables(entries, what)
     dtypes = [RowDtype.from_wire(e.dtype) for e in entries]
-    reads = checks.reads([(e.table, e.ids) for e in entries])
+    reads = checks.reads([(e.table, e.ids) for e in entries], row_words)
     return [(target, ids, dtype) for (target, ids), dtype in zip(reads, dtypes)]
 
 

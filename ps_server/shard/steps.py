@@ -31,6 +31,7 @@ from ember.ps_server.errors import (
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
+from ember.ps_server.shard.request_checks import version_and_state
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.shard.step_requests import TableUpdate, checked_reads, checked_updates
 from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_rows
@@ -117,7 +118,9 @@ class StepService:
         updates = checked_updates(self._server.checks, request.tables)
         refresh = checked_reads(self._server.checks, request.refresh, "refresh")
         reads = checked_reads(self._server.checks, request.read, "read")
-        states = checked_reads(self._server.checks, request.read_state, "read_state")
+        states = checked_reads(
+            self._server.checks, request.read_state, "read_state", version_and_state
+        )
         if (reads or states) and clock.mode != pb.EXACT:
             raise InvalidArgumentError(
                 "an update's read needs EXACT mode (only there is its clock every rank's once "
@@ -126,7 +129,7 @@ class StepService:
         self._server.checks.replies_fit(
             [(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh]
             + [(t, len(ids), t.spec.dim) for t, ids, _ in reads]
-            + [(t, len(ids), 2 + t.store.state_width) for t, ids, _ in states]
+            + [(t, len(ids), version_and_state(t)) for t, ids, _ in states]
         )
 
         def answer(duplicate: bool) -> AppliedUpdate:

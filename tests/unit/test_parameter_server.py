@@ -234,7 +234,7 @@ def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
     assert [s.counters.pull_requests for s in server.stats()] == [1, 0]  # nothing read
     at_limit = encode_ids(np.arange(2688, dtype=np.int64))  # 2688 x 24 B + 1024 = 64 KiB
     assert len(server.pull("t", at_limit).values) == 2688  # alone: as its own check allows
-    with pytest.raises(MessageTooLargeError, match="pull of 2689 ids"):
+    with pytest.raises(MessageTooLargeError, match="read of 2689 ids"):
         server.pull("t", encode_ids(np.arange(2689, dtype=np.int64)))
 
 

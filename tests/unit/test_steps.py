@@ -165,6 +165,22 @@ def test_a_read_state_alone_wider_than_a_row_is_refused_before_anything_is_appli
     assert server.pull("emb", ids[:1].tobytes()).versions.tolist() == [0]
 
 
+def test_a_read_state_is_charged_its_own_width_not_a_rows():
+    """An SGD row of dim 1000 has no state: 20 ids' versions (160 bytes) fit under 64 KiB,
+    though 20 of its rows (80 KB) would not."""
+    server = ParameterServer(0, 1, max_message_bytes=1 << 16)
+    server.create_table(TableSpec("wide", dim=1000))
+    ids = np.arange(20, dtype="<i8")
+    request = encode_update_request(
+        [("wide", ids[:1], np.ones((1, 1000), "<f4"))], clock(0, world=1),
+        read_state=[("wide", ids)],
+    )  # fmt: skip
+    states = server.steps.update(decode_update_request(request)).states
+    assert state_bytes(states) == 20 * 8
+    with pytest.raises(MessageTooLargeError, match="a read of 20 ids from table 'wide'"):
+        server.steps.lookup(decode_lookup_request(encode_lookup_request([("wide", ids)], None)))
+
+
 def test_a_read_row_beyond_its_dtype_fails_the_answer_and_the_clock_stays_applied():
     server = shard()
     ids = np.array([3, 8], "<i8")
