@@ -49,8 +49,14 @@ def check_request_id(request_id: str, what: str) -> None:
         )
 
 
-def weights_and_version(table: Table) -> int:
-    """The 4-byte words of a row read with its version: its weights and an int64."""
+def weights_only(table: Table) -> int:
+    """The 4-byte words of a row a lookup or an update's read answers: its weights."""
+    return table.spec.dim
+
+
+def weights_and_int64(table: Table) -> int:
+    """The 4-byte words of a pulled row (its weights and version) or a refreshed one (its
+    weights and position)."""
     return table.spec.dim + 2
 
 
@@ -96,7 +102,7 @@ class RequestChecks:
     def reads(
         self,
         entries: Sequence[tuple[str, Bytes]],
-        row_words: Callable[[Table], int] = weights_and_version,
+        row_words: Callable[[Table], int] = weights_and_int64,
     ) -> list[tuple[Table, np.ndarray]]:
         """The table and ids of each read ``(table, packed ids)``: ids, each reply's size
         (``row_words(table)``: the 4-byte words a reply row of that table carries) and
@@ -145,9 +151,9 @@ class RequestChecks:
         return writes
 
     def replies_fit(self, parts: Sequence[tuple[Table, int, int]]) -> None:
-        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit.
-        One part alone is checked as :meth:`reads` checks it, with its own row width (an
-        optimizer state's rows can be wider than the width :meth:`reads` was given).
+        """Refuse replies ``(table, rows, 4-byte words per row)`` that together pass the limit
+        (each part alone was checked by :meth:`reads`, with the same width; a refusal of one
+        part is worded as its refusal there).
 
         Raises:
             MessageTooLargeError: they do.

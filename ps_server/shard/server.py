@@ -9,6 +9,7 @@ thin facade over it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from ember.ps_server.errors import (
     TableExistsError,
 )
 from ember.ps_server.shard.replica_flush import MAX_ASKING
-from ember.ps_server.shard.request_checks import RequestChecks
+from ember.ps_server.shard.request_checks import RequestChecks, weights_and_int64
 from ember.ps_server.shard.steps import StepService
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
@@ -45,6 +46,11 @@ if TYPE_CHECKING:
     from ember.ps_server.shard.config import ShardConfig
 
 log = logging.getLogger(__name__)
+
+
+def _pulled_row_words(table: Table, with_state: bool) -> int:
+    """The 4-byte words of a pulled row: its weights and version, and its state if asked."""
+    return weights_and_int64(table) + (table.store.state_width if with_state else 0)
 
 
 def _stale_row_words(table: Table) -> int:
@@ -188,12 +194,10 @@ class ParameterServer:
         self.fault.check()
         validated = []
         for table, ids, with_state in requests:
-            words = 2 + (self.checks.table(table).store.state_width if with_state else 0)
-            read = self.checks.reads([(table, ids)], lambda t, w=words: t.spec.dim + w)[0]
-            validated.append((*read, words, with_state))
-        self.checks.replies_fit(
-            [(target, len(ids), target.spec.dim + words) for target, ids, words, _ in validated]
-        )
+            row_words = functools.partial(_pulled_row_words, with_state=with_state)
+            target, id_array = self.checks.reads([(table, ids)], row_words)[0]
+            validated.append((target, id_array, row_words(target), with_state))
+        self.checks.replies_fit([(target, len(ids), words) for target, ids, words, _ in validated])
         replies = []
         for target, id_array, _, with_state in validated:
             rows = target.pull(id_array, with_state)

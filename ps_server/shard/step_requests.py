@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from ember.ps_server.errors import InvalidArgumentError
-from ember.ps_server.shard.request_checks import weights_and_version
 from ember.ps_server.shard.step_rows import TableRead
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import TableGradsView, TableIdsView
@@ -25,11 +24,11 @@ def checked_reads(
     checks: RequestChecks,
     entries: list[TableIdsView],
     what: str,
-    row_words: Callable[[Table], int] = weights_and_version,
+    row_words: Callable[[Table], int],
 ) -> list[TableRead]:
     """The validated reads of ``entries`` (a ``what``: lookup, refresh, read or read_state),
-    each with the dtype its rows travel in; ``row_words`` as :meth:`RequestChecks.reads`
-    takes it.
+    each with the dtype its rows travel in, their replies' size checked at ``row_words``
+    words a row (see :meth:`RequestChecks.reads`).
 
     Raises:
         InvalidArgumentError, TableNotFoundError, NotOwnedError, MessageTooLargeError: as

@@ -31,7 +31,11 @@ from ember.ps_server.errors import (
 from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
-from ember.ps_server.shard.request_checks import version_and_state
+from ember.ps_server.shard.request_checks import (
+    version_and_state,
+    weights_and_int64,
+    weights_only,
+)
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.shard.step_requests import TableUpdate, checked_reads, checked_updates
 from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_rows
@@ -73,8 +77,8 @@ class StepService:
             ``(reads, the job's watermark or -1)``.
         """
         self._server.fault.check()
-        reads = checked_reads(self._server.checks, request.tables, "lookup")
-        self._server.checks.replies_fit([(t, len(ids), t.spec.dim) for t, ids, _ in reads])
+        reads = checked_reads(self._server.checks, request.tables, "lookup", weights_only)
+        self._server.checks.replies_fit([(t, len(ids), weights_only(t)) for t, ids, _ in reads])
         watermark = -1
         if request.clock is not None:
             needed = request.clock.clock
@@ -116,19 +120,18 @@ class StepService:
         if clock is None or clock.clock < 0:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
         updates = checked_updates(self._server.checks, request.tables)
-        refresh = checked_reads(self._server.checks, request.refresh, "refresh")
-        reads = checked_reads(self._server.checks, request.read, "read")
-        states = checked_reads(
-            self._server.checks, request.read_state, "read_state", version_and_state
-        )
+        checks = self._server.checks
+        refresh = checked_reads(checks, request.refresh, "refresh", weights_and_int64)
+        reads = checked_reads(checks, request.read, "read", weights_only)
+        states = checked_reads(checks, request.read_state, "read_state", version_and_state)
         if (reads or states) and clock.mode != pb.EXACT:
             raise InvalidArgumentError(
                 "an update's read needs EXACT mode (only there is its clock every rank's once "
                 "applied); send a Lookup with the clock instead"
             )
         self._server.checks.replies_fit(
-            [(t, len(ids), t.spec.dim + 2) for t, ids, _ in refresh]
-            + [(t, len(ids), t.spec.dim) for t, ids, _ in reads]
+            [(t, len(ids), weights_and_int64(t)) for t, ids, _ in refresh]
+            + [(t, len(ids), weights_only(t)) for t, ids, _ in reads]
             + [(t, len(ids), version_and_state(t)) for t, ids, _ in states]
         )
 

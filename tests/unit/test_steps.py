@@ -151,8 +151,8 @@ def test_an_updates_read_state_answers_versions_then_optimizer_state_once_it_is_
 
 
 def test_a_read_state_alone_wider_than_a_row_is_refused_before_anything_is_applied():
-    """An Adam row's state is 2 + 6 words against a row read's 3 + 2: 2100 ids pass the
-    check of each read alone under 64 KiB (43 KB), and their state (68 KB) does not."""
+    """An Adam row's state is 2 + 6 words against a read row's 3: 2100 ids' rows would fit
+    under 64 KiB (26 KB), their state (68 KB) does not."""
     server = ParameterServer(0, 1, max_message_bytes=1 << 16)
     server.create_table(ADAM)
     ids = np.arange(2100, dtype="<i8")
@@ -165,20 +165,30 @@ def test_a_read_state_alone_wider_than_a_row_is_refused_before_anything_is_appli
     assert server.pull("emb", ids[:1].tobytes()).versions.tolist() == [0]
 
 
-def test_a_read_state_is_charged_its_own_width_not_a_rows():
-    """An SGD row of dim 1000 has no state: 20 ids' versions (160 bytes) fit under 64 KiB,
-    though 20 of its rows (80 KB) would not."""
+def test_each_read_is_charged_the_width_its_reply_carries():
+    """Under 64 KiB: an SGD row of dim 1000 has no state, so 20 ids' versions (160 bytes)
+    fit, though 20 of its rows (80 KB) would not; a lookup row is its weights alone, so
+    1100 rows of dim 14 (61.6 KB) fit and 1200 (67.2 KB) do not."""
     server = ParameterServer(0, 1, max_message_bytes=1 << 16)
     server.create_table(TableSpec("wide", dim=1000))
-    ids = np.arange(20, dtype="<i8")
+    server.create_table(TableSpec("narrow", dim=14))
+    ids = np.arange(1200, dtype="<i8")
     request = encode_update_request(
         [("wide", ids[:1], np.ones((1, 1000), "<f4"))], clock(0, world=1),
-        read_state=[("wide", ids)],
+        read_state=[("wide", ids[:20])],
     )  # fmt: skip
-    states = server.steps.update(decode_update_request(request)).states
-    assert state_bytes(states) == 20 * 8
+    reply = decode_update_response(StepHandlers(server).update(decode_update_request(request)))
+    assert len(reply.state) == 20 * 8
+
+    def lookup(table, count):
+        request = encode_lookup_request([(table, ids[:count])], None)
+        return StepHandlers(server).lookup(decode_lookup_request(request))
+
     with pytest.raises(MessageTooLargeError, match="a read of 20 ids from table 'wide'"):
-        server.steps.lookup(decode_lookup_request(encode_lookup_request([("wide", ids)], None)))
+        lookup("wide", 20)
+    assert len(decode_lookup_response(lookup("narrow", 1100)).values[0]) == 1100 * 14 * 4
+    with pytest.raises(MessageTooLargeError, match="a read of 1200 ids from table 'narrow'"):
+        lookup("narrow", 1200)
 
 
 def test_a_read_row_beyond_its_dtype_fails_the_answer_and_the_clock_stays_applied():
