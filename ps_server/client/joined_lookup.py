@@ -93,11 +93,18 @@ class JoinedLookup:
         return {table: self._rows[table] for table in self.ids.order}
 
     def _float_rows(self, width: Width, bounds: np.ndarray, block: memoryview) -> torch.Tensor:
-        """The float32 rows of ``width``'s tables in ``block`` (a view when all are float32)."""
+        """The float32 rows of ``width``'s tables in ``block`` (a view when all are float32,
+        unpacked in one call when all travel in one packed dtype)."""
         tables = range(width.first, width.end)
         ids = self.ids
-        if all(ids.dtypes[t] is RowDtype.FLOAT32 for t in tables if bounds[t + 1] > bounds[t]):
+        dtypes = {ids.dtypes[t] for t in tables if bounds[t + 1] > bounds[t]}
+        if dtypes == {RowDtype.FLOAT32}:
             return readonly_tensor(block, torch.float32).view(-1, width.dim)
+        if len(dtypes) == 1:  # one packed dtype: the block unpacked at once
+            (dtype,) = dtypes
+            count = int(bounds[width.end] - bounds[width.first])
+            rows = rows_from_wire(block, dtype, count, width.dim, "the rows of a lookup")
+            return torch.from_numpy(rows)
         parts, offset = [], 0
         for t in tables:
             count = int(bounds[t + 1] - bounds[t])

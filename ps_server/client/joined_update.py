@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from ember.ps_server.client.joined_ids import JoinedIds
+from ember.ps_server.errors import OutOfRangeError
 from ember.ps_server.id_arrays import check_finite, grad_tensor, sum_duplicates
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
@@ -77,11 +78,31 @@ class JoinedUpdate:
             if hi == lo:
                 continue
             rows = block.index_select(0, torch.from_numpy(part.positions[lo:hi] - width.start))
+            packed = _packed_at_once(rows, part.ids[lo:hi], [
+                ids.dtypes[t] for t in range(width.first, width.end) if bounds[t + 1] > bounds[t]
+            ])  # fmt: skip
             for t in range(width.first, width.end):
                 start, end = bounds[t], bounds[t + 1]
                 if end > start:
                     table, dtype = ids.tables[t], ids.dtypes[t]
                     shard_ids, what = part.ids[start:end], f"gradients of table {table!r}"
-                    wire = rows_to_wire(rows[start - lo : end - lo], dtype, what, shard_ids)
+                    if packed is not None:
+                        wire = packed[start - lo : end - lo]
+                    else:
+                        wire = rows_to_wire(rows[start - lo : end - lo], dtype, what, shard_ids)
                     entries.append((table, shard_ids, wire, dtype))
         return entries
+
+
+def _packed_at_once(
+    rows: torch.Tensor, row_ids: np.ndarray, dtypes: list[RowDtype]
+) -> np.ndarray | None:
+    """A block's rows packed in one call where all its tables travel in one packed dtype;
+    None where they do not, or where a row cannot travel (each table's own packing then
+    names the table and id)."""
+    if not dtypes or dtypes.count(dtypes[0]) != len(dtypes) or dtypes[0] is RowDtype.FLOAT32:
+        return None
+    try:
+        return rows_to_wire(rows, dtypes[0], "gradients", row_ids)
+    except OutOfRangeError:
+        return None

@@ -60,6 +60,22 @@ def test_every_tables_rows_land_in_the_callers_order(num_shards):
         assert torch.equal(rows[table], expected), table
 
 
+@pytest.mark.parametrize("dtype", [RowDtype.BFLOAT16, RowDtype.FLOAT16])
+def test_tables_of_one_width_and_packed_dtype_are_unpacked_at_once_each_at_its_rows(dtype):
+    tables, dims = ["a", "b", "c", "d"], [4, 4, 4, 4]  # table "d" has no ids
+    arrays = [np.array(a, np.int64) for a in ([5, 1, 5, 9], [2, 3], [7, 7, 0, 4, 8], [])]
+    lookup = JoinedLookup(JoinedIds(tables, arrays, dims, [dtype] * 4, 2))
+    for shard in range(2):
+        answer = b"".join(
+            rows_to_wire(_row(table, ids, 4), dtype, table, ids).tobytes()
+            for table, ids, _ in lookup.ids.entries(shard)
+        )
+        lookup.place(shard, memoryview(answer))
+    for table, ids in zip(tables, arrays):
+        expected = _row(table, ids, 4).to(TORCH_DTYPES[dtype]).float()
+        assert torch.equal(lookup.rows()[table], expected), table
+
+
 def test_an_answer_of_the_wrong_size_is_refused_and_places_nothing():
     lookup = JoinedLookup(JoinedIds(TABLES, _arrays(4), DIMS, DTYPES, 2))
     for shard in range(2):

@@ -79,6 +79,29 @@ def test_a_gradient_beyond_its_wire_dtype_is_refused_when_packed():
         update.grad_entries(0)
 
 
+@pytest.mark.parametrize("dtype", [RowDtype.BFLOAT16, RowDtype.FLOAT16])
+def test_tables_of_one_width_and_packed_dtype_are_packed_at_once_each_at_its_rows(dtype):
+    rng = np.random.default_rng(8)
+    arrays = [rng.integers(0, 30, n).astype(np.int64) for n in (17, 0, 23, 9)]
+    grads = [torch.from_numpy(rng.standard_normal((len(a), 4)).astype(np.float32)) for a in arrays]
+    update = JoinedUpdate(list("pqrs"), arrays, grads, [4] * 4, [dtype] * 4, 2)
+    for shard in range(2):
+        for table, ids, wire, got_dtype in update.grad_entries(shard):
+            t = "pqrs".index(table)
+            summed = {}
+            for i, row in zip(arrays[t].tolist(), grads[t]):
+                summed[i] = summed.get(i, torch.zeros(4)) + row
+            expected = torch.stack([summed[i] for i in ids.tolist()]).to(TORCH_DTYPES[dtype])
+            assert got_dtype is dtype and wire.shape == (len(ids), 4)
+            assert np.array_equal(wire.view(np.int16), expected.view(torch.int16).numpy()), table
+    grads[2][3, 1] = 1e5 if dtype is RowDtype.FLOAT16 else 3.4e38  # beyond the packed type
+    update = JoinedUpdate(list("pqrs"), arrays, grads, [4] * 4, [dtype] * 4, 1)
+    with pytest.raises(
+        OutOfRangeError, match=f"gradients of table 'r': the row of id {arrays[2][3]}"
+    ):
+        update.grad_entries(0)
+
+
 class _TwoShards:
     """Stands in for a PSClient of two shards that answer every update's refresh with
     every other row asked for (its value a function of table and id)."""
