@@ -85,6 +85,15 @@ class JoinedIds:
         bounds = self.shards[shard].bounds.tolist()
         return [(t, lo, hi) for t, (lo, hi) in enumerate(itertools.pairwise(bounds)) if hi > lo]
 
+    def block_dtype(self, shard: int, width: Width) -> RowDtype | None:
+        """The one dtype all of ``width``'s tables with ids on ``shard`` travel in (their
+        rows then pack and unpack as one block), or None where they differ or have none."""
+        bounds = self.shards[shard].bounds
+        dtypes = {
+            self.dtypes[t] for t in range(width.first, width.end) if bounds[t + 1] > bounds[t]
+        }
+        return dtypes.pop() if len(dtypes) == 1 else None
+
     def entries(self, shard: int) -> list[tuple[str, np.ndarray, RowDtype]]:
         """``(table, ids, dtype)`` of each table with ids on ``shard``, in the joined order."""
         ids = self.shards[shard].ids

@@ -55,7 +55,7 @@ class JoinedLookup:
             lo, hi = int(part.bounds[width.first]), int(part.bounds[width.end])
             size = int(entry_bytes[width.first : width.end].sum())
             if hi > lo:
-                values = self._float_rows(width, part.bounds, rows[offset : offset + size])
+                values = self._float_rows(shard, width, part.bounds, rows[offset : offset + size])
                 index = torch.from_numpy(part.positions[lo:hi] - width.start)
                 scatter_rows(out, index, values)
             offset += size
@@ -92,19 +92,20 @@ class JoinedLookup:
         changing a table's rows in place is safe, resizing them is not."""
         return {table: self._rows[table] for table in self.ids.order}
 
-    def _float_rows(self, width: Width, bounds: np.ndarray, block: memoryview) -> torch.Tensor:
+    def _float_rows(
+        self, shard: int, width: Width, bounds: np.ndarray, block: memoryview
+    ) -> torch.Tensor:
         """The float32 rows of ``width``'s tables in ``block`` (a view when all are float32,
         unpacked in one call when all travel in one packed dtype)."""
         tables = range(width.first, width.end)
         ids = self.ids
-        dtypes = {ids.dtypes[t] for t in tables if bounds[t + 1] > bounds[t]}
-        if dtypes == {RowDtype.FLOAT32}:
+        dtype = ids.block_dtype(shard, width)
+        if dtype is RowDtype.FLOAT32:
             return readonly_tensor(block, torch.float32).view(-1, width.dim)
-        if len(dtypes) == 1:  # one packed dtype: the block unpacked at once
-            (dtype,) = dtypes
-            count = int(bounds[width.end] - bounds[width.first])
-            rows = rows_from_wire(block, dtype, count, width.dim, "the rows of a lookup")
-            return torch.from_numpy(rows)
+        if dtype is not None:  # one packed dtype: the block unpacked at once
+            count = int(bounds[width.end] - bounds[width.first])  # place() checked its size
+            what = f"the rows of width {width.dim} of a lookup"
+            return torch.from_numpy(rows_from_wire(block, dtype, count, width.dim, what))
         parts, offset = [], 0
         for t in tables:
             count = int(bounds[t + 1] - bounds[t])

@@ -78,9 +78,7 @@ class JoinedUpdate:
             if hi == lo:
                 continue
             rows = block.index_select(0, torch.from_numpy(part.positions[lo:hi] - width.start))
-            packed = _packed_at_once(rows, part.ids[lo:hi], [
-                ids.dtypes[t] for t in range(width.first, width.end) if bounds[t + 1] > bounds[t]
-            ])  # fmt: skip
+            packed = _packed_at_once(rows, part.ids[lo:hi], ids.block_dtype(shard, width))
             for t in range(width.first, width.end):
                 start, end = bounds[t], bounds[t + 1]
                 if end > start:
@@ -95,14 +93,14 @@ class JoinedUpdate:
 
 
 def _packed_at_once(
-    rows: torch.Tensor, row_ids: np.ndarray, dtypes: list[RowDtype]
+    rows: torch.Tensor, row_ids: np.ndarray, dtype: RowDtype | None
 ) -> np.ndarray | None:
-    """A block's rows packed in one call where all its tables travel in one packed dtype;
-    None where they do not, or where a row cannot travel (each table's own packing then
-    names the table and id)."""
-    if not dtypes or dtypes.count(dtypes[0]) != len(dtypes) or dtypes[0] is RowDtype.FLOAT32:
+    """A block's rows packed in one call where all its tables travel in one packed
+    ``dtype``; None where they do not, or where a row cannot travel (each table's own
+    packing then names the table and id)."""
+    if dtype is None or dtype is RowDtype.FLOAT32:
         return None
     try:
-        return rows_to_wire(rows, dtypes[0], "gradients", row_ids)
+        return rows_to_wire(rows, dtype, "gradients", row_ids)
     except OutOfRangeError:
         return None

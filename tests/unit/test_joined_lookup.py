@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client import joined_lookup
 from ember.ps_server.client.joined_ids import JoinedIds
 from ember.ps_server.client.joined_lookup import JoinedLookup
 from ember.ps_server.client.step_client import StepClient
@@ -60,20 +61,34 @@ def test_every_tables_rows_land_in_the_callers_order(num_shards):
         assert torch.equal(rows[table], expected), table
 
 
-@pytest.mark.parametrize("dtype", [RowDtype.BFLOAT16, RowDtype.FLOAT16])
-def test_tables_of_one_width_and_packed_dtype_are_unpacked_at_once_each_at_its_rows(dtype):
-    tables, dims = ["a", "b", "c", "d"], [4, 4, 4, 4]  # table "d" has no ids
-    arrays = [np.array(a, np.int64) for a in ([5, 1, 5, 9], [2, 3], [7, 7, 0, 4, 8], [])]
-    lookup = JoinedLookup(JoinedIds(tables, arrays, dims, [dtype] * 4, 2))
-    for shard in range(2):
-        answer = b"".join(
-            rows_to_wire(_row(table, ids, 4), dtype, table, ids).tobytes()
-            for table, ids, _ in lookup.ids.entries(shard)
-        )
-        lookup.place(shard, memoryview(answer))
-    for table, ids in zip(tables, arrays):
-        expected = _row(table, ids, 4).to(TORCH_DTYPES[dtype]).float()
+F16, BF16, F32 = RowDtype.FLOAT16, RowDtype.BFLOAT16, RowDtype.FLOAT32
+
+
+@pytest.mark.parametrize(
+    "dtypes, unpacks",  # table "a" (dim 2) comes first; table "e" has no ids
+    [([F32, BF16, BF16, BF16, F32], 1), ([F32, F16, F16, F16, BF16], 1),
+     ([F32, F16, BF16, F16, BF16], 4)],  # mixed packed dtypes: each table alone
+)  # fmt: skip
+def test_tables_of_one_width_and_packed_dtype_are_unpacked_at_once_each_at_its_rows(
+    dtypes, unpacks, monkeypatch
+):
+    tables, dims = TABLES, [2, 4, 4, 4, 4]
+    arrays = [np.array(a, np.int64) for a in ([3, 6, 1], [5, 1, 5, 9], [2, 3], [7, 7, 0, 4], [])]
+    calls = []
+    unpack = joined_lookup.rows_from_wire
+    monkeypatch.setattr(
+        joined_lookup, "rows_from_wire", lambda *a: calls.append(a[1]) or unpack(*a)
+    )
+    lookup = JoinedLookup(JoinedIds(tables, arrays, dims, dtypes, 1))
+    answer = b"".join(
+        rows_to_wire(_row(table, ids, dims[tables.index(table)]), dtype, table, ids).tobytes()
+        for table, ids, dtype in lookup.ids.entries(0)
+    )
+    lookup.place(0, memoryview(answer))
+    for table, ids, dim, dtype in zip(tables, arrays, dims, dtypes):
+        expected = _row(table, ids, dim).to(TORCH_DTYPES.get(dtype, torch.float32)).float()
         assert torch.equal(lookup.rows()[table], expected), table
+    assert len(calls) == unpacks  # float32 rows are read in place; a packed block at once
 
 
 def test_an_answer_of_the_wrong_size_is_refused_and_places_nothing():

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client import joined_update
 from ember.ps_server.client.joined_update import JoinedUpdate
 from ember.ps_server.client.step_client import StepClient
 from ember.ps_server.client.step_job import StepJob
@@ -79,25 +80,50 @@ def test_a_gradient_beyond_its_wire_dtype_is_refused_when_packed():
         update.grad_entries(0)
 
 
-@pytest.mark.parametrize("dtype", [RowDtype.BFLOAT16, RowDtype.FLOAT16])
-def test_tables_of_one_width_and_packed_dtype_are_packed_at_once_each_at_its_rows(dtype):
+F16, BF16, F32 = RowDtype.FLOAT16, RowDtype.BFLOAT16, RowDtype.FLOAT32
+
+
+@pytest.mark.parametrize(
+    "dtypes, packs",  # table "o" (dim 2) comes first: the dim-4 block starts past it
+    [([F32, BF16, BF16, BF16, BF16], 1), ([F32, F16, F16, F16, F16], 1),
+     ([F32, F16, BF16, F16, BF16], 3)],  # mixed packed dtypes: each table alone
+)  # fmt: skip
+def test_tables_of_one_width_and_packed_dtype_are_packed_at_once_each_at_its_rows(
+    dtypes, packs, monkeypatch
+):
+    tables, dims = list("opqrs"), [2, 4, 4, 4, 4]
     rng = np.random.default_rng(8)
-    arrays = [rng.integers(0, 30, n).astype(np.int64) for n in (17, 0, 23, 9)]
+    arrays = [rng.integers(0, 30, n).astype(np.int64) for n in (11, 17, 0, 23, 9)]
+    grads = [torch.from_numpy(rng.standard_normal((len(a), d)).astype(np.float32))
+             for a, d in zip(arrays, dims)]  # fmt: skip
+    calls = []
+    pack = joined_update.rows_to_wire
+    monkeypatch.setattr(joined_update, "rows_to_wire", lambda *a: calls.append(a[1]) or pack(*a))
+    update = JoinedUpdate(tables, arrays, grads, dims, dtypes, 1)
+    for table, ids, wire, dtype in update.grad_entries(0):
+        t = tables.index(table)
+        summed = {}
+        for i, row in zip(arrays[t].tolist(), grads[t]):
+            summed[i] = summed.get(i, torch.zeros(dims[t])) + row
+        expected = torch.stack([summed[i] for i in ids.tolist()]).to(TORCH_DTYPES[dtype])
+        assert dtype is dtypes[t] and wire.shape == (len(ids), dims[t])
+        assert (
+            wire.tobytes() == expected.numpy().tobytes()
+            if dtype is F32
+            else np.array_equal(wire.view(np.int16), expected.view(torch.int16).numpy())
+        ), table
+    assert len([d for d in calls if d is not F32]) == packs  # one call for the whole block
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_a_gradient_that_cannot_travel_in_a_packed_block_names_its_table(dtype, monkeypatch):
+    rng = np.random.default_rng(9)
+    arrays = [rng.integers(0, 30, n).astype(np.int64) for n in (17, 23, 9)]
     grads = [torch.from_numpy(rng.standard_normal((len(a), 4)).astype(np.float32)) for a in arrays]
-    update = JoinedUpdate(list("pqrs"), arrays, grads, [4] * 4, [dtype] * 4, 2)
-    for shard in range(2):
-        for table, ids, wire, got_dtype in update.grad_entries(shard):
-            t = "pqrs".index(table)
-            summed = {}
-            for i, row in zip(arrays[t].tolist(), grads[t]):
-                summed[i] = summed.get(i, torch.zeros(4)) + row
-            expected = torch.stack([summed[i] for i in ids.tolist()]).to(TORCH_DTYPES[dtype])
-            assert got_dtype is dtype and wire.shape == (len(ids), 4)
-            assert np.array_equal(wire.view(np.int16), expected.view(torch.int16).numpy()), table
-    grads[2][3, 1] = 1e5 if dtype is RowDtype.FLOAT16 else 3.4e38  # beyond the packed type
-    update = JoinedUpdate(list("pqrs"), arrays, grads, [4] * 4, [dtype] * 4, 1)
+    grads[1][3, 1] = 1e5 if dtype is F16 else 3.4e38  # beyond the packed type
+    update = JoinedUpdate(list("pqr"), arrays, grads, [4] * 3, [dtype] * 3, 1)
     with pytest.raises(
-        OutOfRangeError, match=f"gradients of table 'r': the row of id {arrays[2][3]}"
+        OutOfRangeError, match=f"gradients of table 'q': the row of id {arrays[1][3]}"
     ):
         update.grad_entries(0)
 
