@@ -152,12 +152,12 @@ class AutoCheckpoints:
 
         The attempt makes its directory itself: a name taken meanwhile fails it, and the
         attempt leaves what is there alone (retention later removes an unfinished directory
-        below the newest finished checkpoint, as it does any leftover). An attempt that fails before its manifest is written
-        leaves nothing behind but the log's new segment: its unfinished directory is
-        deleted, so retries on a full disk find the room the last one had, under the same
-        name. One that
-        fails after (the directory's fsync, the commit) leaves a finished checkpoint
-        that is not the log's base; the next attempt takes the next name.
+        below the newest finished checkpoint, as it does any leftover). An attempt that
+        fails before its manifest is written leaves nothing behind but the log's new
+        segment: its unfinished directory is deleted, so retries on a full disk find the
+        room the last one had, under the same name. One that fails after (the directory's
+        fsync, the commit) leaves a finished checkpoint that is not the log's base; the
+        next attempt takes the next name.
 
         Raises:
             CheckpointStateError: another checkpoint holds the shard's pause.

@@ -54,8 +54,8 @@ def _pulled_row_words(table: Table, with_state: bool) -> int:
 
 
 def _stale_row_words(table: Table) -> int:
-    """The 4-byte words of a conditional pull's reply row: its floats, position and version."""
-    return table.spec.dim + 4
+    """The 4-byte words of a conditional pull's reply row: its weights, version and position."""
+    return weights_and_int64(table) + 2
 
 
 @dataclasses.dataclass(frozen=True)

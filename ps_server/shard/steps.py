@@ -119,8 +119,8 @@ class StepService:
         clock = request.clock
         if clock is None or clock.clock < 0:
             raise InvalidArgumentError("an update needs a clock >= 0 (clock.clock)")
-        updates = checked_updates(self._server.checks, request.tables)
         checks = self._server.checks
+        updates = checked_updates(checks, request.tables)
         refresh = checked_reads(checks, request.refresh, "refresh", weights_and_int64)
         reads = checked_reads(checks, request.read, "read", weights_only)
         states = checked_reads(checks, request.read_state, "read_state", version_and_state)
@@ -129,7 +129,7 @@ class StepService:
                 "an update's read needs EXACT mode (only there is its clock every rank's once "
                 "applied); send a Lookup with the clock instead"
             )
-        self._server.checks.replies_fit(
+        checks.replies_fit(
             [(t, len(ids), weights_and_int64(t)) for t, ids, _ in refresh]
             + [(t, len(ids), weights_only(t)) for t, ids, _ in reads]
             + [(t, len(ids), version_and_state(t)) for t, ids, _ in states]
