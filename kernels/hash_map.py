@@ -11,6 +11,8 @@ Sizing and rehashing belong to the owner (:class:`ember.kernels.id_index.IdIndex
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from ember.kernels.loader import native_backend_for
@@ -76,6 +78,28 @@ def hash_gather_rows(
         raise RuntimeError(f"the map holds slot {bad} outside src's {len(src)} rows")
     out[present] = src[rows]
     return (~present).nonzero().squeeze(1)
+
+
+def hash_gather_joined(
+    maps: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    srcs: Sequence[torch.Tensor],
+    ids: Sequence[torch.Tensor],
+    offsets: Sequence[int],
+    out: torch.Tensor,
+) -> list[torch.Tensor]:
+    """:func:`hash_gather_rows` of several maps ``(keys, slots)`` (a table's each) into one
+    flat ``out``: map k's rows of ``ids[k]`` from ``srcs[k]`` start at element
+    ``offsets[k]``, at or after the end of map k-1's. Returns each map's absent positions
+    (their rows of ``out`` untouched). Native CPU ops only (ask
+    :func:`~ember.kernels.loader.native_backend_for`): one call instead of one per table.
+
+    Raises:
+        RuntimeError: arguments that do not fit together (dtypes, shapes, devices, offsets
+            that overlap or pass the end of ``out``) or a slot outside its ``src``;
+            ``out`` is then untouched.
+    """
+    keys, slots = [keys for keys, _ in maps], [slots for _, slots in maps]
+    return torch.ops.ember.hash_gather_joined(keys, slots, list(srcs), list(ids), offsets, out)
 
 
 def hash_erase(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -127,26 +127,11 @@ void hash_insert(at::Tensor keys, at::Tensor slots, const at::Tensor& ids, const
                   id, new_slots.data_ptr<int64_t>(), n);
 }
 
-// out[i] = src[slot of ids[i]] for every id in the map (the read path of a table: no
-// slot tensor crosses into Python); returns the ascending positions of the ids not in
-// the map, whose rows of out are left as they were. Two passes: every id's row is found
-// and checked, and the result allocated, before any row is copied (an error leaves out
-// untouched), then the rows, random in src, are copied with the next ones prefetched.
-// out must not share src's storage (a row could be overwritten before it is read).
-at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& src,
-                            const at::Tensor& ids, at::Tensor out) {
-  check_cpu_map(keys, slots, ids);
-  check_rows(src, "src");
-  check_rows(out, "out");
-  check_device(src, at::kCPU, "src");
-  check_device(out, at::kCPU, "out");
-  check_same_rows(src, out, "src", "out");
-  TORCH_CHECK(out.size(0) == ids.size(0), "out has ", out.size(0), " rows, ids has ", ids.size(0), " entries");
-  TORCH_CHECK(!out.is_alias_of(src), "out must not share src's storage");
-  const int64_t rows = src.size(0);
-  const int64_t n = ids.size(0);
+// The src row of every id (-1 where absent) into src_row, each checked to lie inside src's
+// rows; returns the ascending positions of the absent ids. Reads the map, writes no row.
+at::Tensor locate_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& ids, int64_t rows,
+                       int64_t* src_row) {
   const int64_t* slot = slots.data_ptr<int64_t>();
-  std::unique_ptr<int64_t[]> src_row(new int64_t[n]);  // src row of ids[i], -1 where absent
   std::vector<int64_t> missing;
   for_each_bucket(keys, slots, ids, [&](int64_t i, int64_t pos) {
     if (pos < 0) {
@@ -160,16 +145,87 @@ at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, con
   });
   at::Tensor result = at::empty({static_cast<int64_t>(missing.size())}, ids.options());
   std::copy(missing.begin(), missing.end(), result.data_ptr<int64_t>());
-  const int64_t bytes = src.size(1) * static_cast<int64_t>(src.element_size());
-  const char* from = static_cast<const char*>(src.data_ptr());
-  char* to = static_cast<char*>(out.data_ptr());
+  return result;
+}
+
+// to's row i = from's row src_row[i] (rows of ``bytes``), where src_row[i] >= 0; the rows,
+// random in from, are copied with the next ones prefetched.
+void copy_located_rows(const int64_t* src_row, int64_t n, const char* from, char* to, int64_t bytes) {
   for (int64_t i = 0; i < n; ++i) {
     if (i + kRowsAhead < n && src_row[i + kRowsAhead] >= 0) {
       prefetch_row<0>(from + src_row[i + kRowsAhead] * bytes, bytes);
     }
     if (src_row[i] >= 0) std::memcpy(to + i * bytes, from + src_row[i] * bytes, bytes);
   }
+}
+
+void check_gather_source(const at::Tensor& src, const at::Tensor& out) {
+  check_rows(src, "src");
+  check_device(src, at::kCPU, "src");
+  check_device(out, at::kCPU, "out");
+  TORCH_CHECK(src.scalar_type() == out.scalar_type(), "src and out differ in dtype: ", src.scalar_type(), " vs ",
+              out.scalar_type());
+  TORCH_CHECK(!out.is_alias_of(src), "out must not share src's storage");
+}
+
+// out[i] = src[slot of ids[i]] for every id in the map (the read path of a table: no
+// slot tensor crosses into Python); returns the ascending positions of the ids not in
+// the map, whose rows of out are left as they were. Two passes: every id's row is found
+// and checked, and the result allocated, before any row is copied (an error leaves out
+// untouched), then the rows are copied. out must not share src's storage (a row could be
+// overwritten before it is read).
+at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& src,
+                            const at::Tensor& ids, at::Tensor out) {
+  check_cpu_map(keys, slots, ids);
+  check_rows(out, "out");
+  check_gather_source(src, out);
+  check_same_rows(src, out, "src", "out");
+  TORCH_CHECK(out.size(0) == ids.size(0), "out has ", out.size(0), " rows, ids has ", ids.size(0), " entries");
+  const int64_t n = ids.size(0);
+  std::unique_ptr<int64_t[]> src_row(new int64_t[n]);
+  at::Tensor result = locate_rows(keys, slots, ids, src.size(0), src_row.get());
+  copy_located_rows(src_row.get(), n, static_cast<const char*>(src.data_ptr()), static_cast<char*>(out.data_ptr()),
+                    src.size(1) * static_cast<int64_t>(src.element_size()));
   return result;
+}
+
+// hash_gather_rows of several maps (one table's each) into one flat out: table k's rows,
+// ids[k].size(0) of src[k]'s width, start at element offsets[k], after the end of table
+// k-1's. Every table is checked and located before any row is copied (an error leaves out
+// untouched). Returns each table's absent positions.
+std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList slots, at::TensorList src,
+                                           at::TensorList ids, at::IntArrayRef offsets, at::Tensor out) {
+  const size_t tables = keys.size();
+  TORCH_CHECK(slots.size() == tables && src.size() == tables && ids.size() == tables && offsets.size() == tables,
+              "keys, slots, src, ids and offsets must have one entry per table, got ", tables, ", ", slots.size(),
+              ", ", src.size(), ", ", ids.size(), ", ", offsets.size());
+  TORCH_CHECK(out.dim() == 1 && out.is_contiguous(), "out must be a contiguous 1-D tensor, got shape ", out.sizes());
+  int64_t total = 0;
+  for (size_t k = 0; k < tables; ++k) total += ids[k].size(0);
+  std::unique_ptr<int64_t[]> src_row(new int64_t[total]);
+  std::vector<at::Tensor> absent;
+  int64_t end = 0, first = 0;
+  for (size_t k = 0; k < tables; ++k) {
+    check_cpu_map(keys[k], slots[k], ids[k]);
+    check_gather_source(src[k], out);
+    const int64_t width = src[k].size(1);
+    TORCH_CHECK(offsets[k] >= end && offsets[k] <= out.numel(), "table ", k, "'s rows start at element ",
+                offsets[k], ": out has ", out.numel(), " and the rows before end at ", end);
+    TORCH_CHECK(width == 0 || ids[k].size(0) <= (out.numel() - offsets[k]) / width, "table ", k, "'s ",
+                ids[k].size(0), " rows of ", width, " do not fit in out after element ", offsets[k]);
+    end = offsets[k] + ids[k].size(0) * width;
+    absent.push_back(locate_rows(keys[k], slots[k], ids[k], src[k].size(0), src_row.get() + first));
+    first += ids[k].size(0);
+  }
+  char* to = static_cast<char*>(out.data_ptr());
+  first = 0;
+  for (size_t k = 0; k < tables; ++k) {
+    const int64_t bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
+    copy_located_rows(src_row.get() + first, ids[k].size(0), static_cast<const char*>(src[k].data_ptr()),
+                      to + offsets[k] * out.element_size(), bytes);
+    first += ids[k].size(0);
+  }
+  return absent;
 }
 
 }  // namespace
@@ -179,6 +235,9 @@ TORCH_LIBRARY(ember, m) {
   m.def("hash_insert(Tensor(a!) keys, Tensor(b!) slots, Tensor ids, Tensor new_slots) -> ()");
   m.def("hash_erase(Tensor(a!) keys, Tensor(b!) slots, Tensor ids) -> Tensor");
   m.def("hash_gather_rows(Tensor keys, Tensor slots, Tensor src, Tensor ids, Tensor(a!) out) -> Tensor");
+  m.def(
+      "hash_gather_joined(Tensor[] keys, Tensor[] slots, Tensor[] src, Tensor[] ids, int[] offsets, "
+      "Tensor(a!) out) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {
@@ -186,6 +245,7 @@ TORCH_LIBRARY_IMPL(ember, CPU, m) {
   m.impl("hash_insert", hash_insert);
   m.impl("hash_erase", hash_erase);
   m.impl("hash_gather_rows", hash_gather_rows);
+  m.impl("hash_gather_joined", hash_gather_joined);
 }
 
 }  // namespace ember

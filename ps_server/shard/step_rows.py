@@ -4,21 +4,19 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.shard.table import Table, read_tables
 from ember.ps_server.wire.messages import ROW_DTYPE, VERSION_DTYPE
 from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
 
-if TYPE_CHECKING:
-    from ember.ps_server.shard.table import Table
-
 # A validated read of one table: the table, its ids and the dtype its rows travel in.
-TableRead = tuple["Table", np.ndarray, RowDtype]
+TableRead = tuple[Table, np.ndarray, RowDtype]
 
 
 class AppliedUpdate(NamedTuple):
@@ -71,12 +69,8 @@ def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
     if not len(view):
         return
     if is_aligned(view, 4) and all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
-        out, offset = torch.frombuffer(view, dtype=torch.float32), 0
-        for target, ids, _ in reads:
-            size = len(ids) * target.spec.dim
-            if size:
-                target.read_weights(ids, out[offset : offset + size].view(len(ids), -1))
-            offset += size
+        out = torch.frombuffer(view, dtype=torch.float32)
+        read_tables([(target, ids) for target, ids, _ in reads], out)
         return
     offset = 0
     for read in reads:

@@ -23,7 +23,7 @@ from ember.ps_server.shard.changed_ids import ChangedIds
 from ember.ps_server.shard.initializers import hashed_init, initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, InitialRows, empty_batch
-from ember.ps_server.stores.memory import update_stores
+from ember.ps_server.stores.memory import fetch_weights_joined, update_stores
 from ember.ps_server.wire.stats import TableCounters
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -73,11 +73,20 @@ class Table:
             out = torch.empty(len(ids), self.spec.dim, dtype=torch.float32)
         with self._lock:
             absent = self.store.fetch_weights(ids, out) if len(ids) else np.empty(0, np.int64)
-            self.counters.pull_requests += 1
-            self.counters.rows_pulled += len(ids)
-        if len(absent):  # a pure function of the spec and the id: no lock needed
-            out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
+            self._count_read(len(ids))
+        self._fill_initial(ids, absent, out)
         return out
+
+    def _count_read(self, rows: int) -> None:
+        """Count a read of ``rows`` rows (caller holds the lock)."""
+        self.counters.pull_requests += 1
+        self.counters.rows_pulled += rows
+
+    def _fill_initial(self, ids: np.ndarray, absent: np.ndarray, out: torch.Tensor) -> None:
+        """Write the initial rows of ``ids[absent]`` into those rows of ``out``: a pure
+        function of the spec and the id, so no lock is needed."""
+        if len(absent):
+            out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
 
     def read_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
         """The versions of ``ids`` in order (duplicates allowed), their optimizer state
@@ -239,6 +248,11 @@ class Table:
         self._remember(request_id)
         self.counters.rows_pushed += rows
 
+    def _reads_natively(self) -> bool:
+        """Whether this table's reads can join a native pass over several tables."""
+        store = self.store
+        return isinstance(store, InMemoryStore) and store.reads_natively()
+
     def _steps_natively(self) -> bool:
         """Whether this table's pushes can join a native pass over several tables."""
         store = self.store
@@ -294,3 +308,33 @@ def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], reques
             table._pushed(len(ids), ids, request_id)
     for table, ids, grads in separate:
         table.push(ids, grads, request_id, distinct=True)
+
+
+def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) -> None:
+    """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat float32 ``out``,
+    their rows back to back. The tables whose rows live in memory are read in one native
+    pass (:func:`fetch_weights_joined`), their locks held together, taken in name order as
+    :func:`push_tables` takes them; every other table is read alone. Absent rows are made
+    afterwards, outside the locks."""
+    offsets = [0]
+    for table, ids in reads:
+        offsets.append(offsets[-1] + len(ids) * table.spec.dim)
+    native = [k for k, (table, _) in enumerate(reads) if table._reads_natively()]
+    locked = {id(reads[k][0]): reads[k][0] for k in native}  # a table may be read twice
+    with contextlib.ExitStack() as locks:
+        for table in sorted(locked.values(), key=lambda table: table.spec.name):
+            locks.enter_context(table._lock)
+        absent = fetch_weights_joined(
+            [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out
+        )
+        for k in native:
+            reads[k][0]._count_read(len(reads[k][1]))
+
+    def rows_of(k: int) -> torch.Tensor:
+        return out[offsets[k] : offsets[k + 1]].view(len(reads[k][1]), reads[k][0].spec.dim)
+
+    for k, positions in zip(native, absent):
+        if len(positions):
+            reads[k][0]._fill_initial(reads[k][1], positions, rows_of(k))
+    for k in sorted(set(range(len(reads))) - set(native)):
+        reads[k][0].read_weights(reads[k][1], rows_of(k))

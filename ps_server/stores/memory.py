@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
+from ember.kernels.hash_map import hash_gather_joined
 from ember.kernels.id_index import IdIndex
 from ember.kernels.loader import native_backend_for
 from ember.kernels.optim import RowOptimizer, fused_row_update
@@ -106,6 +107,10 @@ class InMemoryStore:
     def fetch_weights(self, ids: np.ndarray, out: torch.Tensor) -> np.ndarray:
         """Weights of held ``ids`` into ``out``; returns the positions of absent ids."""
         return self._index.gather(id_tensor(ids), self._weights, out).numpy()
+
+    def reads_natively(self) -> bool:
+        """Whether :meth:`fetch_weights` can join other stores' in :func:`fetch_weights_joined`."""
+        return native_backend_for(self._weights)
 
     def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
         """Versions of ``ids``, their optimizer state written into ``state``; 0 where absent:
@@ -303,6 +308,31 @@ def update_stores(updates: Sequence[StoreUpdate]) -> None:
         if applied:
             return
     raise AssertionError("unreachable: the second pass has room for the absent rows")
+
+
+# One store's read in :func:`fetch_weights_joined`: the store, the ids and the element of
+# the flat output where their rows start.
+StoreRead = tuple[InMemoryStore, np.ndarray, int]
+
+
+def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[np.ndarray]:
+    """:meth:`InMemoryStore.fetch_weights` of several stores (each
+    :meth:`~InMemoryStore.reads_natively`) in one native pass into one flat float32 ``out``,
+    each read's rows from its offset on (in ascending order, not overlapping); returns each
+    read's absent positions (their rows untouched).
+
+    Raises:
+        RuntimeError: reads that do not fit ``out`` (see :func:`hash_gather_joined`);
+            ``out`` is then untouched.
+    """
+    absent = hash_gather_joined(
+        [store._index.buckets for store, _, _ in reads],
+        [store._weights for store, _, _ in reads],
+        [id_tensor(ids) for _, ids, _ in reads],
+        [offset for _, _, offset in reads],
+        out,
+    )
+    return [positions.numpy() for positions in absent]
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
