@@ -87,16 +87,17 @@ def hash_gather_joined(
     offsets: Sequence[int],
     out: torch.Tensor,
 ) -> list[torch.Tensor]:
-    """:func:`hash_gather_rows` of several maps ``(keys, slots)`` (a table's each) into one
-    flat ``out``: map k's rows of ``ids[k]`` from ``srcs[k]`` start at element
+    """:func:`hash_gather_rows` of several maps ``(keys, slots)`` (a table's each) into the
+    bytes of one flat uint8 ``out``, whatever their alignment: map k's rows of ``ids[k]``
+    from ``srcs[k]`` (of any dtype, copied as host-order bytes) start at byte
     ``offsets[k]``, at or after the end of map k-1's. Returns each map's absent positions
     (their rows of ``out`` untouched). Native CPU ops only (ask
     :func:`~ember.kernels.loader.native_backend_for`): one call instead of one per table.
 
     Raises:
-        RuntimeError: arguments that do not fit together (dtypes, shapes, devices, offsets
-            that overlap or pass the end of ``out``) or a slot outside its ``src``;
-            ``out`` is then untouched.
+        RuntimeError: arguments that do not fit together (shapes, devices, offsets that
+            overlap or pass the end of ``out``) or a slot outside its ``src``; ``out`` is
+            then untouched.
     """
     keys, slots = [keys for keys, _ in maps], [slots for _, slots in maps]
     return torch.ops.ember.hash_gather_joined(keys, slots, list(srcs), list(ids), offsets, out)

@@ -163,8 +163,6 @@ void check_gather_source(const at::Tensor& src, const at::Tensor& out) {
   check_rows(src, "src");
   check_device(src, at::kCPU, "src");
   check_device(out, at::kCPU, "out");
-  TORCH_CHECK(src.scalar_type() == out.scalar_type(), "src and out differ in dtype: ", src.scalar_type(), " vs ",
-              out.scalar_type());
   TORCH_CHECK(!out.is_alias_of(src), "out must not share src's storage");
 }
 
@@ -189,17 +187,19 @@ at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, con
   return result;
 }
 
-// hash_gather_rows of several maps (one table's each) into one flat out: table k's rows,
-// ids[k].size(0) of src[k]'s width, start at element offsets[k], after the end of table
-// k-1's. Every table is checked and located before any row is copied (an error leaves out
-// untouched). Returns each table's absent positions.
+// hash_gather_rows of several maps (one table's each) into the bytes of out, whatever
+// their alignment: table k's rows, ids[k].size(0) of src[k]'s row bytes, start at byte
+// offsets[k], at or after the end of table k-1's. Every table is checked and located
+// before any row is copied (an error leaves out untouched). Returns each table's absent
+// positions.
 std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList slots, at::TensorList src,
                                            at::TensorList ids, at::IntArrayRef offsets, at::Tensor out) {
   const size_t tables = keys.size();
   TORCH_CHECK(slots.size() == tables && src.size() == tables && ids.size() == tables && offsets.size() == tables,
               "keys, slots, src, ids and offsets must have one entry per table, got ", tables, ", ", slots.size(),
               ", ", src.size(), ", ", ids.size(), ", ", offsets.size());
-  TORCH_CHECK(out.dim() == 1 && out.is_contiguous(), "out must be a contiguous 1-D tensor, got shape ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
+              "out must be a contiguous 1-D uint8 tensor, got ", out.scalar_type(), " of shape ", out.sizes());
   int64_t total = 0;
   for (size_t k = 0; k < tables; ++k) total += ids[k].size(0);
   std::unique_ptr<int64_t[]> src_row(new int64_t[total]);
@@ -208,21 +208,21 @@ std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList s
   for (size_t k = 0; k < tables; ++k) {
     check_cpu_map(keys[k], slots[k], ids[k]);
     check_gather_source(src[k], out);
-    const int64_t width = src[k].size(1);
-    TORCH_CHECK(offsets[k] >= end && offsets[k] <= out.numel(), "table ", k, "'s rows start at element ",
-                offsets[k], ": out has ", out.numel(), " and the rows before end at ", end);
-    TORCH_CHECK(width == 0 || ids[k].size(0) <= (out.numel() - offsets[k]) / width, "table ", k, "'s ",
-                ids[k].size(0), " rows of ", width, " do not fit in out after element ", offsets[k]);
-    end = offsets[k] + ids[k].size(0) * width;
+    const int64_t row_bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
+    TORCH_CHECK(offsets[k] >= end && offsets[k] <= out.numel(), "table ", k, "'s rows start at byte ", offsets[k],
+                ": out has ", out.numel(), " and the rows before end at ", end);
+    TORCH_CHECK(row_bytes == 0 || ids[k].size(0) <= (out.numel() - offsets[k]) / row_bytes, "table ", k, "'s ",
+                ids[k].size(0), " rows of ", row_bytes, " bytes do not fit in out after byte ", offsets[k]);
+    end = offsets[k] + ids[k].size(0) * row_bytes;
     absent.push_back(locate_rows(keys[k], slots[k], ids[k], src[k].size(0), src_row.get() + first));
     first += ids[k].size(0);
   }
   char* to = static_cast<char*>(out.data_ptr());
   first = 0;
   for (size_t k = 0; k < tables; ++k) {
-    const int64_t bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
+    const int64_t row_bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
     copy_located_rows(src_row.get() + first, ids[k].size(0), static_cast<const char*>(src[k].data_ptr()),
-                      to + offsets[k] * out.element_size(), bytes);
+                      to + offsets[k], row_bytes);
     first += ids[k].size(0);
   }
   return absent;

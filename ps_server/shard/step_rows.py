@@ -3,15 +3,15 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 
 from __future__ import annotations
 
-import sys
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from ember.ps_server.errors import OutOfRangeError
-from ember.ps_server.shard.table import Table, read_tables
+from ember.ps_server.shard.table import Table
+from ember.ps_server.shard.table_passes import read_table_states, read_tables
 from ember.ps_server.wire.messages import ROW_DTYPE, VERSION_DTYPE
-from ember.ps_server.wire.proto_wire import bytes_view, is_aligned
+from ember.ps_server.wire.proto_wire import bytes_view
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_to_wire
 
@@ -42,7 +42,7 @@ def wire_row_bytes(read: TableRead) -> int:
 
 def write_wire_rows(read: TableRead, view: memoryview) -> None:
     """Write ``read``'s rows into ``view`` (:func:`wire_row_bytes` long) as its dtype carries
-    them: float32 rows are gathered straight into it when it is 4-byte aligned.
+    them: float32 rows are gathered straight into it (:func:`read_tables`).
 
     Raises:
         OutOfRangeError: a row the dtype cannot hold (``view`` is partly written).
@@ -50,9 +50,8 @@ def write_wire_rows(read: TableRead, view: memoryview) -> None:
     target, ids, dtype = read
     if not len(ids):
         return
-    if dtype is RowDtype.FLOAT32 and is_aligned(view, 4):
-        out = torch.frombuffer(view, dtype=torch.float32).view(len(ids), target.spec.dim)
-        target.read_weights(ids, out)
+    if dtype is RowDtype.FLOAT32:
+        read_tables([(target, ids)], _bytes_of(view))
     else:
         rows = target.read_weights(ids)
         view[:] = bytes_view(rows_to_wire(rows, dtype, f"table {target.spec.name!r}", ids))
@@ -60,17 +59,15 @@ def write_wire_rows(read: TableRead, view: memoryview) -> None:
 
 def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
     """Write every read's rows back to back into ``view`` (the sum of their
-    :func:`wire_row_bytes`): all float32 rows are gathered straight into it when it is
-    4-byte aligned, each read into its slice of one tensor over it.
+    :func:`wire_row_bytes`): float32 rows of every table at once (:func:`read_tables`).
 
     Raises:
         OutOfRangeError: a row its read's dtype cannot hold (``view`` is partly written).
     """
     if not len(view):
         return
-    if is_aligned(view, 4) and all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
-        out = torch.frombuffer(view, dtype=torch.float32)
-        read_tables([(target, ids) for target, ids, _ in reads], out)
+    if all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
+        read_tables([(target, ids) for target, ids, _ in reads], _bytes_of(view))
         return
     offset = 0
     for read in reads:
@@ -123,22 +120,11 @@ def write_optimizer_state(reads: list[TableRead], view: memoryview) -> None:
     """Write each read's rows' versions (int64), then their optimizer state (float32, the
     table's state width per row), read after one another, back to back into ``view``
     (:func:`state_bytes` long): an update's ``state`` (initial rows at version 0 with zero
-    state where never written). The state is gathered straight into ``view`` when it is
-    4-byte aligned."""
-    # In place only where torch's native float32 is the wire's little-endian one.
-    aligned, offset = is_aligned(view, 4) and sys.byteorder == "little", 0
-    for target, ids, _ in reads:
-        count, width = len(ids), target.store.state_width
-        state_at = offset + VERSION_DTYPE.itemsize * count
-        end = state_at + ROW_DTYPE.itemsize * count * width
-        in_place = aligned and end > state_at
-        state = (
-            torch.frombuffer(view[state_at:end], dtype=torch.float32).view(count, width)
-            if in_place
-            else torch.empty(count, width, dtype=torch.float32)
-        )
-        versions = target.read_state(ids, state)
-        if not in_place:
-            view[state_at:end] = bytes_view(np.asarray(state.numpy(), ROW_DTYPE))
-        view[offset:state_at] = bytes_view(np.asarray(versions.numpy(), VERSION_DTYPE))
-        offset = end
+    state where never written), every table at once (:func:`read_table_states`)."""
+    if len(view):
+        read_table_states([(target, ids) for target, ids, _ in reads], _bytes_of(view))
+
+
+def _bytes_of(view: memoryview) -> torch.Tensor:
+    """A uint8 tensor over the writable ``view``'s bytes."""
+    return torch.frombuffer(view, dtype=torch.uint8)

@@ -39,7 +39,7 @@ from ember.ps_server.shard.request_checks import (
 from ember.ps_server.shard.step_clocks import EXACT_APPLIER, MAX_CLOCKS_AHEAD, Job, StepClocks
 from ember.ps_server.shard.step_requests import TableUpdate, checked_reads, checked_updates
 from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_rows
-from ember.ps_server.shard.table import push_tables
+from ember.ps_server.shard.table_passes import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.step_codec import (

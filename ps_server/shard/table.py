@@ -8,10 +8,9 @@ applied here as one unit.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ from ember.ps_server.shard.changed_ids import ChangedIds
 from ember.ps_server.shard.initializers import hashed_init, initial_rows
 from ember.ps_server.stores import InMemoryStore, RowBatch, RowStore
 from ember.ps_server.stores.base import DUMP_CHUNK_ROWS, InitialRows, empty_batch
-from ember.ps_server.stores.memory import fetch_weights_joined, update_stores
 from ember.ps_server.wire.stats import TableCounters
 from ember.ps_server.wire.table_spec import TableSpec
 
@@ -74,19 +72,14 @@ class Table:
         with self._lock:
             absent = self.store.fetch_weights(ids, out) if len(ids) else np.empty(0, np.int64)
             self._count_read(len(ids))
-        self._fill_initial(ids, absent, out)
+        if len(absent):  # a pure function of the spec and the id: no lock needed
+            out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
         return out
 
     def _count_read(self, rows: int) -> None:
         """Count a read of ``rows`` rows (caller holds the lock)."""
         self.counters.pull_requests += 1
         self.counters.rows_pulled += rows
-
-    def _fill_initial(self, ids: np.ndarray, absent: np.ndarray, out: torch.Tensor) -> None:
-        """Write the initial rows of ``ids[absent]`` into those rows of ``out``: a pure
-        function of the spec and the id, so no lock is needed."""
-        if len(absent):
-            out[torch.from_numpy(absent)] = initial_rows(self.spec, ids[absent])
 
     def read_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
         """The versions of ``ids`` in order (duplicates allowed), their optimizer state
@@ -276,65 +269,3 @@ class Table:
         self._applied[request_id] = None
         if len(self._applied) > self._dedup_window:
             self._applied.popitem(last=False)
-
-
-def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], request_id: str) -> None:
-    """:meth:`Table.push` (``distinct``) of every ``(table, distinct ids, summed grads)``
-    under one request id. The tables whose rows live in memory and are made natively are
-    stepped in one native pass (:func:`update_stores`, all or none of them), their locks
-    held together, taken in name order (so two such calls never deadlock); every other
-    table is pushed alone after it. Each table remembers the request id as soon as it is
-    written, so a retry after a failure applies each table once.
-
-    Raises:
-        ValueError: a table given twice.
-    """
-    names = [table.spec.name for table, _, _ in pushes]
-    if len(set(names)) != len(names):
-        raise ValueError("push_tables was given one table twice")
-    native, separate = [], []
-    for push in pushes:
-        (native if push[0]._steps_natively() else separate).append(push)
-    native.sort(key=lambda push: push[0].spec.name)
-    with contextlib.ExitStack() as locks:
-        for table, _, _ in native:
-            locks.enter_context(table._lock)
-        fresh = [push for push in native if not push[0]._counted_duplicate(request_id)]
-        update_stores(
-            [(t.store, ids, grads, t.spec.optimizer, t._initial_rows.hashed)
-             for t, ids, grads in fresh]
-        )  # fmt: skip
-        for table, ids, _ in fresh:
-            table._pushed(len(ids), ids, request_id)
-    for table, ids, grads in separate:
-        table.push(ids, grads, request_id, distinct=True)
-
-
-def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) -> None:
-    """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat float32 ``out``,
-    their rows back to back. The tables whose rows live in memory are read in one native
-    pass (:func:`fetch_weights_joined`), their locks held together, taken in name order as
-    :func:`push_tables` takes them; every other table is read alone. Absent rows are made
-    afterwards, outside the locks."""
-    offsets = [0]
-    for table, ids in reads:
-        offsets.append(offsets[-1] + len(ids) * table.spec.dim)
-    native = [k for k, (table, _) in enumerate(reads) if table._reads_natively()]
-    locked = {id(reads[k][0]): reads[k][0] for k in native}  # a table may be read twice
-    with contextlib.ExitStack() as locks:
-        for table in sorted(locked.values(), key=lambda table: table.spec.name):
-            locks.enter_context(table._lock)
-        absent = fetch_weights_joined(
-            [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out
-        )
-        for k in native:
-            reads[k][0]._count_read(len(reads[k][1]))
-
-    def rows_of(k: int) -> torch.Tensor:
-        return out[offsets[k] : offsets[k + 1]].view(len(reads[k][1]), reads[k][0].spec.dim)
-
-    for k, positions in zip(native, absent):
-        if len(positions):
-            reads[k][0]._fill_initial(reads[k][1], positions, rows_of(k))
-    for k in sorted(set(range(len(reads))) - set(native)):
-        reads[k][0].read_weights(reads[k][1], rows_of(k))

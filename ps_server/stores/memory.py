@@ -310,16 +310,16 @@ def update_stores(updates: Sequence[StoreUpdate]) -> None:
     raise AssertionError("unreachable: the second pass has room for the absent rows")
 
 
-# One store's read in :func:`fetch_weights_joined`: the store, the ids and the element of
-# the flat output where their rows start.
+# One store's read in :func:`fetch_weights_joined` and :func:`fetch_state_joined`: the
+# store, the ids and the byte of the flat output where their answer starts.
 StoreRead = tuple[InMemoryStore, np.ndarray, int]
 
 
 def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[np.ndarray]:
     """:meth:`InMemoryStore.fetch_weights` of several stores (each
-    :meth:`~InMemoryStore.reads_natively`) in one native pass into one flat float32 ``out``,
-    each read's rows from its offset on (in ascending order, not overlapping); returns each
-    read's absent positions (their rows untouched).
+    :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
+    each read's rows as host-order float32 bytes from its offset on (ascending, not
+    overlapping, any alignment); returns each read's absent positions (their rows untouched).
 
     Raises:
         RuntimeError: reads that do not fit ``out`` (see :func:`hash_gather_joined`);
@@ -333,6 +333,33 @@ def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[
         out,
     )
     return [positions.numpy() for positions in absent]
+
+
+def fetch_state_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> None:
+    """:meth:`InMemoryStore.fetch_state` of several stores (each
+    :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
+    from each read's offset on, its rows' versions (host-order int64), then their state
+    (host-order float32, the store's width per row); 0 where absent.
+
+    Raises:
+        RuntimeError: as :func:`fetch_weights_joined`; ``out`` is then untouched.
+    """
+    maps, srcs, ids, offsets = [], [], [], []
+    for store, read_ids, offset in reads:
+        keys = id_tensor(read_ids)
+        parts = [(store._versions.view(-1, 1), offset)]
+        if store.state_width:
+            parts.append((store._state, offset + 8 * len(read_ids)))
+        for src, start in parts:
+            maps.append(store._index.buckets)
+            srcs.append(src)
+            ids.append(keys)
+            offsets.append(start)
+    absent = hash_gather_joined(maps, srcs, ids, offsets, out)
+    for src, keys, start, positions in zip(srcs, ids, offsets, absent):
+        if len(positions):
+            row_bytes = src.shape[1] * src.element_size()
+            out[start : start + len(keys) * row_bytes].view(len(keys), row_bytes)[positions] = 0
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ import torch
 from ember.kernels.id_index import IdIndex
 from ember.kernels.upsert import upsert_row_updates
 from ember.ps_server.shard.initializers import hashed_init
-from ember.ps_server.shard.table import Table, push_tables
+from ember.ps_server.shard.table import Table
+from ember.ps_server.shard.table_passes import push_tables
 from ember.ps_server.stores import memory
 from ember.ps_server.stores.memory import InMemoryStore, update_stores
 from ember.ps_server.wire.table_spec import InitializerSpec, InitKind, TableSpec

@@ -14,11 +14,13 @@ import torch
 from ember.kernels.hash_map import hash_gather_joined, hash_gather_rows
 from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import state_width
-from ember.ps_server.shard.table import Table, read_tables
+from ember.ps_server.shard.table import Table
+from ember.ps_server.shard.table_passes import read_table_states, read_tables
 from ember.ps_server.stores.memory import InMemoryStore
 from ember.ps_server.wire.table_spec import InitializerSpec, InitKind, TableSpec
 
 from tests.support.native import require_native
+from tests.support.reference import OPTIMIZERS
 
 NAN = float("nan")
 
@@ -38,35 +40,40 @@ def _maps(rng: np.random.Generator, widths: list[int]):
 
 
 def test_a_joined_gather_equals_each_maps_gather_and_leaves_the_gaps_alone():
+    """Sources of three widths and two dtypes, at odd byte offsets with gaps between."""
     require_native()
     rng = np.random.default_rng(11)
     parts = _maps(rng, [4, 1, 16])
+    parts[1] = (parts[1][0], parts[1][1].double(), parts[1][2])
     offsets, end = [], 0
-    for gap, (_, src, ids) in zip([0, 5, 3], parts):
+    for gap, (_, src, ids) in zip([3, 5, 1], parts):
         offsets.append(end + gap)
-        end = offsets[-1] + len(ids) * src.shape[1]
-    out = torch.full((end + 7,), NAN)
+        end = offsets[-1] + len(ids) * src.shape[1] * src.element_size()
+    out = torch.full((end + 7,), 0xAB, dtype=torch.uint8)
     absent = hash_gather_joined(
         [index.buckets for index, _, _ in parts], [src for _, src, _ in parts],
         [ids for _, _, ids in parts], offsets, out,
     )  # fmt: skip
-    expected = torch.full_like(out, NAN)
+    expected = out.clone()
     for (index, src, ids), offset, positions in zip(parts, offsets, absent):
-        view = expected[offset : offset + len(ids) * src.shape[1]].view(len(ids), -1)
-        assert torch.equal(positions, hash_gather_rows(*index.buckets, src, ids, view))
+        rows = torch.full((len(ids), src.shape[1]), NAN, dtype=src.dtype)
+        assert torch.equal(positions, hash_gather_rows(*index.buckets, src, ids, rows))
         assert len(positions) == 30
-    assert torch.equal(out.isnan(), expected.isnan())  # absent rows and gaps untouched
-    assert torch.equal(out.nan_to_num(), expected.nan_to_num())
+        row_bytes = src.shape[1] * src.element_size()
+        present = torch.from_numpy(np.setdiff1d(np.arange(len(ids)), positions.numpy()))
+        region = expected[offset : offset + len(ids) * row_bytes].view(len(ids), row_bytes)
+        region[present] = rows[present].view(torch.uint8).view(-1, row_bytes)
+    assert torch.equal(out, expected)  # absent rows and the gaps keep their bytes
 
 
 def test_a_joined_gather_of_no_maps_or_no_ids_writes_nothing():
     require_native()
-    out = torch.full((4,), NAN)
+    out = torch.full((4,), 7, dtype=torch.uint8)
     assert hash_gather_joined([], [], [], [], out) == []
     index = IdIndex(capacity=16)
     empty = torch.empty(0, dtype=torch.int64)
     [absent] = hash_gather_joined([index.buckets], [torch.randn(3, 2)], [empty], [4], out)
-    assert len(absent) == 0 and bool(out.isnan().all())
+    assert len(absent) == 0 and bool((out == 7).all())
 
 
 def _two_maps():
@@ -75,17 +82,17 @@ def _two_maps():
     maps = [index.buckets for index, _, _ in parts]
     srcs = [src for _, src, _ in parts]
     ids = [ids for _, _, ids in parts]
-    return maps, srcs, ids, len(ids[0]) * 4
+    return maps, srcs, ids, len(ids[0]) * 16
 
 
 @pytest.mark.parametrize(
     "case, match",
     [
-        ("overlap", "start at element"),
+        ("overlap", "start at byte"),
         ("past-end", "do not fit in out"),
-        ("offset-past-end", "start at element"),
-        ("negative-offset", "start at element"),
-        ("dtype", "differ in dtype"),
+        ("offset-past-end", "start at byte"),
+        ("negative-offset", "start at byte"),
+        ("out-not-bytes", "uint8"),
         ("alias", "must not share src's storage"),
         ("short-list", "one entry per table"),
         ("slot-outside-src", "outside src's"),
@@ -97,7 +104,7 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
     require_native()
     maps, srcs, ids, size = _two_maps()
     offsets = [0, size]
-    out = torch.full((2 * size,), NAN)
+    out = torch.full((2 * size,), 0xAB, dtype=torch.uint8)
     if case == "overlap":
         offsets[1] = size - 1
     elif case == "past-end":
@@ -106,10 +113,10 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
         offsets[1] = 2 * size + 1
     elif case == "negative-offset":
         offsets = [0, -1]
-    elif case == "dtype":
-        srcs[1] = srcs[1].double()
+    elif case == "out-not-bytes":
+        out = torch.full((size // 2,), NAN)
     elif case == "alias":
-        srcs[1] = out[: 400 * 4].view(400, 4)
+        srcs[1] = out[: 400 * 16].view(torch.float32).view(400, 4)
     elif case == "short-list":
         ids = ids[:1]
     elif case == "slot-outside-src":
@@ -119,14 +126,21 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
     before = out.clone()
     with pytest.raises(RuntimeError, match=match):
         hash_gather_joined(maps, srcs, ids, offsets, out)
-    assert torch.equal(out.isnan(), before.isnan())
+    assert torch.equal(out.view(torch.uint8), before.view(torch.uint8))
 
 
 SPECS = [
-    TableSpec("b", dim=4, initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3)),
-    TableSpec("a", dim=2),
-    TableSpec("c", dim=3, initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)),
-]
+    TableSpec(
+        "b",
+        dim=4,
+        optimizer=OPTIMIZERS[3],
+        initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3),
+    ),
+    TableSpec("a", dim=2, optimizer=OPTIMIZERS[0]),
+    TableSpec(
+        "c", dim=3, optimizer=OPTIMIZERS[1], initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)
+    ),
+]  # fmt: skip  (Adam, SGD: no state, Adagrad)
 
 
 class _SeparateStore(InMemoryStore):
@@ -151,33 +165,44 @@ class _RecordingLock:
 
 
 def _tables(order: list[str]) -> list[Table]:
-    """Tables b, a (in memory) and c (read alone), each holding some rows, locks recorded."""
+    """Tables b, a (in memory) and c (read alone), each holding some rows stepped once or
+    twice, locks recorded."""
     tables = [
         Table(SPECS[0]),
         Table(SPECS[1]),
         Table(SPECS[2], _SeparateStore(3, state_width(SPECS[2].optimizer.kind, 3))),
     ]
     for table in tables:
-        ids = np.arange(0, 60, 2, dtype=np.int64)
-        table.push(ids, torch.ones(len(ids), table.spec.dim), "seed")
+        for step, ids in enumerate([np.arange(0, 60, 2), np.arange(0, 60, 6)]):
+            grads = torch.full((len(ids), table.spec.dim), 0.5 + step)
+            table.push(ids.astype(np.int64), grads, f"seed-{step}")
         table._lock = _RecordingLock(table.spec.name, order)
     return tables
 
 
-def test_read_tables_equals_each_tables_read_weights():
+def _joined_reads(tables: list[Table]) -> list[tuple[Table, np.ndarray]]:
+    """b, a, c, b again and a with no ids: held and absent ids, duplicates."""
+    rng = np.random.default_rng(2)
+    picks = [0, 1, 2, 0, 1]
+    return [(tables[k], rng.integers(0, 90, size=0 if i == 4 else 40)) for i, k in enumerate(picks)]
+
+
+def _bytes(*arrays: np.ndarray) -> bytes:
+    return b"".join(array.tobytes() for array in arrays)
+
+
+@pytest.mark.parametrize("skew", [0, 1, 3])  # the rows start at any alignment
+def test_read_tables_equals_each_tables_read_weights(skew):
     """Native and separate tables, a table read twice, absent ids (initial rows) and an
     empty read: the same bytes, counters and lock order as reading each alone."""
     require_native()
     order: list[str] = []
     tables, twins = _tables(order), _tables([])
-    rng = np.random.default_rng(2)
-    picks = [0, 1, 2, 0, 1]  # b, a, c, b again, a with no ids
-    reads = [(k, rng.integers(0, 90, size=0 if i == 4 else 40)) for i, k in enumerate(picks)]
-    size = sum(len(ids) * tables[k].spec.dim for k, ids in reads)
-    out = torch.full((size,), NAN)
-    read_tables([(tables[k], ids) for k, ids in reads], out)
-    expected = torch.cat([twins[k].read_weights(ids).view(-1) for k, ids in reads])
-    assert torch.equal(out, expected)
+    reads = _joined_reads(tables)
+    expected = _bytes(*(twins[tables.index(t)].read_weights(ids).numpy() for t, ids in reads))
+    out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
+    read_tables(reads, out[skew:])
+    assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
     assert order == ["a", "b", "c"]  # b and a together in name order, each once; then c
     for table, twin in zip(tables, twins):
         assert table.counters == twin.counters
@@ -188,7 +213,30 @@ def test_read_tables_makes_initial_rows_for_ids_never_written():
     require_native()
     table = Table(SPECS[0])
     ids = np.array([5, 7, 5], dtype=np.int64)
-    out = torch.full((12,), NAN)
+    out = torch.zeros(48, dtype=torch.uint8)
     read_tables([(table, ids)], out)
-    assert torch.equal(out.view(3, 4), Table(SPECS[0]).read_weights(ids))
-    assert not bool(out.isnan().any()) and not torch.equal(out[:4], out[4:8])
+    rows = torch.from_numpy(out.numpy().view(np.float32)).view(3, 4)
+    assert torch.equal(rows, Table(SPECS[0]).read_weights(ids))
+    assert not torch.equal(rows[0], rows[1]) and bool((rows != 0).all())
+
+
+@pytest.mark.parametrize("skew", [0, 2])
+def test_read_table_states_equals_each_tables_read_state(skew):
+    """Versions, then state, per read: Adam's two moments, SGD's none and a separate
+    Adagrad table; absent ids read version 0 and zero state; the same lock order."""
+    require_native()
+    order: list[str] = []
+    tables, twins = _tables(order), _tables([])
+    reads = _joined_reads(tables)
+    parts = []
+    for table, ids in reads:
+        state = torch.empty(len(ids), table.store.state_width)
+        versions = twins[tables.index(table)].read_state(ids, state)
+        parts += [versions.numpy(), state.numpy()]
+    expected = _bytes(*parts)
+    out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
+    read_table_states(reads, out[skew:])
+    assert bytes(out[skew:].numpy()) == expected
+    assert order == ["a", "b", "c"]
+    versions = np.frombuffer(expected[: 8 * 40], np.int64)  # table b's
+    assert set(versions.tolist()) == {0, 1, 2}  # absent, stepped once, twice
