@@ -3,6 +3,7 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -13,7 +14,7 @@ from ember.ps_server.shard.table_passes import read_table_states, read_tables
 from ember.ps_server.wire.messages import ROW_DTYPE, VERSION_DTYPE
 from ember.ps_server.wire.proto_wire import bytes_view
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.row_packing import rows_to_wire
+from ember.ps_server.wire.row_packing import packed_at_once, rows_to_wire
 
 # A validated read of one table: the table, its ids and the dtype its rows travel in.
 TableRead = tuple[Table, np.ndarray, RowDtype]
@@ -59,18 +60,35 @@ def write_wire_rows(read: TableRead, view: memoryview) -> None:
 
 def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
     """Write every read's rows back to back into ``view`` (the sum of their
-    :func:`wire_row_bytes`): float32 rows of every table at once (:func:`read_tables`).
+    :func:`wire_row_bytes`): each run of reads that travel in one dtype is read at once
+    (:func:`read_tables`) and, packed, packed in one call.
 
     Raises:
         OutOfRangeError: a row its read's dtype cannot hold (``view`` is partly written).
     """
-    if not len(view):
-        return
-    if all(dtype is RowDtype.FLOAT32 for _, _, dtype in reads):
-        read_tables([(target, ids) for target, ids, _ in reads], _bytes_of(view))
-        return
     offset = 0
-    for read in reads:
+    for dtype, run in itertools.groupby(reads, key=lambda read: read[2]):
+        run = list(run)
+        size = sum(wire_row_bytes(read) for read in run)
+        if size:
+            _write_run(run, dtype, view[offset : offset + size])
+        offset += size
+
+
+def _write_run(run: list[TableRead], dtype: RowDtype, view: memoryview) -> None:
+    """Write the rows of reads that travel in ``dtype`` back to back into ``view``."""
+    tables = [(target, ids) for target, ids, _ in run]
+    if dtype is RowDtype.FLOAT32:
+        read_tables(tables, _bytes_of(view))
+        return
+    rows = torch.empty(len(view) // dtype.itemsize, dtype=torch.float32)
+    read_tables(tables, rows.view(torch.uint8))
+    packed = packed_at_once(rows, dtype)
+    if packed is not None:
+        view[:] = bytes_view(packed)
+        return
+    offset = 0  # a row that cannot travel: each read's own packing names it
+    for read in run:
         size = wire_row_bytes(read)
         write_wire_rows(read, view[offset : offset + size])
         offset += size

@@ -45,6 +45,14 @@ def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str, ids: np.ndarray
     return bits
 
 
+def packed_at_once(rows: torch.Tensor, dtype: RowDtype) -> np.ndarray | None:
+    """Float32 ``rows`` of any shape (several tables' back to back) packed as ``dtype`` (a
+    packed one) in one call, their bits as uint16; None where a value cannot travel as it
+    (each table's own :func:`rows_to_wire` then names the row)."""
+    bits = pack_rows(rows, TORCH_DTYPES[dtype]).view(torch.int16).numpy().view(np.uint16)
+    return None if packed_not_finite(bits, dtype).any() else bits
+
+
 def packed_not_finite(bits: np.ndarray, dtype: RowDtype) -> np.ndarray:
     """Whether each packed float16 / bfloat16 value (its bits as uint16) is infinite or
     NaN: its exponent bits are all ones. A numpy test on the bits costs a fraction of

@@ -5,6 +5,7 @@ reply is aligned and copied where it is not, and the state read into a tensor of
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.errors import OutOfRangeError
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.step_rows import (
@@ -99,6 +100,31 @@ def test_a_joined_lookup_answers_every_tables_rows_back_to_back(rows):
         assert len(per_table.values) == len(entries)
         assert bytes(joined.rows) == b"".join(bytes(v) for v in per_table.values)
     assert len(joined.rows) == 701 * 2 * 2 + rows * 3 * 4 + 3 * 5 * 2  # float16, 32, bfloat16
+
+
+def test_a_run_of_packed_tables_is_packed_at_once_and_a_row_beyond_names_its_table():
+    """Consecutive entries of one packed dtype (an empty one among them) are packed in one
+    call: the same bytes as each alone; a row beyond float16 in the run's second table is
+    refused naming that table and id, as its own packing would."""
+    server = shard()
+    for name, dim in (("big", 5), ("empty", 3), ("last", 4)):
+        server.create_table(TableSpec(name, dim=dim))
+    ids = np.arange(40, dtype=np.int64)
+    update(server, 0, ids[::3].copy(), np.ones((14, 3)), world=1)
+    f16, bf16 = RowDtype.FLOAT16, RowDtype.BFLOAT16
+    entries = [("emb", ids, f16), ("empty", ids[:0], f16), ("other", ids[:9], f16),
+               ("big", ids[:5], bf16), ("last", ids[:3], bf16)]  # fmt: skip
+    per_table, joined = _values_and_joined(server, entries)
+    assert bytes(joined.rows) == b"".join(bytes(v) for v in per_table.values)
+    beyond = encode_update_request(
+        [("other", ids[4:5], np.full((1, 2), -3e5, "<f4"))], clock(1, world=1)
+    )  # SGD lr 0.5: the row of id 4 near 1.5e5 > 65504
+    server.steps.update(decode_update_request(beyond))
+    request = encode_lookup_request(entries, None, joined_rows=True)
+    with pytest.raises(
+        OutOfRangeError, match="table 'other': the row of id 4 holds 150000, beyond"
+    ):
+        StepHandlers(server).lookup(decode_lookup_request(request))
 
 
 def test_a_joined_lookup_of_no_rows_has_an_empty_payload():
