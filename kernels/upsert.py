@@ -14,20 +14,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
+from ember.kernels.hashed_init import HashedInit
 from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import RowOptimizer, kind_code
-
-
-@dataclasses.dataclass(frozen=True)
-class HashedInit:
-    """Initial weights the native op makes itself: hashed-uniform in ``[-scale, scale)``
-    keyed by the table's name salt and the seed's key (``ember.ps_server.shard.initializers``'
-    rule), or zeros where not ``uniform``."""
-
-    uniform: bool
-    name_salt: int = 0
-    seed_key: int = 0
-    scale: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

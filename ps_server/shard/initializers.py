@@ -10,8 +10,8 @@ import functools
 
 import numpy as np
 import torch
+from ember.kernels.hashed_init import HashedInit
 from ember.kernels.loader import native_backend_for
-from ember.kernels.upsert import HashedInit
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.routing import mix64, name_salt
 from ember.ps_server.wire.table_spec import InitKind, TableSpec

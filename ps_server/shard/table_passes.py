@@ -59,18 +59,20 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
     """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat uint8 ``out``:
     their rows as the wire's float32 back to back, at any alignment. The tables whose rows
     live in memory are read in one native pass (:func:`fetch_weights_joined`) under
-    :func:`_locked_together`; every other table is read alone. Absent rows are made
-    afterwards, outside the locks."""
+    :func:`_locked_together`, with the initial rows of absent ids where the native ops make
+    them (uniform and zeros initializers; others made afterwards, outside the locks);
+    every other table is read alone."""
     sizes = [len(ids) * ROW_DTYPE.itemsize * table.spec.dim for table, ids in reads]
     native, offsets = _native_reads(reads), _starts(sizes)
+    initial = [reads[k][0]._initial_rows.hashed for k in native]
     with _locked_together(reads[k][0] for k in native):
         absent = fetch_weights_joined(
-            [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out
+            [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], initial, out
         )
         for k in native:
             reads[k][0]._count_read(len(reads[k][1]))
-    for k, positions in zip(native, absent):
-        if len(positions):
+    for k, positions, made in zip(native, absent, initial):
+        if len(positions) and made is None:
             table, ids = reads[k]
             rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
             rows[positions] = _wire_bytes(initial_rows(table.spec, ids[positions]), ROW_DTYPE)

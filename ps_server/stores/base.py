@@ -18,8 +18,8 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from ember.kernels.hashed_init import HashedInit
 from ember.kernels.optim import RowOptimizer
-from ember.kernels.upsert import HashedInit
 
 
 @dataclasses.dataclass

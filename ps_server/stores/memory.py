@@ -14,11 +14,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 from ember.kernels.hash_map import hash_gather_joined
+from ember.kernels.hashed_init import HashedInit
 from ember.kernels.id_index import IdIndex
 from ember.kernels.loader import native_backend_for
 from ember.kernels.optim import RowOptimizer, fused_row_update
 from ember.kernels.rows import gather_rows, scatter_rows
-from ember.kernels.upsert import HashedInit, TableUpsert, upsert_row_updates
+from ember.kernels.upsert import TableUpsert, upsert_row_updates
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.stores.base import (
     DUMP_CHUNK_ROWS,
@@ -314,12 +315,17 @@ def update_stores(updates: Sequence[StoreUpdate]) -> None:
 # store, the ids and the byte of the flat output where their answer starts.
 StoreRead = tuple[InMemoryStore, np.ndarray, int]
 
+_ZEROS = HashedInit(uniform=False)
 
-def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[np.ndarray]:
+
+def fetch_weights_joined(
+    reads: Sequence[StoreRead], initial: Sequence[HashedInit | None], out: torch.Tensor
+) -> list[np.ndarray]:
     """:meth:`InMemoryStore.fetch_weights` of several stores (each
     :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
     each read's rows as host-order float32 bytes from its offset on (ascending, not
-    overlapping, any alignment); returns each read's absent positions (their rows untouched).
+    overlapping, any alignment), absent rows made as ``initial[k]`` says (None: left
+    untouched); returns each read's absent positions.
 
     Raises:
         RuntimeError: reads that do not fit ``out`` (see :func:`hash_gather_joined`);
@@ -330,6 +336,7 @@ def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[
         [store._weights for store, _, _ in reads],
         [id_tensor(ids) for _, ids, _ in reads],
         [offset for _, _, offset in reads],
+        initial,
         out,
     )
     return [positions.numpy() for positions in absent]
@@ -355,11 +362,7 @@ def fetch_state_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> None:
             srcs.append(src)
             ids.append(keys)
             offsets.append(start)
-    absent = hash_gather_joined(maps, srcs, ids, offsets, out)
-    for src, keys, start, positions in zip(srcs, ids, offsets, absent):
-        if len(positions):
-            row_bytes = src.shape[1] * src.element_size()
-            out[start : start + len(keys) * row_bytes].view(len(keys), row_bytes)[positions] = 0
+    hash_gather_joined(maps, srcs, ids, offsets, [_ZEROS] * len(maps), out)
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from ember.kernels.hash_map import hash_gather_joined, hash_gather_rows
+from ember.kernels.hashed_init import HashedInit
 from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import state_width
 from ember.ps_server.shard.table import Table
@@ -52,7 +53,7 @@ def test_a_joined_gather_equals_each_maps_gather_and_leaves_the_gaps_alone():
     out = torch.full((end + 7,), 0xAB, dtype=torch.uint8)
     absent = hash_gather_joined(
         [index.buckets for index, _, _ in parts], [src for _, src, _ in parts],
-        [ids for _, _, ids in parts], offsets, out,
+        [ids for _, _, ids in parts], offsets, [None] * 3, out,
     )  # fmt: skip
     expected = out.clone()
     for (index, src, ids), offset, positions in zip(parts, offsets, absent):
@@ -69,11 +70,41 @@ def test_a_joined_gather_equals_each_maps_gather_and_leaves_the_gaps_alone():
 def test_a_joined_gather_of_no_maps_or_no_ids_writes_nothing():
     require_native()
     out = torch.full((4,), 7, dtype=torch.uint8)
-    assert hash_gather_joined([], [], [], [], out) == []
+    assert hash_gather_joined([], [], [], [], [], out) == []
     index = IdIndex(capacity=16)
     empty = torch.empty(0, dtype=torch.int64)
-    [absent] = hash_gather_joined([index.buckets], [torch.randn(3, 2)], [empty], [4], out)
+    zeros = [HashedInit(uniform=False)]
+    [absent] = hash_gather_joined([index.buckets], [torch.randn(3, 2)], [empty], [4], zeros, out)
     assert len(absent) == 0 and bool((out == 7).all())
+
+
+UNIFORM = HashedInit(True, name_salt=-77, seed_key=12345, scale=0.25)
+
+
+def test_absent_rows_are_kept_zeroed_or_made_as_each_map_says():
+    """Initial rows as the native uniform_rows makes them, zero bytes, or the bytes that
+    were there; at an odd offset (the rows are made aside, then copied)."""
+    require_native()
+    parts = _maps(np.random.default_rng(4), [3, 3, 5])
+    sizes = [len(ids) * src.shape[1] * 4 for _, src, ids in parts]
+    offsets = [1, 1 + sizes[0], 1 + sizes[0] + sizes[1]]
+    out = torch.full((1 + sum(sizes),), 0xAB, dtype=torch.uint8)
+    inits = [None, HashedInit(uniform=False), UNIFORM]
+    absent = hash_gather_joined(
+        [index.buckets for index, _, _ in parts], [src for _, src, _ in parts],
+        [ids for _, _, ids in parts], offsets, inits, out,
+    )  # fmt: skip
+    for (_, src, ids), offset, size, positions in zip(parts, offsets, sizes, absent):
+        rows = out[offset : offset + size].view(len(ids), -1)[positions]
+        assert len(positions) == 30
+        made_here = rows.numpy().copy().view(np.float32)
+        if src is parts[0][1]:
+            assert bool((rows == 0xAB).all())
+        elif src is parts[1][1]:
+            assert bool((rows == 0).all())
+        else:
+            made = torch.ops.ember.uniform_rows(ids[positions], -77, 12345, 5, 0.25)
+            assert np.array_equal(made_here, made.numpy())
 
 
 def _two_maps():
@@ -97,13 +128,15 @@ def _two_maps():
         ("short-list", "one entry per table"),
         ("slot-outside-src", "outside src's"),
         ("bad-ids", "contiguous 1-D int64"),
+        ("uniform-not-float", "need a float32 src"),
+        ("short-fill", "fill three"),
     ],
 )
 def test_a_refused_joined_gather_leaves_out_untouched(case, match):
     """Each fault sits in the second map, after a first map that would have been written."""
     require_native()
     maps, srcs, ids, size = _two_maps()
-    offsets = [0, size]
+    offsets, absent_rows = [0, size], [UNIFORM, UNIFORM]
     out = torch.full((2 * size,), 0xAB, dtype=torch.uint8)
     if case == "overlap":
         offsets[1] = size - 1
@@ -123,24 +156,23 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
         srcs[1] = srcs[1][:10]
     elif case == "bad-ids":
         ids[1] = ids[1].int()
+    elif case == "uniform-not-float":
+        srcs[1] = srcs[1].double()
+    elif case == "short-fill":
+        absent_rows = absent_rows[:1]
     before = out.clone()
     with pytest.raises(RuntimeError, match=match):
-        hash_gather_joined(maps, srcs, ids, offsets, out)
+        hash_gather_joined(maps, srcs, ids, offsets, absent_rows, out)
     assert torch.equal(out.view(torch.uint8), before.view(torch.uint8))
 
 
 SPECS = [
-    TableSpec(
-        "b",
-        dim=4,
-        optimizer=OPTIMIZERS[3],
-        initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3),
-    ),
-    TableSpec("a", dim=2, optimizer=OPTIMIZERS[0]),
-    TableSpec(
-        "c", dim=3, optimizer=OPTIMIZERS[1], initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)
-    ),
-]  # fmt: skip  (Adam, SGD: no state, Adagrad)
+    TableSpec("b", dim=4, optimizer=OPTIMIZERS[3],
+              initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3)),
+    TableSpec("a", dim=2, optimizer=OPTIMIZERS[0],
+              initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)),
+    TableSpec("c", dim=3, optimizer=OPTIMIZERS[1], initializer=InitializerSpec(InitKind.ZEROS)),
+]  # fmt: skip  (Adam, made natively; SGD: no state, normal rows made in Python; Adagrad)
 
 
 class _SeparateStore(InMemoryStore):
