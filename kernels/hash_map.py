@@ -105,6 +105,11 @@ def hash_gather_joined(
             overlap or pass the end of ``out``, uniform rows of a source not float32) or a
             slot outside its ``src``; ``out`` is then untouched.
     """
+    if not native_backend_for(out):
+        raise RuntimeError(
+            "hash_gather_joined needs Ember's native CPU ops, which do not serve here "
+            "(EMBER_KERNELS=reference, a forced reference, or no build); gather each map alone"
+        )
     fill, scale = [], []
     for init in absent_rows:
         kind = _KEEP_ABSENT if init is None else _UNIFORM_ABSENT if init.uniform else _ZERO_ABSENT

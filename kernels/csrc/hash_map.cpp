@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -226,15 +227,23 @@ std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList s
               ", ", slots.size(), ", ", src.size(), ", ", ids.size(), ", ", offsets.size(), ", ", scale.size(),
               " and ", fill.size());
   TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
-              "out must be a contiguous 1-D uint8 tensor, got ", out.scalar_type(), " of shape ", out.sizes());
+              "out must be a contiguous 1-D uint8 tensor, got ", out.scalar_type(), " of shape ", out.sizes(),
+              out.is_contiguous() ? "" : " (non-contiguous)");
   int64_t total = 0;
-  for (size_t k = 0; k < tables; ++k) total += ids[k].size(0);
+  for (size_t k = 0; k < tables; ++k) {
+    check_cpu_map(keys[k], slots[k], ids[k]);
+    check_gather_source(src[k], out);
+    for (const at::Tensor* map : {&keys[k], &slots[k], &ids[k]}) {
+      TORCH_CHECK(!out.is_alias_of(*map), "out must not share the storage of table ", k, "'s keys, slots or ids");
+    }
+    TORCH_CHECK(src[k].size(1) <= std::numeric_limits<int64_t>::max() / src[k].element_size(), "table ", k,
+                "'s rows of ", src[k].size(1), " values are too wide");
+    total += ids[k].size(0);
+  }
   std::unique_ptr<int64_t[]> src_row(new int64_t[total]);
   std::vector<at::Tensor> absent;
   int64_t end = 0, first = 0;
   for (size_t k = 0; k < tables; ++k) {
-    check_cpu_map(keys[k], slots[k], ids[k]);
-    check_gather_source(src[k], out);
     const int64_t kind = fill[3 * k];
     TORCH_CHECK(kind == kKeepAbsent || kind == kZeroAbsent || kind == kUniformAbsent, "table ", k,
                 "'s absent rows: unknown fill ", kind, " (0 keep, 1 zeros, 2 uniform)");

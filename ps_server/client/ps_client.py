@@ -24,7 +24,12 @@ from ember.ps_server.client.stale_pulls import pull_stale_many
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.id_arrays import as_grad_rows, as_id_array, sum_duplicates
 from ember.ps_server.routing import positions_by_shard, shard_of
-from ember.ps_server.wire.messages import encode_ids, pb, readonly_tensor
+from ember.ps_server.wire.messages import (
+    encode_ids,
+    pb,
+    readonly_tensor,
+    require_little_endian_host,
+)
 from ember.ps_server.wire.pull_push_codec import PullReplyView, encode_push_request
 from ember.ps_server.wire.stats import ShardStats
 from ember.ps_server.wire.table_spec import TableSpec
@@ -45,6 +50,7 @@ class PSClient:
     """
 
     def __init__(self, endpoints: Sequence[str], config: ClientConfig | None = None) -> None:
+        require_little_endian_host()
         endpoints = list(endpoints)
         if not endpoints:
             raise ValueError("PSClient needs at least one shard endpoint")

@@ -36,6 +36,7 @@ from ember.ps_server.wire.messages import (
     decode_rows,
     decode_versions,
     pb,
+    require_little_endian_host,
 )
 from ember.ps_server.wire.pull_push_codec import push_log_record
 from ember.ps_server.wire.row_dtype import RowDtype
@@ -118,6 +119,7 @@ class ParameterServer:
         max_waiting: int | None = None,
         max_asking: int = MAX_ASKING,
     ) -> None:
+        require_little_endian_host()
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard must be in 0..{num_shards - 1}, got {shard}")
         self.shard = shard

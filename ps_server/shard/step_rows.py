@@ -10,8 +10,11 @@ import numpy as np
 import torch
 from ember.ps_server.errors import OutOfRangeError
 from ember.ps_server.shard.table import Table
-from ember.ps_server.shard.table_passes import read_table_states, read_tables
-from ember.ps_server.wire.messages import ROW_DTYPE, VERSION_DTYPE
+from ember.ps_server.shard.table_passes import (
+    read_table_states,
+    read_tables,
+    state_answer_bytes,
+)
 from ember.ps_server.wire.proto_wire import bytes_view
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import packed_at_once, rows_to_wire
@@ -128,10 +131,7 @@ def refreshed_rows(
 def state_bytes(reads: list[TableRead]) -> int:
     """The bytes of every read's rows' versions and optimizer state (see
     :func:`write_optimizer_state`)."""
-    return sum(
-        len(ids) * (VERSION_DTYPE.itemsize + ROW_DTYPE.itemsize * target.store.state_width)
-        for target, ids, _ in reads
-    )
+    return sum(state_answer_bytes(target, len(ids)) for target, ids, _ in reads)
 
 
 def write_optimizer_state(reads: list[TableRead], view: memoryview) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -55,89 +54,120 @@ def push_tables(pushes: Sequence[tuple[Table, np.ndarray, torch.Tensor]], reques
         table.push(ids, grads, request_id, distinct=True)
 
 
+def weight_bytes(table: Table, rows: int) -> int:
+    """The bytes of ``rows`` float32 rows of ``table`` in :func:`read_tables`' answer."""
+    return rows * ROW_DTYPE.itemsize * table.spec.dim
+
+
+def state_answer_bytes(table: Table, rows: int) -> int:
+    """The bytes of ``rows`` rows' versions and optimizer state of ``table`` in
+    :func:`read_table_states`' answer."""
+    return rows * (VERSION_DTYPE.itemsize + ROW_DTYPE.itemsize * table.store.state_width)
+
+
 def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) -> None:
-    """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat uint8 ``out``:
-    their rows as the wire's float32 back to back, at any alignment. The tables whose rows
-    live in memory are read in one native pass (:func:`fetch_weights_joined`) under
-    :func:`_locked_together`, with the initial rows of absent ids where the native ops make
-    them (uniform and zeros initializers; others made afterwards, outside the locks);
-    every other table is read alone."""
-    sizes = [len(ids) * ROW_DTYPE.itemsize * table.spec.dim for table, ids in reads]
-    native, offsets = _native_reads(reads), _starts(sizes)
-    initial = [reads[k][0]._initial_rows.hashed for k in native]
-    with _locked_together(reads[k][0] for k in native):
-        absent = fetch_weights_joined(
-            [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], initial, out
-        )
-        for k in native:
-            reads[k][0]._count_read(len(reads[k][1]))
-    for k, positions, made in zip(native, absent, initial):
-        if len(positions) and made is None:
-            table, ids = reads[k]
-            rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
-            rows[positions] = _wire_bytes(initial_rows(table.spec, ids[positions]), ROW_DTYPE)
-    for k in _others(reads, native):
+    """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat uint8 ``out`` (of
+    their :func:`weight_bytes`): their rows as float32 back to back, at any alignment. The
+    tables whose rows live in memory are read in one native pass
+    (:func:`fetch_weights_joined`) under :func:`_locked_together`, with the initial rows of
+    absent ids where the native ops make them (uniform and zeros initializers; others made
+    afterwards, outside the locks); every other table is read alone. A read of no ids
+    reads nothing and is not counted.
+
+    Raises:
+        ValueError: ``out`` is not the size of the answer (nothing written).
+    """
+    sizes = [weight_bytes(table, len(ids)) for table, ids in reads]
+    offsets = _starts(out, sizes)
+    native, separate = _by_path(reads)
+    if native:
+        initial = [reads[k][0]._initial_rows.hashed for k in native]
+        with _locked_together(reads[k][0] for k in native):
+            absent = fetch_weights_joined(
+                [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], initial, out
+            )
+            for k in native:
+                reads[k][0]._count_read(len(reads[k][1]))
+        for k, positions, made in zip(native, absent, initial):
+            if len(positions) and made is None:
+                table, ids = reads[k]
+                rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
+                made_rows = _host_bytes(initial_rows(table.spec, ids[positions]))
+                rows[positions] = made_rows.view(len(positions), -1)
+    for k in separate:
         rows = reads[k][0].read_weights(reads[k][1])
-        out[offsets[k] : offsets[k] + sizes[k]] = _wire_bytes(rows, ROW_DTYPE).view(-1)
+        out[offsets[k] : offsets[k] + sizes[k]] = _host_bytes(rows)
 
 
 def read_table_states(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) -> None:
-    """:meth:`Table.read_state` of every ``(table, ids)`` into the flat uint8 ``out``: per
-    read, its rows' versions (the wire's int64), then their optimizer state (its float32,
-    the table's state width per row), reads back to back at any alignment; 0 and zero
-    state where never written. Tables in memory are read in one native pass
-    (:func:`fetch_state_joined`) under :func:`_locked_together`; every other table alone."""
-    sizes = [
-        len(ids) * (VERSION_DTYPE.itemsize + ROW_DTYPE.itemsize * table.store.state_width)
-        for table, ids in reads
+    """:meth:`Table.read_state` of every ``(table, ids)`` into the flat uint8 ``out`` (of
+    their :func:`state_answer_bytes`): per read, its rows' versions (int64), then their
+    optimizer state (float32, the table's state width per row), reads back to back at any
+    alignment; 0 and zero state where never written. Tables in memory are read in one
+    native pass (:func:`fetch_state_joined`) under :func:`_locked_together`; every other
+    table alone.
+
+    Raises:
+        ValueError: ``out`` is not the size of the answer (nothing written).
+    """
+    sizes = [state_answer_bytes(table, len(ids)) for table, ids in reads]
+    offsets = _starts(out, sizes)
+    state_at = [
+        start + VERSION_DTYPE.itemsize * len(ids) for start, (_, ids) in zip(offsets, reads)
     ]
-    native, offsets = _native_reads(reads), _starts(sizes)
-    with _locked_together(reads[k][0] for k in native):
-        fetch_state_joined([(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out)
-    for k in _others(reads, native):
+    native, separate = _by_path(reads)
+    if native:
+        with _locked_together(reads[k][0] for k in native):
+            fetch_state_joined(
+                [(reads[k][0].store, reads[k][1], offsets[k], state_at[k]) for k in native],
+                out,
+            )
+    for k in separate:
         table, ids = reads[k]
         state = torch.empty(len(ids), table.store.state_width, dtype=torch.float32)
         versions = table.read_state(ids, state)
-        state_at = offsets[k] + VERSION_DTYPE.itemsize * len(ids)
-        out[offsets[k] : state_at] = _wire_bytes(versions, VERSION_DTYPE).view(-1)
-        out[state_at : offsets[k] + sizes[k]] = _wire_bytes(state, ROW_DTYPE).view(-1)
+        out[offsets[k] : state_at[k]] = _host_bytes(versions)
+        out[state_at[k] : offsets[k] + sizes[k]] = _host_bytes(state)
 
 
-# The native passes copy host-order bytes: the wire's little-endian ones only where the
-# host is little-endian (elsewhere every table is read alone and converted).
-_NATIVE_IS_WIRE = sys.byteorder == "little"
+def _by_path(reads: Sequence[tuple[Table, np.ndarray]]) -> tuple[list[int], list[int]]:
+    """The positions of the reads with ids that join a native pass, and of the others."""
+    native, separate = [], []
+    for k, (table, ids) in enumerate(reads):
+        if len(ids):
+            (native if table._reads_natively() else separate).append(k)
+    return native, separate
 
 
-def _native_reads(reads: Sequence[tuple[Table, np.ndarray]]) -> list[int]:
-    """The positions of the reads that join a native pass."""
-    if not _NATIVE_IS_WIRE:
-        return []
-    return [k for k, (table, _) in enumerate(reads) if table._reads_natively()]
+def _starts(out: torch.Tensor, sizes: Sequence[int]) -> list[int]:
+    """Where each of ``sizes`` starts when they are laid back to back in ``out``.
+
+    Raises:
+        ValueError: ``out`` is not a flat uint8 tensor of their sum.
+    """
+    ends = list(itertools.accumulate(sizes))
+    total = ends[-1] if ends else 0
+    if out.dtype != torch.uint8 or out.dim() != 1 or len(out) != total:
+        raise ValueError(
+            f"out must be a flat uint8 tensor of the answer's {total} bytes, got "
+            f"{out.dtype} of shape {tuple(out.shape)}"
+        )
+    return [0, *ends][: len(sizes)]
 
 
-def _others(reads: Sequence[tuple[Table, np.ndarray]], native: list[int]) -> list[int]:
-    """The positions of the reads that do not join the native pass, ascending."""
-    joined = set(native)
-    return [k for k in range(len(reads)) if k not in joined]
-
-
-def _starts(sizes: Sequence[int]) -> list[int]:
-    """Where each of ``sizes`` starts when they are laid back to back from 0."""
-    return [0, *itertools.accumulate(sizes)][: len(sizes)]
-
-
-def _wire_bytes(values: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
-    """``values`` [n, ...] as the bytes ``dtype`` (a wire dtype) lays them out, [n, row bytes]."""
-    array = np.ascontiguousarray(values.numpy(), dtype)
-    return torch.from_numpy(array.view(np.uint8).reshape(len(array), -1))
+def _host_bytes(values: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``values``, flat, in host order: the wire's little-endian order (see
+    :func:`~ember.ps_server.wire.messages.require_little_endian_host`)."""
+    return values.contiguous().view(-1).view(torch.uint8)
 
 
 @contextlib.contextmanager
 def _locked_together(tables: Iterable[Table]) -> Iterator[None]:
-    """Hold the locks of ``tables`` (each once) together, taken in name order: every pass
-    over several tables takes them so, and two such passes never deadlock."""
+    """Hold the locks of ``tables`` (each once) together, taken in the order of their names
+    (then identities): every pass over several tables takes them so, and two such passes
+    never deadlock."""
     distinct = {id(table): table for table in tables}
     with contextlib.ExitStack() as locks:
-        for table in sorted(distinct.values(), key=lambda table: table.spec.name):
-            locks.enter_context(table._lock)
+        for key in sorted(distinct, key=lambda key: (distinct[key].spec.name, key)):
+            locks.enter_context(distinct[key]._lock)
         yield

@@ -110,7 +110,8 @@ class InMemoryStore:
         return self._index.gather(id_tensor(ids), self._weights, out).numpy()
 
     def reads_natively(self) -> bool:
-        """Whether :meth:`fetch_weights` can join other stores' in :func:`fetch_weights_joined`."""
+        """Whether :meth:`fetch_weights` and :meth:`fetch_state` can join other stores' in
+        :func:`fetch_weights_joined` and :func:`fetch_state_joined`."""
         return native_backend_for(self._weights)
 
     def fetch_state(self, ids: np.ndarray, state: torch.Tensor) -> torch.Tensor:
@@ -311,9 +312,12 @@ def update_stores(updates: Sequence[StoreUpdate]) -> None:
     raise AssertionError("unreachable: the second pass has room for the absent rows")
 
 
-# One store's read in :func:`fetch_weights_joined` and :func:`fetch_state_joined`: the
-# store, the ids and the byte of the flat output where their answer starts.
+# One store's read in :func:`fetch_weights_joined`: the store, the ids and the byte of
+# the flat output where their rows start.
 StoreRead = tuple[InMemoryStore, np.ndarray, int]
+# One store's read in :func:`fetch_state_joined`: the store, the ids, and the bytes of the
+# flat output where their versions and their state start.
+StoreStateRead = tuple[InMemoryStore, np.ndarray, int, int]
 
 _ZEROS = HashedInit(uniform=False)
 
@@ -342,21 +346,21 @@ def fetch_weights_joined(
     return [positions.numpy() for positions in absent]
 
 
-def fetch_state_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> None:
+def fetch_state_joined(reads: Sequence[StoreStateRead], out: torch.Tensor) -> None:
     """:meth:`InMemoryStore.fetch_state` of several stores (each
     :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
-    from each read's offset on, its rows' versions (host-order int64), then their state
-    (host-order float32, the store's width per row); 0 where absent.
+    each read's rows' versions (host-order int64) and their state (host-order float32, the
+    store's width per row) from their offsets on; 0 where absent.
 
     Raises:
         RuntimeError: as :func:`fetch_weights_joined`; ``out`` is then untouched.
     """
     maps, srcs, ids, offsets = [], [], [], []
-    for store, read_ids, offset in reads:
+    for store, read_ids, versions_at, state_at in reads:
         keys = id_tensor(read_ids)
-        parts = [(store._versions.view(-1, 1), offset)]
+        parts = [(store._versions.view(-1, 1), versions_at)]
         if store.state_width:
-            parts.append((store._state, offset + 8 * len(read_ids)))
+            parts.append((store._state, state_at))
         for src, start in parts:
             maps.append(store._index.buckets)
             srcs.append(src)

@@ -6,6 +6,7 @@ imports ``pb`` (messages) and ``pb_grpc`` (stubs and servicer base) from here.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -24,6 +25,20 @@ VERSION_DTYPE = np.dtype("<i8")
 ROW_BYTES_PER_ELEMENT = ROW_DTYPE.itemsize
 # The default limit on one request or reply, both ways.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+def require_little_endian_host() -> None:
+    """Refuse to run on a big-endian host: the wire is little-endian and the codecs and
+    native gathers lay values out in host order (a shard or client calls this as it starts).
+
+    Raises:
+        RuntimeError: the host is big-endian.
+    """
+    if sys.byteorder != "little":
+        raise RuntimeError(
+            "Ember's wire format is little-endian and its codecs write values in host order; "
+            f"this host is {sys.byteorder}-endian, which Ember does not support"
+        )
 
 
 def decode_ids(data: bytes) -> np.ndarray:

@@ -6,6 +6,9 @@ what each table's own gather or read gives, a refused call must leave the buffer
 was, and each table keeps its own counters and initial rows.
 """
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -15,6 +18,7 @@ from ember.kernels.hash_map import hash_gather_joined, hash_gather_rows
 from ember.kernels.hashed_init import HashedInit
 from ember.kernels.id_index import IdIndex
 from ember.kernels.optim import state_width
+from ember.ps_server.shard import table_passes
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.table_passes import read_table_states, read_tables
 from ember.ps_server.stores.memory import InMemoryStore
@@ -125,6 +129,7 @@ def _two_maps():
         ("negative-offset", "start at byte"),
         ("out-not-bytes", "uint8"),
         ("alias", "must not share src's storage"),
+        ("alias-keys", "must not share the storage of table 1's keys"),
         ("short-list", "one entry per table"),
         ("slot-outside-src", "outside src's"),
         ("bad-ids", "contiguous 1-D int64"),
@@ -150,6 +155,8 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
         out = torch.full((size // 2,), NAN)
     elif case == "alias":
         srcs[1] = out[: 400 * 16].view(torch.float32).view(400, 4)
+    elif case == "alias-keys":
+        out = maps[1][0].view(torch.uint8)
     elif case == "short-list":
         ids = ids[:1]
     elif case == "slot-outside-src":
@@ -167,10 +174,15 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
 
 
 SPECS = [
-    TableSpec("b", dim=4, optimizer=OPTIMIZERS[3],
-              initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3)),
-    TableSpec("a", dim=2, optimizer=OPTIMIZERS[0],
-              initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)),
+    TableSpec(
+        "b",
+        dim=4,
+        optimizer=OPTIMIZERS[3],
+        initializer=InitializerSpec(InitKind.UNIFORM, scale=0.5, seed=3),
+    ),
+    TableSpec(
+        "a", dim=2, optimizer=OPTIMIZERS[0], initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)
+    ),
     TableSpec("c", dim=3, optimizer=OPTIMIZERS[1], initializer=InitializerSpec(InitKind.ZEROS)),
 ]  # fmt: skip  (Adam, made natively; SGD: no state, normal rows made in Python; Adagrad)
 
@@ -213,36 +225,51 @@ def _tables(order: list[str]) -> list[Table]:
 
 
 def _joined_reads(tables: list[Table]) -> list[tuple[Table, np.ndarray]]:
-    """b, a, c, b again and a with no ids: held and absent ids, duplicates."""
+    """b, a, c, b again, a and c with no ids: held and absent ids, duplicates."""
     rng = np.random.default_rng(2)
-    picks = [0, 1, 2, 0, 1]
-    return [(tables[k], rng.integers(0, 90, size=0 if i == 4 else 40)) for i, k in enumerate(picks)]
+    picks = [0, 1, 2, 0, 1, 2]
+    return [(tables[k], rng.integers(0, 90, size=0 if i > 3 else 40)) for i, k in enumerate(picks)]
 
 
 def _bytes(*arrays: np.ndarray) -> bytes:
     return b"".join(array.tobytes() for array in arrays)
 
 
+def _twin_of(tables: list[Table], twins: list[Table], table: Table) -> Table:
+    return twins[tables.index(table)]
+
+
 @pytest.mark.parametrize("skew", [0, 1, 3])  # the rows start at any alignment
-def test_read_tables_equals_each_tables_read_weights(skew):
-    """Native and separate tables, a table read twice, absent ids (initial rows) and an
-    empty read: the same bytes, counters and lock order as reading each alone."""
-    require_native()
+def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch):
+    """Native and separate tables (every table separate on the reference backend), a table
+    read twice, absent ids (initial rows) and empty reads (not counted): the same bytes and
+    counters as reading each alone, the native tables' locks held together in name order."""
     order: list[str] = []
     tables, twins = _tables(order), _tables([])
     reads = _joined_reads(tables)
-    expected = _bytes(*(twins[tables.index(t)].read_weights(ids).numpy() for t, ids in reads))
+    expected = _bytes(
+        *(_twin_of(tables, twins, t).read_weights(ids).numpy() for t, ids in reads if len(ids))
+    )
+    held = []
+    joined = table_passes.fetch_weights_joined
+
+    def fetch(*args):
+        held.append([t.spec.name for t in tables if t._lock._lock.locked()])
+        return joined(*args)
+
+    monkeypatch.setattr(table_passes, "fetch_weights_joined", fetch)
     out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
     read_tables(reads, out[skew:])
     assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
-    assert order == ["a", "b", "c"]  # b and a together in name order, each once; then c
+    native = backend == "native"
+    assert order == (["a", "b", "c"] if native else ["b", "a", "c", "b"])
+    assert held == ([["b", "a"]] if native else [])  # a and b at once, in the one pass
     for table, twin in zip(tables, twins):
         assert table.counters == twin.counters
     assert not any(table._lock._lock.locked() for table in tables)
 
 
-def test_read_tables_makes_initial_rows_for_ids_never_written():
-    require_native()
+def test_read_tables_makes_initial_rows_for_ids_never_written(backend):
     table = Table(SPECS[0])
     ids = np.array([5, 7, 5], dtype=np.int64)
     out = torch.zeros(48, dtype=torch.uint8)
@@ -253,22 +280,55 @@ def test_read_tables_makes_initial_rows_for_ids_never_written():
 
 
 @pytest.mark.parametrize("skew", [0, 2])
-def test_read_table_states_equals_each_tables_read_state(skew):
+def test_read_table_states_equals_each_tables_read_state(backend, skew):
     """Versions, then state, per read: Adam's two moments, SGD's none and a separate
-    Adagrad table; absent ids read version 0 and zero state; the same lock order."""
-    require_native()
+    Adagrad table; absent ids read version 0 and zero state; not counted as reads."""
     order: list[str] = []
     tables, twins = _tables(order), _tables([])
     reads = _joined_reads(tables)
     parts = []
     for table, ids in reads:
         state = torch.empty(len(ids), table.store.state_width)
-        versions = twins[tables.index(table)].read_state(ids, state)
+        versions = _twin_of(tables, twins, table).read_state(ids, state)
         parts += [versions.numpy(), state.numpy()]
     expected = _bytes(*parts)
+    counters = [table.counters for table in tables]
     out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
     read_table_states(reads, out[skew:])
-    assert bytes(out[skew:].numpy()) == expected
-    assert order == ["a", "b", "c"]
-    versions = np.frombuffer(expected[: 8 * 40], np.int64)  # table b's
+    assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
+    assert order == (["a", "b", "c"] if backend == "native" else ["b", "a", "c", "b"])
+    assert [table.counters for table in tables] == counters
+    assert not any(table._lock._lock.locked() for table in tables)
+    versions = np.frombuffer(bytes(out[skew : skew + 8 * 40].numpy()), np.int64)  # b's
     assert set(versions.tolist()) == {0, 1, 2}  # absent, stepped once, twice
+
+
+@pytest.mark.parametrize("read", [read_tables, read_table_states])
+def test_an_answer_buffer_of_another_size_is_refused_before_anything_is_written(read):
+    tables = _tables([])
+    reads = _joined_reads(tables)[:2]
+    out = torch.full((10_000,), 0xAB, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="flat uint8 tensor of the answer's"):
+        read(reads, out)
+    assert bool((out == 0xAB).all())
+
+
+def test_a_shard_without_the_native_ops_answers_a_joined_lookup():
+    """EMBER_KERNELS=reference: the op library is not even loaded; every table is read
+    alone (a joined native call would find no op)."""
+    script = (
+        "import numpy as np, torch;"
+        "from ember.ps_server.shard.table import Table;"
+        "from ember.ps_server.shard.table_passes import read_tables;"
+        "from ember.ps_server.wire.table_spec import TableSpec;"
+        "t = Table(TableSpec('t', dim=2)); ids = np.array([1, 2], np.int64);"
+        "out = torch.zeros(16, dtype=torch.uint8); read_tables([(t, ids)], out);"
+        "assert torch.equal(out.view(torch.float32).view(2, 2), t.read_weights(ids));"
+        "import torch.ops; print(hasattr(torch.ops.ember, 'hash_gather_joined'))"
+    )
+    env = {**os.environ, "EMBER_KERNELS": "reference"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

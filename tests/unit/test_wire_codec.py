@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire.messages import pb
@@ -151,3 +153,16 @@ def test_varints_refuse_negative_numbers():
 def test_varints_are_protobufs_own_bytes_and_read_back(value):
     assert varint(value) == _VarintBytes(value)
     assert read_varint(memoryview(varint(value)), 0) == (value, len(varint(value)))
+
+
+def test_a_big_endian_host_is_refused_by_shards_and_clients(monkeypatch):
+    """The codecs write host-order values into a little-endian wire: both ends refuse to
+    start where the two differ, rather than send rows no peer can read."""
+    from ember.ps_server.client.ps_client import PSClient
+    from ember.ps_server.shard.server import ParameterServer
+
+    monkeypatch.setattr(sys, "byteorder", "big")
+    with pytest.raises(RuntimeError, match="big-endian, which Ember does not support"):
+        ParameterServer(0, 1)
+    with pytest.raises(RuntimeError, match="big-endian"):
+        PSClient(["localhost:1"])
