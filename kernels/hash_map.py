@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from ember.kernels.hashed_init import HashedInit
 from ember.kernels.loader import native_backend_for
 
 EMPTY = -1
@@ -86,43 +85,30 @@ def hash_gather_joined(
     srcs: Sequence[torch.Tensor],
     ids: Sequence[torch.Tensor],
     offsets: Sequence[int],
-    absent_rows: Sequence[HashedInit | None],
     out: torch.Tensor,
 ) -> list[torch.Tensor]:
     """:func:`hash_gather_rows` of several maps ``(keys, slots)`` (a table's each) into the
     bytes of one flat uint8 ``out``, whatever their alignment: map k's rows of ``ids[k]``
     from ``srcs[k]`` (of any dtype, copied as host-order bytes) start at byte
-    ``offsets[k]``, at or after the end of map k-1's. The rows of ids absent from map k are
-    made as ``absent_rows[k]`` says (zero bytes, or hashed-uniform float32 initial rows;
-    None: left as they were). Native CPU ops only (ask
-    :func:`~ember.kernels.loader.native_backend_for`): one call instead of one per table.
+    ``offsets[k]``, at or after the end of map k-1's. Native CPU ops only: one call
+    instead of one per table.
 
     Returns:
-        Each map's absent positions, ascending.
+        Each map's absent positions, ascending (their rows of ``out`` untouched; see
+        :func:`~ember.kernels.hashed_init.initial_rows_at`).
 
     Raises:
-        RuntimeError: arguments that do not fit together (shapes, devices, offsets that
-            overlap or pass the end of ``out``, uniform rows of a source not float32) or a
-            slot outside its ``src``; ``out`` is then untouched.
+        RuntimeError: the native ops do not serve here, or arguments that do not fit
+            together (shapes, devices, storage shared with ``out``, offsets that overlap
+            or pass its end) or a slot outside its ``src``; ``out`` is then untouched.
     """
     if not native_backend_for(out):
         raise RuntimeError(
             "hash_gather_joined needs Ember's native CPU ops, which do not serve here "
             "(EMBER_KERNELS=reference, a forced reference, or no build); gather each map alone"
         )
-    fill, scale = [], []
-    for init in absent_rows:
-        kind = _KEEP_ABSENT if init is None else _UNIFORM_ABSENT if init.uniform else _ZERO_ABSENT
-        fill += [kind, init.name_salt, init.seed_key] if init is not None else [kind, 0, 0]
-        scale.append(init.scale if init is not None else 0.0)
     keys, slots = [keys for keys, _ in maps], [slots for _, slots in maps]
-    return torch.ops.ember.hash_gather_joined(
-        keys, slots, list(srcs), list(ids), offsets, fill, scale, out
-    )
-
-
-# What hash_gather_joined writes into absent rows (csrc/hash_map.cpp's AbsentRows).
-_KEEP_ABSENT, _ZERO_ABSENT, _UNIFORM_ABSENT = 0, 1, 2
+    return torch.ops.ember.hash_gather_joined(keys, slots, list(srcs), list(ids), offsets, out)
 
 
 def hash_erase(keys: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

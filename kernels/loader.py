@@ -58,6 +58,7 @@ OPS = (
     "hash_insert",
     "hash_erase",
     "hash_gather_rows",
+    "hash_gather_joined",
     "unique_inverse",
     "plan_features",
     "gather_rows",
@@ -68,6 +69,7 @@ OPS = (
     "unpack_rows",
     "shard_of",
     "uniform_rows",
+    "initial_rows_at",
     "upsert_row_updates",
     "split_tables",
 )
@@ -75,8 +77,10 @@ OPS = (
 # CPU only, no CUDA kernel; their wrappers use torch on a device.
 CPU_ONLY_OPS = (
     "hash_gather_rows",
+    "hash_gather_joined",
     "shard_of",
     "uniform_rows",
+    "initial_rows_at",
     "upsert_row_updates",
     "plan_features",
     "split_tables",

@@ -17,7 +17,6 @@
 
 #include "checks.h"
 #include "hash_map.h"
-#include "init_rows.h"
 #include "prefetch.h"
 
 namespace ember {
@@ -189,43 +188,17 @@ at::Tensor hash_gather_rows(const at::Tensor& keys, const at::Tensor& slots, con
   return result;
 }
 
-// What a joined gather writes into the rows of ids absent from a map (fill, per table).
-enum AbsentRows : int64_t { kKeepAbsent = 0, kZeroAbsent = 1, kUniformAbsent = 2 };
-
-// Writes the rows of the absent positions (ascending) of one table into to (rows of
-// row_bytes): zero bytes, or the table's hashed-uniform float32 initial rows.
-void fill_absent_rows(const at::Tensor& absent, const at::Tensor& ids, int64_t kind, uint64_t name_salt,
-                      uint64_t seed_key, double scale, int64_t width, int64_t row_bytes, char* to) {
-  const int64_t* position = absent.data_ptr<int64_t>();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  std::vector<float> row(kind == kUniformAbsent ? width : 0);
-  for (int64_t k = 0; k < absent.size(0); ++k) {
-    char* at = to + position[k] * row_bytes;
-    if (kind == kZeroAbsent) {
-      std::memset(at, 0, row_bytes);
-    } else {  // the row is made aside: at may not be aligned for floats
-      fill_uniform_row(id[position[k]], name_salt, seed_key, width, scale, row.data());
-      std::memcpy(at, row.data(), row_bytes);
-    }
-  }
-}
-
 // hash_gather_rows of several maps (one table's each) into the bytes of out, whatever
 // their alignment: table k's rows, ids[k].size(0) of src[k]'s row bytes, start at byte
-// offsets[k], at or after the end of table k-1's. The rows of absent ids are kept, zeroed
-// or made as the table's hashed-uniform initial rows (float32 sources only), as
-// fill[3k] (AbsentRows) says, with fill[3k + 1], fill[3k + 2] the name salt and seed key
-// and scale[k] the scale of the last. Every table is checked and located before any row
-// is written (an error leaves out untouched). Returns each table's absent positions.
+// offsets[k], at or after the end of table k-1's. Every table is checked and located
+// before any row is copied (an error leaves out untouched). Returns each table's absent
+// positions (ascending; their rows are left as they were: initial_rows_at makes them).
 std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList slots, at::TensorList src,
-                                           at::TensorList ids, at::IntArrayRef offsets, at::IntArrayRef fill,
-                                           at::ArrayRef<double> scale, at::Tensor out) {
+                                           at::TensorList ids, at::IntArrayRef offsets, at::Tensor out) {
   const size_t tables = keys.size();
-  TORCH_CHECK(slots.size() == tables && src.size() == tables && ids.size() == tables && offsets.size() == tables &&
-                  fill.size() == 3 * tables && scale.size() == tables,
-              "keys, slots, src, ids, offsets and scale must have one entry per table and fill three, got ", tables,
-              ", ", slots.size(), ", ", src.size(), ", ", ids.size(), ", ", offsets.size(), ", ", scale.size(),
-              " and ", fill.size());
+  TORCH_CHECK(slots.size() == tables && src.size() == tables && ids.size() == tables && offsets.size() == tables,
+              "keys, slots, src, ids and offsets must have one entry per table, got ", tables, ", ", slots.size(),
+              ", ", src.size(), ", ", ids.size(), " and ", offsets.size());
   TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(),
               "out must be a contiguous 1-D uint8 tensor, got ", out.scalar_type(), " of shape ", out.sizes(),
               out.is_contiguous() ? "" : " (non-contiguous)");
@@ -244,11 +217,6 @@ std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList s
   std::vector<at::Tensor> absent;
   int64_t end = 0, first = 0;
   for (size_t k = 0; k < tables; ++k) {
-    const int64_t kind = fill[3 * k];
-    TORCH_CHECK(kind == kKeepAbsent || kind == kZeroAbsent || kind == kUniformAbsent, "table ", k,
-                "'s absent rows: unknown fill ", kind, " (0 keep, 1 zeros, 2 uniform)");
-    TORCH_CHECK(kind != kUniformAbsent || src[k].scalar_type() == at::kFloat, "table ", k,
-                "'s uniform initial rows need a float32 src, got ", src[k].scalar_type());
     const int64_t row_bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
     TORCH_CHECK(offsets[k] >= end && offsets[k] <= out.numel(), "table ", k, "'s rows start at byte ", offsets[k],
                 ": out has ", out.numel(), " and the rows before end at ", end);
@@ -264,10 +232,6 @@ std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList s
     const int64_t row_bytes = src[k].size(1) * static_cast<int64_t>(src[k].element_size());
     copy_located_rows(src_row.get() + first, ids[k].size(0), static_cast<const char*>(src[k].data_ptr()),
                       to + offsets[k], row_bytes);
-    if (fill[3 * k] != kKeepAbsent) {
-      fill_absent_rows(absent[k], ids[k], fill[3 * k], static_cast<uint64_t>(fill[3 * k + 1]),
-                       static_cast<uint64_t>(fill[3 * k + 2]), scale[k], src[k].size(1), row_bytes, to + offsets[k]);
-    }
     first += ids[k].size(0);
   }
   return absent;
@@ -281,8 +245,8 @@ TORCH_LIBRARY(ember, m) {
   m.def("hash_erase(Tensor(a!) keys, Tensor(b!) slots, Tensor ids) -> Tensor");
   m.def("hash_gather_rows(Tensor keys, Tensor slots, Tensor src, Tensor ids, Tensor(a!) out) -> Tensor");
   m.def(
-      "hash_gather_joined(Tensor[] keys, Tensor[] slots, Tensor[] src, Tensor[] ids, int[] offsets, int[] fill, "
-      "float[] scale, Tensor(a!) out) -> Tensor[]");
+      "hash_gather_joined(Tensor[] keys, Tensor[] slots, Tensor[] src, Tensor[] ids, int[] offsets, "
+      "Tensor(a!) out) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(ember, CPU, m) {

@@ -79,7 +79,13 @@ def write_joined_rows(reads: list[TableRead], view: memoryview) -> None:
 
 
 def _write_run(run: list[TableRead], dtype: RowDtype, view: memoryview) -> None:
-    """Write the rows of reads that travel in ``dtype`` back to back into ``view``."""
+    """Write the rows of reads that travel in ``dtype`` back to back into ``view``, read at
+    once.
+
+    Raises:
+        OutOfRangeError: a row ``dtype`` cannot hold, named by its read's table and id
+            (``view`` is then untouched).
+    """
     tables = [(target, ids) for target, ids, _ in run]
     if dtype is RowDtype.FLOAT32:
         read_tables(tables, _bytes_of(view))
@@ -87,14 +93,16 @@ def _write_run(run: list[TableRead], dtype: RowDtype, view: memoryview) -> None:
     rows = torch.empty(len(view) // dtype.itemsize, dtype=torch.float32)
     read_tables(tables, rows.view(torch.uint8))
     packed = packed_at_once(rows, dtype)
-    if packed is not None:
-        view[:] = bytes_view(packed)
-        return
-    offset = 0  # a row that cannot travel: each read's own packing names it
-    for read in run:
-        size = wire_row_bytes(read)
-        write_wire_rows(read, view[offset : offset + size])
-        offset += size
+    if packed is None:  # a row that cannot travel: each read's own packing names it
+        parts, offset = [], 0
+        for target, ids, _ in run:
+            count, name = len(ids) * target.spec.dim, f"table {target.spec.name!r}"
+            if count:
+                part = rows[offset : offset + count].view(len(ids), -1)
+                parts.append(rows_to_wire(part, dtype, name, ids).ravel())
+            offset += count
+        packed = np.concatenate(parts)
+    view[:] = bytes_view(packed)
 
 
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:

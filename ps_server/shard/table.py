@@ -2,7 +2,9 @@
 
 All reads and writes of a table hold its lock, so concurrent clients never see
 a torn row and never lose an update; a push is validated by the caller and
-applied here as one unit.
+applied here as one unit. A step's passes over several tables at once
+(:mod:`ember.ps_server.shard.table_passes`) hold those tables' locks together and
+keep each table's bookkeeping through its private methods, as its own would.
 """
 
 from __future__ import annotations
@@ -243,13 +245,13 @@ class Table:
 
     def _reads_natively(self) -> bool:
         """Whether this table's reads can join a native pass over several tables."""
-        store = self.store
-        return isinstance(store, InMemoryStore) and store.reads_natively()
+        store = self.store  # exactly the memory store: a subclass may read otherwise
+        return type(store) is InMemoryStore and store.reads_natively()
 
     def _steps_natively(self) -> bool:
         """Whether this table's pushes can join a native pass over several tables."""
-        store = self.store
-        return isinstance(store, InMemoryStore) and store.steps_natively(self._initial_rows)
+        store = self.store  # exactly the memory store: a subclass may write otherwise
+        return type(store) is InMemoryStore and store.steps_natively(self._initial_rows)
 
     def _create(self, new_ids: np.ndarray) -> None:
         """Initialise and store the rows of distinct ``new_ids``."""

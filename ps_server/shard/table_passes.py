@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+from ember.kernels.hashed_init import ZEROS, initial_rows_at
+from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.table import Table
 from ember.ps_server.stores.memory import (
@@ -69,10 +71,10 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
     """:meth:`Table.read_weights` of every ``(table, ids)`` into the flat uint8 ``out`` (of
     their :func:`weight_bytes`): their rows as float32 back to back, at any alignment. The
     tables whose rows live in memory are read in one native pass
-    (:func:`fetch_weights_joined`) under :func:`_locked_together`, with the initial rows of
-    absent ids where the native ops make them (uniform and zeros initializers; others made
-    afterwards, outside the locks); every other table is read alone. A read of no ids
-    reads nothing and is not counted.
+    (:func:`fetch_weights_joined`) under :func:`_locked_together`, and the initial rows of
+    their absent ids made after the locks are released (one native call; normal
+    initializers in Python); every other table is read alone. A read of no ids reads
+    nothing and is not counted.
 
     Raises:
         ValueError: ``out`` is not the size of the answer (nothing written).
@@ -81,19 +83,27 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
     offsets = _starts(out, sizes)
     native, separate = _by_path(reads)
     if native:
-        initial = [reads[k][0]._initial_rows.hashed for k in native]
         with _locked_together(reads[k][0] for k in native):
             absent = fetch_weights_joined(
-                [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], initial, out
+                [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out
             )
             for k in native:
                 reads[k][0]._count_read(len(reads[k][1]))
-        for k, positions, made in zip(native, absent, initial):
-            if len(positions) and made is None:
-                table, ids = reads[k]
-                rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
-                made_rows = _host_bytes(initial_rows(table.spec, ids[positions]))
-                rows[positions] = made_rows.view(len(positions), -1)
+        made, in_python = [], []
+        for k, positions in zip(native, absent):
+            if len(positions):
+                hashed = reads[k][0]._initial_rows.hashed
+                (in_python if hashed is None else made).append((k, positions, hashed))
+        initial_rows_at(
+            [id_tensor(reads[k][1]) for k, _, _ in made], [positions for _, positions, _ in made],
+            [offsets[k] for k, _, _ in made], [weight_bytes(reads[k][0], 1) for k, _, _ in made],
+            [hashed for _, _, hashed in made], out,
+        )  # fmt: skip
+        for k, positions, _ in in_python:
+            table, ids = reads[k]
+            rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
+            made_rows = _host_bytes(initial_rows(table.spec, ids[positions.numpy()]))
+            rows[positions] = made_rows.view(len(positions), -1)
     for k in separate:
         rows = reads[k][0].read_weights(reads[k][1])
         out[offsets[k] : offsets[k] + sizes[k]] = _host_bytes(rows)
@@ -104,8 +114,8 @@ def read_table_states(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tens
     their :func:`state_answer_bytes`): per read, its rows' versions (int64), then their
     optimizer state (float32, the table's state width per row), reads back to back at any
     alignment; 0 and zero state where never written. Tables in memory are read in one
-    native pass (:func:`fetch_state_joined`) under :func:`_locked_together`; every other
-    table alone.
+    native pass (:func:`fetch_state_joined`) under :func:`_locked_together` (absent rows
+    zeroed after the locks are released); every other table alone.
 
     Raises:
         ValueError: ``out`` is not the size of the answer (nothing written).
@@ -118,10 +128,21 @@ def read_table_states(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tens
     native, separate = _by_path(reads)
     if native:
         with _locked_together(reads[k][0] for k in native):
-            fetch_state_joined(
+            absent = fetch_state_joined(
                 [(reads[k][0].store, reads[k][1], offsets[k], state_at[k]) for k in native],
                 out,
             )
+        zeroed = [(k, positions) for k, positions in zip(native, absent) if len(positions)]
+        parts = [(k, positions, offsets[k], VERSION_DTYPE.itemsize) for k, positions in zeroed]
+        parts += [
+            (k, positions, state_at[k], ROW_DTYPE.itemsize * reads[k][0].store.state_width)
+            for k, positions in zeroed
+        ]
+        initial_rows_at(
+            [id_tensor(reads[k][1]) for k, _, _, _ in parts], [p for _, p, _, _ in parts],
+            [start for _, _, start, _ in parts], [size for _, _, _, size in parts],
+            [ZEROS] * len(parts), out,
+        )  # fmt: skip
     for k in separate:
         table, ids = reads[k]
         state = torch.empty(len(ids), table.store.state_width, dtype=torch.float32)

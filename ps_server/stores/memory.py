@@ -319,45 +319,41 @@ StoreRead = tuple[InMemoryStore, np.ndarray, int]
 # flat output where their versions and their state start.
 StoreStateRead = tuple[InMemoryStore, np.ndarray, int, int]
 
-_ZEROS = HashedInit(uniform=False)
 
-
-def fetch_weights_joined(
-    reads: Sequence[StoreRead], initial: Sequence[HashedInit | None], out: torch.Tensor
-) -> list[np.ndarray]:
+def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[torch.Tensor]:
     """:meth:`InMemoryStore.fetch_weights` of several stores (each
     :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
     each read's rows as host-order float32 bytes from its offset on (ascending, not
-    overlapping, any alignment), absent rows made as ``initial[k]`` says (None: left
-    untouched); returns each read's absent positions.
+    overlapping, any alignment); returns each read's absent positions (their rows
+    untouched).
 
     Raises:
         RuntimeError: reads that do not fit ``out`` (see :func:`hash_gather_joined`);
             ``out`` is then untouched.
     """
-    absent = hash_gather_joined(
+    return hash_gather_joined(
         [store._index.buckets for store, _, _ in reads],
         [store._weights for store, _, _ in reads],
         [id_tensor(ids) for _, ids, _ in reads],
         [offset for _, _, offset in reads],
-        initial,
         out,
     )
-    return [positions.numpy() for positions in absent]
 
 
-def fetch_state_joined(reads: Sequence[StoreStateRead], out: torch.Tensor) -> None:
+def fetch_state_joined(reads: Sequence[StoreStateRead], out: torch.Tensor) -> list[torch.Tensor]:
     """:meth:`InMemoryStore.fetch_state` of several stores (each
     :meth:`~InMemoryStore.reads_natively`) in one native pass into the flat uint8 ``out``:
     each read's rows' versions (host-order int64) and their state (host-order float32, the
-    store's width per row) from their offsets on; 0 where absent.
+    store's width per row) from their offsets on; returns each read's absent positions
+    (their versions and state untouched).
 
     Raises:
         RuntimeError: as :func:`fetch_weights_joined`; ``out`` is then untouched.
     """
-    maps, srcs, ids, offsets = [], [], [], []
+    maps, srcs, ids, offsets, first_of_read = [], [], [], [], []
     for store, read_ids, versions_at, state_at in reads:
         keys = id_tensor(read_ids)
+        first_of_read.append(len(maps))
         parts = [(store._versions.view(-1, 1), versions_at)]
         if store.state_width:
             parts.append((store._state, state_at))
@@ -366,7 +362,8 @@ def fetch_state_joined(reads: Sequence[StoreStateRead], out: torch.Tensor) -> No
             srcs.append(src)
             ids.append(keys)
             offsets.append(start)
-    hash_gather_joined(maps, srcs, ids, offsets, [_ZEROS] * len(maps), out)
+    absent = hash_gather_joined(maps, srcs, ids, offsets, out)
+    return [absent[first] for first in first_of_read]
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

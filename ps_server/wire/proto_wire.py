@@ -124,7 +124,7 @@ def aligned_len_field(number: int, payload_length: int, offset: int, alignment: 
     :func:`read_varint` read as the same number; the tag is never padded: the pure-Python
     protobuf matches tags by their bytes) so that the payload starts at a multiple of
     ``alignment`` (at most 4) where that room suffices: always below 16 KiB of payload, else
-    not always (see :func:`is_aligned`)."""
+    not always (readers must not rely on it)."""
     if not 0 < alignment <= 4:
         raise ValueError(f"alignment must be in 1..4, got {alignment}")
     tag, length = varint((number << 3) | LEN), varint(payload_length)
@@ -159,11 +159,6 @@ def overlong_varint(encoded: bytes, extra: int) -> bytes:
 
 EMPTY = memoryview(b"")
 Buffer = bytes | memoryview | np.ndarray
-
-
-def is_aligned(view: memoryview, alignment: int) -> bool:
-    """Whether ``view``'s first byte sits at a multiple of ``alignment`` in memory."""
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data % alignment == 0
 
 
 def bytes_view(buffer: Buffer) -> memoryview:

@@ -37,7 +37,7 @@ def rows_to_wire(rows: torch.Tensor, dtype: RowDtype, what: str, ids: np.ndarray
     """
     if dtype is RowDtype.FLOAT32:
         return rows.contiguous().numpy()
-    bits = pack_rows(rows, TORCH_DTYPES[dtype]).view(torch.int16).numpy().view(np.uint16)
+    bits = _packed_bits(rows, dtype)
     not_finite = packed_not_finite(bits, dtype)
     if not_finite.any():
         row = int(np.flatnonzero(not_finite.any(axis=1))[0])
@@ -49,8 +49,13 @@ def packed_at_once(rows: torch.Tensor, dtype: RowDtype) -> np.ndarray | None:
     """Float32 ``rows`` of any shape (several tables' back to back) packed as ``dtype`` (a
     packed one) in one call, their bits as uint16; None where a value cannot travel as it
     (each table's own :func:`rows_to_wire` then names the row)."""
-    bits = pack_rows(rows, TORCH_DTYPES[dtype]).view(torch.int16).numpy().view(np.uint16)
+    bits = _packed_bits(rows, dtype)
     return None if packed_not_finite(bits, dtype).any() else bits
+
+
+def _packed_bits(rows: torch.Tensor, dtype: RowDtype) -> np.ndarray:
+    """Float32 ``rows`` packed as ``dtype`` (a packed one), their bits as uint16."""
+    return pack_rows(rows, TORCH_DTYPES[dtype]).view(torch.int16).numpy().view(np.uint16)
 
 
 def packed_not_finite(bits: np.ndarray, dtype: RowDtype) -> np.ndarray:

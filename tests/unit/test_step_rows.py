@@ -1,11 +1,12 @@
 """The rows and optimizer state a shard writes into its step replies, in process: each
-table's rows in its own dtype, joined back to back, float32 gathered in place where the
-reply is aligned and copied where it is not, and the state read into a tensor of its shape."""
+table's rows in its own dtype, joined back to back, gathered straight into the reply at
+whatever alignment it has, and the state read alike or into a tensor of its shape."""
 
 import numpy as np
 import pytest
 import torch
 from ember.ps_server.errors import OutOfRangeError
+from ember.ps_server.shard import step_rows
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.shard.step_rows import (
@@ -57,9 +58,9 @@ def test_a_lookup_of_tables_with_other_dims_and_dtypes_answers_each_in_its_own()
         assert torch.equal(got.view(count, -1), rows)
 
 
-def test_rows_that_cannot_start_aligned_are_copied_into_the_reply():
+def test_rows_that_cannot_start_aligned_are_gathered_into_the_reply():
     # Over 2 MiB a length varint has room for one byte of padding: this entry starts
-    # unaligned, and its rows are gathered apart and copied in.
+    # unaligned, and its rows are gathered into it all the same.
     server = shard()
     ids = np.arange(180_000, dtype=np.int64)
     assert len(aligned_len_field(1, len(ids) * 3 * 4, 0)) % 4
@@ -102,10 +103,13 @@ def test_a_joined_lookup_answers_every_tables_rows_back_to_back(rows):
     assert len(joined.rows) == 701 * 2 * 2 + rows * 3 * 4 + 3 * 5 * 2  # float16, 32, bfloat16
 
 
-def test_a_run_of_packed_tables_is_packed_at_once_and_a_row_beyond_names_its_table():
-    """Consecutive entries of one packed dtype (an empty one among them) are packed in one
-    call: the same bytes as each alone; a row beyond float16 in the run's second table is
-    refused naming that table and id, as its own packing would."""
+def test_a_run_of_packed_tables_is_packed_at_once_and_a_row_beyond_names_its_table(
+    monkeypatch,
+):
+    """Consecutive entries of one packed dtype (an empty one among them) are read and packed
+    in one call, never entry by entry: the same bytes as each alone; a row beyond float16
+    in the run's second table is refused naming that table and id, as its own packing
+    would, from the one read (each table counted once)."""
     server = shard()
     for name, dim in (("big", 5), ("empty", 3), ("last", 4)):
         server.create_table(TableSpec(name, dim=dim))
@@ -114,17 +118,27 @@ def test_a_run_of_packed_tables_is_packed_at_once_and_a_row_beyond_names_its_tab
     f16, bf16 = RowDtype.FLOAT16, RowDtype.BFLOAT16
     entries = [("emb", ids, f16), ("empty", ids[:0], f16), ("other", ids[:9], f16),
                ("big", ids[:5], bf16), ("last", ids[:3], bf16)]  # fmt: skip
-    per_table, joined = _values_and_joined(server, entries)
+    per_table, _ = _values_and_joined(server, entries)
+
+    def one_entry_at_a_time(*args):
+        raise AssertionError("a run's rows were packed entry by entry")
+
+    request = encode_lookup_request(entries, None, joined_rows=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(step_rows, "rows_to_wire", one_entry_at_a_time)
+        joined = decode_lookup_response(StepHandlers(server).lookup(decode_lookup_request(request)))
     assert bytes(joined.rows) == b"".join(bytes(v) for v in per_table.values)
     beyond = encode_update_request(
         [("other", ids[4:5], np.full((1, 2), -3e5, "<f4"))], clock(1, world=1)
     )  # SGD lr 0.5: the row of id 4 near 1.5e5 > 65504
     server.steps.update(decode_update_request(beyond))
-    request = encode_lookup_request(entries, None, joined_rows=True)
+    before = {name: server.tables()[name].counters.pull_requests for name in ("emb", "other")}
     with pytest.raises(
         OutOfRangeError, match="table 'other': the row of id 4 holds 150000, beyond"
     ):
         StepHandlers(server).lookup(decode_lookup_request(request))
+    for name, count in before.items():
+        assert server.tables()[name].counters.pull_requests == count + 1
 
 
 def test_a_joined_lookup_of_no_rows_has_an_empty_payload():
@@ -132,7 +146,7 @@ def test_a_joined_lookup_of_no_rows_has_an_empty_payload():
     assert joined.rows == b"" and not joined.values
 
 
-def test_joined_float32_rows_are_copied_into_a_payload_that_is_not_aligned():
+def test_joined_float32_rows_are_gathered_into_a_payload_that_is_not_aligned():
     server = shard()
     ids = np.arange(0, 3000, 3, dtype=np.int64)
     written = ids[::2].copy()  # stored rows; the others read as initial rows
@@ -146,7 +160,7 @@ def test_joined_float32_rows_are_copied_into_a_payload_that_is_not_aligned():
     assert not np.array_equal(expected[:3], initial_rows(ADAM, ids[:1]).numpy().ravel())
 
 
-@pytest.mark.parametrize("skew", [0, 1, 2, 3])  # 0: the state gathered in place; else copied
+@pytest.mark.parametrize("skew", [0, 1, 2, 3])  # the state starts at every alignment
 def test_optimizer_state_is_written_alike_into_aligned_and_unaligned_payloads(skew):
     server = shard()
     written = np.arange(1, 40, 2, dtype=np.int64)

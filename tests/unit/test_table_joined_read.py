@@ -15,10 +15,12 @@ import numpy as np
 import pytest
 import torch
 from ember.kernels.hash_map import hash_gather_joined, hash_gather_rows
-from ember.kernels.hashed_init import HashedInit
+from ember.kernels.hashed_init import ZEROS, HashedInit, initial_rows_at
 from ember.kernels.id_index import IdIndex
+from ember.kernels.loader import reference_backend
 from ember.kernels.optim import state_width
 from ember.ps_server.shard import table_passes
+from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.table_passes import read_table_states, read_tables
 from ember.ps_server.stores.memory import InMemoryStore
@@ -28,6 +30,7 @@ from tests.support.native import require_native
 from tests.support.reference import OPTIMIZERS
 
 NAN = float("nan")
+UNIFORM = HashedInit(True, name_salt=-77, seed_key=12345, scale=0.25)
 
 
 def _maps(rng: np.random.Generator, widths: list[int]):
@@ -57,7 +60,7 @@ def test_a_joined_gather_equals_each_maps_gather_and_leaves_the_gaps_alone():
     out = torch.full((end + 7,), 0xAB, dtype=torch.uint8)
     absent = hash_gather_joined(
         [index.buckets for index, _, _ in parts], [src for _, src, _ in parts],
-        [ids for _, _, ids in parts], offsets, [None] * 3, out,
+        [ids for _, _, ids in parts], offsets, out,
     )  # fmt: skip
     expected = out.clone()
     for (index, src, ids), offset, positions in zip(parts, offsets, absent):
@@ -74,41 +77,56 @@ def test_a_joined_gather_equals_each_maps_gather_and_leaves_the_gaps_alone():
 def test_a_joined_gather_of_no_maps_or_no_ids_writes_nothing():
     require_native()
     out = torch.full((4,), 7, dtype=torch.uint8)
-    assert hash_gather_joined([], [], [], [], [], out) == []
+    assert hash_gather_joined([], [], [], [], out) == []
     index = IdIndex(capacity=16)
     empty = torch.empty(0, dtype=torch.int64)
-    zeros = [HashedInit(uniform=False)]
-    [absent] = hash_gather_joined([index.buckets], [torch.randn(3, 2)], [empty], [4], zeros, out)
+    [absent] = hash_gather_joined([index.buckets], [torch.randn(3, 2)], [empty], [4], out)
     assert len(absent) == 0 and bool((out == 7).all())
 
 
-UNIFORM = HashedInit(True, name_salt=-77, seed_key=12345, scale=0.25)
-
-
-def test_absent_rows_are_kept_zeroed_or_made_as_each_map_says():
-    """Initial rows as the native uniform_rows makes them, zero bytes, or the bytes that
-    were there; at an odd offset (the rows are made aside, then copied)."""
+def test_initial_rows_are_written_at_the_positions_as_each_table_says():
+    """Zero bytes or the native uniform_rows' rows, at odd offsets (made aside, then
+    copied); every other byte as it was."""
     require_native()
-    parts = _maps(np.random.default_rng(4), [3, 3, 5])
-    sizes = [len(ids) * src.shape[1] * 4 for _, src, ids in parts]
-    offsets = [1, 1 + sizes[0], 1 + sizes[0] + sizes[1]]
-    out = torch.full((1 + sum(sizes),), 0xAB, dtype=torch.uint8)
-    inits = [None, HashedInit(uniform=False), UNIFORM]
-    absent = hash_gather_joined(
-        [index.buckets for index, _, _ in parts], [src for _, src, _ in parts],
-        [ids for _, _, ids in parts], offsets, inits, out,
-    )  # fmt: skip
-    for (_, src, ids), offset, size, positions in zip(parts, offsets, sizes, absent):
-        rows = out[offset : offset + size].view(len(ids), -1)[positions]
-        assert len(positions) == 30
-        made_here = rows.numpy().copy().view(np.float32)
-        if src is parts[0][1]:
-            assert bool((rows == 0xAB).all())
-        elif src is parts[1][1]:
-            assert bool((rows == 0).all())
-        else:
-            made = torch.ops.ember.uniform_rows(ids[positions], -77, 12345, 5, 0.25)
-            assert np.array_equal(made_here, made.numpy())
+    ids = [torch.arange(100, 110), torch.arange(7, 12), torch.arange(50, 53)]
+    positions = [torch.tensor([0, 4, 9]), torch.tensor([1]), torch.empty(0, dtype=torch.int64)]
+    row_bytes = [12, 8, 20]  # float32 rows of 3; an int64 version; unused
+    offsets = [1, 1 + 10 * 12, 1 + 10 * 12 + 5 * 8]
+    out = torch.full((offsets[2] + 3 * 20,), 0xAB, dtype=torch.uint8)
+    initial_rows_at(ids, positions, offsets, row_bytes, [UNIFORM, ZEROS, UNIFORM], out)
+    expected = torch.full_like(out, 0xAB)
+    made = torch.ops.ember.uniform_rows(ids[0][positions[0]], -77, 12345, 3, 0.25)
+    first = expected[1 : 1 + 120].view(10, 12)
+    first[positions[0]] = made.view(torch.uint8).view(3, 12)
+    expected[offsets[1] + 8 : offsets[1] + 16] = 0
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("position-outside", "position 10 is outside its 10 ids"),
+        ("past-end", "do not fit in out"),
+        ("uniform-not-floats", "uniform rows: float32"),
+        ("short-list", "one entry per table"),
+    ],
+)
+def test_refused_initial_rows_write_nothing(case, match):
+    require_native()
+    ids, positions = [torch.arange(10), torch.arange(5)], [torch.tensor([1]), torch.tensor([2])]
+    offsets, row_bytes, inits = [0, 40], [4, 8], [UNIFORM, ZEROS]
+    out = torch.full((80,), 0xAB, dtype=torch.uint8)
+    if case == "position-outside":
+        positions[0] = torch.tensor([3, 10])
+    elif case == "past-end":
+        offsets[1] = 41
+    elif case == "uniform-not-floats":
+        row_bytes[0] = 6
+    elif case == "short-list":
+        inits = inits[:1]
+    with pytest.raises(RuntimeError, match=match):
+        initial_rows_at(ids, positions, offsets, row_bytes, inits, out)
+    assert bool((out == 0xAB).all())
 
 
 def _two_maps():
@@ -133,15 +151,14 @@ def _two_maps():
         ("short-list", "one entry per table"),
         ("slot-outside-src", "outside src's"),
         ("bad-ids", "contiguous 1-D int64"),
-        ("uniform-not-float", "need a float32 src"),
-        ("short-fill", "fill three"),
+        ("too-wide", "too wide"),
     ],
 )
 def test_a_refused_joined_gather_leaves_out_untouched(case, match):
     """Each fault sits in the second map, after a first map that would have been written."""
     require_native()
     maps, srcs, ids, size = _two_maps()
-    offsets, absent_rows = [0, size], [UNIFORM, UNIFORM]
+    offsets = [0, size]
     out = torch.full((2 * size,), 0xAB, dtype=torch.uint8)
     if case == "overlap":
         offsets[1] = size - 1
@@ -163,13 +180,11 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
         srcs[1] = srcs[1][:10]
     elif case == "bad-ids":
         ids[1] = ids[1].int()
-    elif case == "uniform-not-float":
-        srcs[1] = srcs[1].double()
-    elif case == "short-fill":
-        absent_rows = absent_rows[:1]
+    elif case == "too-wide":
+        srcs[1] = torch.empty(0, 2**61)
     before = out.clone()
     with pytest.raises(RuntimeError, match=match):
-        hash_gather_joined(maps, srcs, ids, offsets, absent_rows, out)
+        hash_gather_joined(maps, srcs, ids, offsets, out)
     assert torch.equal(out.view(torch.uint8), before.view(torch.uint8))
 
 
@@ -184,14 +199,13 @@ SPECS = [
         "a", dim=2, optimizer=OPTIMIZERS[0], initializer=InitializerSpec(InitKind.NORMAL, scale=0.1)
     ),
     TableSpec("c", dim=3, optimizer=OPTIMIZERS[1], initializer=InitializerSpec(InitKind.ZEROS)),
-]  # fmt: skip  (Adam, made natively; SGD: no state, normal rows made in Python; Adagrad)
+    TableSpec("d", dim=5, optimizer=OPTIMIZERS[2]),
+]  # fmt: skip  (in memory: Adam, uniform rows made natively; SGD, no state, normal rows made
+#   in Python; Adagrad, zero rows made natively. Read alone: row-wise Adagrad, uniform rows)
 
 
 class _SeparateStore(InMemoryStore):
-    """A memory store whose reads do not join the native pass, as a Redis tier's."""
-
-    def reads_natively(self) -> bool:
-        return False
+    """A memory store's subclass: read alone, as a Redis tier is."""
 
 
 class _RecordingLock:
@@ -209,13 +223,10 @@ class _RecordingLock:
 
 
 def _tables(order: list[str]) -> list[Table]:
-    """Tables b, a (in memory) and c (read alone), each holding some rows stepped once or
-    twice, locks recorded."""
-    tables = [
-        Table(SPECS[0]),
-        Table(SPECS[1]),
-        Table(SPECS[2], _SeparateStore(3, state_width(SPECS[2].optimizer.kind, 3))),
-    ]
+    """Tables b, a, c (in memory) and d (read alone), each holding some rows stepped once
+    or twice, locks recorded."""
+    separate = _SeparateStore(5, state_width(SPECS[3].optimizer.kind, 5))
+    tables = [Table(SPECS[0]), Table(SPECS[1]), Table(SPECS[2]), Table(SPECS[3], separate)]
     for table in tables:
         for step, ids in enumerate([np.arange(0, 60, 2), np.arange(0, 60, 6)]):
             grads = torch.full((len(ids), table.spec.dim), 0.5 + step)
@@ -225,10 +236,10 @@ def _tables(order: list[str]) -> list[Table]:
 
 
 def _joined_reads(tables: list[Table]) -> list[tuple[Table, np.ndarray]]:
-    """b, a, c, b again, a and c with no ids: held and absent ids, duplicates."""
+    """b, a, c, d, b again, a and d with no ids: held and absent ids, duplicates."""
     rng = np.random.default_rng(2)
-    picks = [0, 1, 2, 0, 1, 2]
-    return [(tables[k], rng.integers(0, 90, size=0 if i > 3 else 40)) for i, k in enumerate(picks)]
+    picks = [0, 1, 2, 3, 0, 1, 3]
+    return [(tables[k], rng.integers(0, 90, size=0 if i > 4 else 40)) for i, k in enumerate(picks)]
 
 
 def _bytes(*arrays: np.ndarray) -> bytes:
@@ -242,8 +253,9 @@ def _twin_of(tables: list[Table], twins: list[Table], table: Table) -> Table:
 @pytest.mark.parametrize("skew", [0, 1, 3])  # the rows start at any alignment
 def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch):
     """Native and separate tables (every table separate on the reference backend), a table
-    read twice, absent ids (initial rows) and empty reads (not counted): the same bytes and
-    counters as reading each alone, the native tables' locks held together in name order."""
+    read twice, absent ids (initial rows of every kind) and empty reads (not counted): the
+    same bytes and counters as reading each alone, the native tables' locks held together
+    in name order."""
     order: list[str] = []
     tables, twins = _tables(order), _tables([])
     reads = _joined_reads(tables)
@@ -262,8 +274,8 @@ def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch)
     read_tables(reads, out[skew:])
     assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
     native = backend == "native"
-    assert order == (["a", "b", "c"] if native else ["b", "a", "c", "b"])
-    assert held == ([["b", "a"]] if native else [])  # a and b at once, in the one pass
+    assert order == (["a", "b", "c", "d"] if native else ["b", "a", "c", "d", "b"])
+    assert held == ([["b", "a", "c"]] if native else [])  # at once, in the one pass
     for table, twin in zip(tables, twins):
         assert table.counters == twin.counters
     assert not any(table._lock._lock.locked() for table in tables)
@@ -281,8 +293,9 @@ def test_read_tables_makes_initial_rows_for_ids_never_written(backend):
 
 @pytest.mark.parametrize("skew", [0, 2])
 def test_read_table_states_equals_each_tables_read_state(backend, skew):
-    """Versions, then state, per read: Adam's two moments, SGD's none and a separate
-    Adagrad table; absent ids read version 0 and zero state; not counted as reads."""
+    """Versions, then state, per read: Adam's two moments, SGD's none, Adagrad's and a
+    separate row-wise Adagrad table's; absent ids read version 0 and zero state; not
+    counted as reads."""
     order: list[str] = []
     tables, twins = _tables(order), _tables([])
     reads = _joined_reads(tables)
@@ -296,7 +309,7 @@ def test_read_table_states_equals_each_tables_read_state(backend, skew):
     out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
     read_table_states(reads, out[skew:])
     assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
-    assert order == (["a", "b", "c"] if backend == "native" else ["b", "a", "c", "b"])
+    assert order == (["a", "b", "c", "d"] if backend == "native" else ["b", "a", "c", "d", "b"])
     assert [table.counters for table in tables] == counters
     assert not any(table._lock._lock.locked() for table in tables)
     versions = np.frombuffer(bytes(out[skew : skew + 8 * 40].numpy()), np.int64)  # b's
@@ -332,3 +345,17 @@ def test_a_shard_without_the_native_ops_answers_a_joined_lookup():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kind", list(InitKind))
+def test_initial_rows_read_natively_are_the_references_bit_for_bit(kind):
+    """Ids never written, read through the joined pass, against the pure numpy/torch rule
+    (``initial_rows`` with the reference backend): every initializer, zero's sign included."""
+    require_native()
+    spec = TableSpec("t", dim=7, initializer=InitializerSpec(kind, scale=0.3, seed=11))
+    ids = np.array([0, 5, 2**63 - 1, 123_456_789], dtype=np.int64)
+    out = torch.full((len(ids) * 7 * 4,), 0xAB, dtype=torch.uint8)
+    read_tables([(Table(spec), ids)], out)
+    with reference_backend():
+        expected = initial_rows(spec, ids)
+    assert bytes(out.numpy()) == expected.numpy().tobytes()
