@@ -39,9 +39,10 @@ def initial_rows_at(
 ) -> None:
     """Write the initial rows of ``ids[k][positions[k]]`` into the bytes of the flat uint8
     ``out``, whatever their alignment: the row of position ``p`` of table ``k`` at byte
-    ``offsets[k] + p * row_bytes[k]``, made as ``inits[k]`` says (zero bytes, or
-    hashed-uniform float32 values). Native CPU ops only: one call for every table, e.g. after a joined gather's
-    locks are released (the rows are a pure function of the table and the id).
+    ``offsets[k] + p * row_bytes[k]``, made as ``inits[k]`` says (zero bytes, as absent
+    versions and optimizer state read too, or hashed-uniform float32 values). Native CPU
+    ops only: one call for every table, e.g. after a joined gather's locks are released
+    (the rows are a pure function of the table and the id).
 
     Raises:
         RuntimeError: the native ops do not serve here, or arguments that do not fit

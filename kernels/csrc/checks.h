@@ -24,6 +24,16 @@ inline void check_rows(const at::Tensor& rows, const char* what) {
               rows.sizes(), rows.is_contiguous() ? "" : " (non-contiguous)");
 }
 
+// Whether the bytes of two contiguous tensors overlap in memory: sharing one storage or
+// not (two tensors made over one buffer have two storages and the same bytes).
+inline bool bytes_overlap(const at::Tensor& a, const at::Tensor& b) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data_ptr());
+  const auto b0 = reinterpret_cast<uintptr_t>(b.data_ptr());
+  const auto a_bytes = static_cast<uintptr_t>(a.nbytes());
+  const auto b_bytes = static_cast<uintptr_t>(b.nbytes());
+  return a_bytes && b_bytes && a0 < b0 + b_bytes && b0 < a0 + a_bytes;
+}
+
 inline void check_same_rows(const at::Tensor& a, const at::Tensor& b, const char* what_a, const char* what_b) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), what_a, " and ", what_b, " differ in dtype: ", a.scalar_type(),
               " vs ", b.scalar_type());

@@ -164,7 +164,7 @@ void check_gather_source(const at::Tensor& src, const at::Tensor& out) {
   check_rows(src, "src");
   check_device(src, at::kCPU, "src");
   check_device(out, at::kCPU, "out");
-  TORCH_CHECK(!out.is_alias_of(src), "out must not share src's storage");
+  TORCH_CHECK(!bytes_overlap(out, src), "out must not share src's storage");
 }
 
 // out[i] = src[slot of ids[i]] for every id in the map (the read path of a table: no
@@ -207,7 +207,7 @@ std::vector<at::Tensor> hash_gather_joined(at::TensorList keys, at::TensorList s
     check_cpu_map(keys[k], slots[k], ids[k]);
     check_gather_source(src[k], out);
     for (const at::Tensor* map : {&keys[k], &slots[k], &ids[k]}) {
-      TORCH_CHECK(!out.is_alias_of(*map), "out must not share the storage of table ", k, "'s keys, slots or ids");
+      TORCH_CHECK(!bytes_overlap(out, *map), "out must not share the storage of table ", k, "'s keys, slots or ids");
     }
     TORCH_CHECK(src[k].size(1) <= std::numeric_limits<int64_t>::max() / src[k].element_size(), "table ", k,
                 "'s rows of ", src[k].size(1), " values are too wide");

@@ -76,7 +76,7 @@ void initial_rows_at(at::TensorList ids, at::TensorList positions, at::IntArrayR
     check_ids(positions[k], "positions");
     check_device(ids[k], at::kCPU, "ids");
     check_device(positions[k], at::kCPU, "positions");
-    TORCH_CHECK(!out.is_alias_of(ids[k]) && !out.is_alias_of(positions[k]),
+    TORCH_CHECK(!bytes_overlap(out, ids[k]) && !bytes_overlap(out, positions[k]),
                 "out must not share the storage of table ", k, "'s ids or positions");
     TORCH_CHECK(kinds[k] == kZeroRow || kinds[k] == kUniformRow, "table ", k, ": unknown kind ", kinds[k],
                 " (1 zeros, 2 uniform)");
@@ -99,6 +99,7 @@ void initial_rows_at(at::TensorList ids, at::TensorList positions, at::IntArrayR
     const int64_t* id = ids[k].data_ptr<int64_t>();
     const int64_t* position = positions[k].data_ptr<int64_t>();
     for (int64_t i = 0; i < positions[k].size(0); ++i) {
+      if (row_bytes[k] == 0) break;
       char* at = to + offsets[k] + position[i] * row_bytes[k];
       if (kinds[k] == kZeroRow) {
         std::memset(at, 0, row_bytes[k]);

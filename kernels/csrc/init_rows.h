@@ -1,5 +1,6 @@
-// The hashed-uniform initial row of an id (init.cpp), shared by uniform_rows and
-// upsert_row_updates, which makes the rows of ids a push writes for the first time.
+// The hashed-uniform initial row of an id (init.cpp), shared by uniform_rows,
+// initial_rows_at (the rows a joined read found absent) and upsert_row_updates, which
+// makes the rows of ids a push writes for the first time.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 import torch
-from ember.kernels.hashed_init import HashedInit
+from ember.kernels.hashed_init import ZEROS, HashedInit
 from ember.kernels.loader import native_backend_for
 from ember.ps_server.id_arrays import id_tensor
 from ember.ps_server.routing import mix64, name_salt
@@ -44,7 +44,7 @@ def hashed_init(spec: TableSpec) -> HashedInit | None:
     """The native ops' form of ``spec``'s initializer, None where they have none (normal)."""
     init = spec.initializer
     if init.kind is InitKind.ZEROS:
-        return HashedInit(uniform=False)
+        return ZEROS
     if init.kind is InitKind.UNIFORM:
         return HashedInit(True, _signed(name_salt(spec.name)), _seed_key(init.seed), init.scale)
     return None

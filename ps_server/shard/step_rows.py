@@ -4,7 +4,7 @@ dtype carries them, the refresh rows an update's clock changed, and rows' optimi
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import torch
@@ -93,16 +93,26 @@ def _write_run(run: list[TableRead], dtype: RowDtype, view: memoryview) -> None:
     rows = torch.empty(len(view) // dtype.itemsize, dtype=torch.float32)
     read_tables(tables, rows.view(torch.uint8))
     packed = packed_at_once(rows, dtype)
-    if packed is None:  # a row that cannot travel: each read's own packing names it
-        parts, offset = [], 0
-        for target, ids, _ in run:
-            count, name = len(ids) * target.spec.dim, f"table {target.spec.name!r}"
-            if count:
-                part = rows[offset : offset + count].view(len(ids), -1)
-                parts.append(rows_to_wire(part, dtype, name, ids).ravel())
-            offset += count
-        packed = np.concatenate(parts)
+    if packed is None:  # a row that cannot travel: the first read holding one names it
+        _refuse_beyond(run, dtype, rows)
     view[:] = bytes_view(packed)
+
+
+def _refuse_beyond(run: list[TableRead], dtype: RowDtype, rows: torch.Tensor) -> NoReturn:
+    """Raise the refusal of the first row of ``rows`` (the run's rows back to back, read
+    once) that ``dtype`` cannot hold, as its read's own packing words it.
+
+    Raises:
+        OutOfRangeError: always; packing is per value, so some read's rows refuse.
+    """
+    offset = 0
+    for target, ids, _ in run:
+        count = len(ids) * target.spec.dim
+        if count:
+            part = rows[offset : offset + count].view(len(ids), -1)
+            rows_to_wire(part, dtype, f"table {target.spec.name!r}", ids)
+        offset += count
+    raise AssertionError("the run's rows were refused at once but by none of its reads")
 
 
 def _positions_in(ids: np.ndarray, sorted_ids: np.ndarray | None) -> np.ndarray:

@@ -83,9 +83,10 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
     offsets = _starts(out, sizes)
     native, separate = _by_path(reads)
     if native:
+        keys = {k: id_tensor(reads[k][1]) for k in native}  # one copy of each read's ids
         with _locked_together(reads[k][0] for k in native):
             absent = fetch_weights_joined(
-                [(reads[k][0].store, reads[k][1], offsets[k]) for k in native], out
+                [(reads[k][0].store, keys[k], offsets[k]) for k in native], out
             )
             for k in native:
                 reads[k][0]._count_read(len(reads[k][1]))
@@ -94,11 +95,13 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
             if len(positions):
                 hashed = reads[k][0]._initial_rows.hashed
                 (in_python if hashed is None else made).append((k, positions, hashed))
-        initial_rows_at(
-            [id_tensor(reads[k][1]) for k, _, _ in made], [positions for _, positions, _ in made],
-            [offsets[k] for k, _, _ in made], [weight_bytes(reads[k][0], 1) for k, _, _ in made],
-            [hashed for _, _, hashed in made], out,
-        )  # fmt: skip
+        if made:
+            initial_rows_at(
+                [keys[k] for k, _, _ in made], [positions for _, positions, _ in made],
+                [offsets[k] for k, _, _ in made],
+                [weight_bytes(reads[k][0], 1) for k, _, _ in made],
+                [hashed for _, _, hashed in made], out,
+            )  # fmt: skip
         for k, positions, _ in in_python:
             table, ids = reads[k]
             rows = out[offsets[k] : offsets[k] + sizes[k]].view(len(ids), -1)
@@ -127,22 +130,24 @@ def read_table_states(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tens
     ]
     native, separate = _by_path(reads)
     if native:
+        keys = {k: id_tensor(reads[k][1]) for k in native}  # one copy of each read's ids
         with _locked_together(reads[k][0] for k in native):
             absent = fetch_state_joined(
-                [(reads[k][0].store, reads[k][1], offsets[k], state_at[k]) for k in native],
-                out,
+                [(reads[k][0].store, keys[k], offsets[k], state_at[k]) for k in native], out
             )
-        zeroed = [(k, positions) for k, positions in zip(native, absent) if len(positions)]
-        parts = [(k, positions, offsets[k], VERSION_DTYPE.itemsize) for k, positions in zeroed]
-        parts += [
-            (k, positions, state_at[k], ROW_DTYPE.itemsize * reads[k][0].store.state_width)
-            for k, positions in zeroed
-        ]
-        initial_rows_at(
-            [id_tensor(reads[k][1]) for k, _, _, _ in parts], [p for _, p, _, _ in parts],
-            [start for _, _, start, _ in parts], [size for _, _, _, size in parts],
-            [ZEROS] * len(parts), out,
-        )  # fmt: skip
+        parts = []  # (read, absent positions, start, bytes per row): versions, then state
+        for k, positions in zip(native, absent):
+            if len(positions):
+                state_row_bytes = (offsets[k] + sizes[k] - state_at[k]) // len(reads[k][1])
+                parts.append((k, positions, offsets[k], VERSION_DTYPE.itemsize))
+                if state_row_bytes:  # SGD keeps no state
+                    parts.append((k, positions, state_at[k], state_row_bytes))
+        if parts:
+            initial_rows_at(
+                [keys[k] for k, _, _, _ in parts], [p for _, p, _, _ in parts],
+                [start for _, _, start, _ in parts], [size for _, _, _, size in parts],
+                [ZEROS] * len(parts), out,
+            )  # fmt: skip
     for k in separate:
         table, ids = reads[k]
         state = torch.empty(len(ids), table.store.state_width, dtype=torch.float32)

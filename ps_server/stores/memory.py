@@ -312,12 +312,12 @@ def update_stores(updates: Sequence[StoreUpdate]) -> None:
     raise AssertionError("unreachable: the second pass has room for the absent rows")
 
 
-# One store's read in :func:`fetch_weights_joined`: the store, the ids and the byte of
-# the flat output where their rows start.
-StoreRead = tuple[InMemoryStore, np.ndarray, int]
-# One store's read in :func:`fetch_state_joined`: the store, the ids, and the bytes of the
-# flat output where their versions and their state start.
-StoreStateRead = tuple[InMemoryStore, np.ndarray, int, int]
+# One store's read in :func:`fetch_weights_joined`: the store, the ids (an int64 tensor)
+# and the byte of the flat output where their rows start.
+StoreRead = tuple[InMemoryStore, torch.Tensor, int]
+# One store's read in :func:`fetch_state_joined`: the store, the ids (an int64 tensor),
+# and the bytes of the flat output where their versions and their state start.
+StoreStateRead = tuple[InMemoryStore, torch.Tensor, int, int]
 
 
 def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[torch.Tensor]:
@@ -334,7 +334,7 @@ def fetch_weights_joined(reads: Sequence[StoreRead], out: torch.Tensor) -> list[
     return hash_gather_joined(
         [store._index.buckets for store, _, _ in reads],
         [store._weights for store, _, _ in reads],
-        [id_tensor(ids) for _, ids, _ in reads],
+        [ids for _, ids, _ in reads],
         [offset for _, _, offset in reads],
         out,
     )
@@ -351,8 +351,7 @@ def fetch_state_joined(reads: Sequence[StoreStateRead], out: torch.Tensor) -> li
         RuntimeError: as :func:`fetch_weights_joined`; ``out`` is then untouched.
     """
     maps, srcs, ids, offsets, first_of_read = [], [], [], [], []
-    for store, read_ids, versions_at, state_at in reads:
-        keys = id_tensor(read_ids)
+    for store, keys, versions_at, state_at in reads:
         first_of_read.append(len(maps))
         parts = [(store._versions.view(-1, 1), versions_at)]
         if store.state_width:

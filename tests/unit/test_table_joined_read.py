@@ -22,7 +22,11 @@ from ember.kernels.optim import state_width
 from ember.ps_server.shard import table_passes
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.table import Table
-from ember.ps_server.shard.table_passes import read_table_states, read_tables
+from ember.ps_server.shard.table_passes import (
+    read_table_states,
+    read_tables,
+    state_answer_bytes,
+)
 from ember.ps_server.stores.memory import InMemoryStore
 from ember.ps_server.wire.table_spec import InitializerSpec, InitKind, TableSpec
 
@@ -107,26 +111,45 @@ def test_initial_rows_are_written_at_the_positions_as_each_table_says():
     [
         ("position-outside", "position 10 is outside its 10 ids"),
         ("past-end", "do not fit in out"),
+        ("negative-offset", "do not fit in out"),
         ("uniform-not-floats", "uniform rows: float32"),
+        ("negative-row-bytes", "rows of -8 bytes"),
+        ("positions-not-int64", "positions must be a contiguous 1-D int64"),
+        ("out-not-bytes", "uint8"),
+        ("out-over-positions", "must not share the storage of table 1's ids or positions"),
         ("short-list", "one entry per table"),
     ],
 )
 def test_refused_initial_rows_write_nothing(case, match):
+    """Each fault sits in the second table, after a first one that would have been written."""
     require_native()
-    ids, positions = [torch.arange(10), torch.arange(5)], [torch.tensor([1]), torch.tensor([2])]
-    offsets, row_bytes, inits = [0, 40], [4, 8], [UNIFORM, ZEROS]
-    out = torch.full((80,), 0xAB, dtype=torch.uint8)
+    ids, positions = [torch.arange(5), torch.arange(10)], [torch.tensor([2]), torch.tensor([1])]
+    offsets, row_bytes, inits = [0, 40], [8, 4], [ZEROS, UNIFORM]
+    buffer = bytearray(b"\xab" * 80)
+    out = torch.frombuffer(buffer, dtype=torch.uint8)
     if case == "position-outside":
-        positions[0] = torch.tensor([3, 10])
+        positions[1] = torch.tensor([3, 10])
     elif case == "past-end":
         offsets[1] = 41
+    elif case == "negative-offset":
+        offsets[1] = -4
     elif case == "uniform-not-floats":
-        row_bytes[0] = 6
+        row_bytes[1] = 6
+    elif case == "negative-row-bytes":
+        row_bytes[1] = -8
+    elif case == "positions-not-int64":
+        positions[1] = positions[1].int()
+    elif case == "out-not-bytes":
+        out = torch.frombuffer(buffer, dtype=torch.int16)
+    elif case == "out-over-positions":  # two tensors, two storages, one buffer
+        positions[1] = torch.frombuffer(buffer, dtype=torch.int64, count=1, offset=40)
+        positions[1].fill_(1)
     elif case == "short-list":
         inits = inits[:1]
+    before = bytes(buffer)
     with pytest.raises(RuntimeError, match=match):
         initial_rows_at(ids, positions, offsets, row_bytes, inits, out)
-    assert bool((out == 0xAB).all())
+    assert bytes(buffer) == before
 
 
 def _two_maps():
@@ -148,6 +171,7 @@ def _two_maps():
         ("out-not-bytes", "uint8"),
         ("alias", "must not share src's storage"),
         ("alias-keys", "must not share the storage of table 1's keys"),
+        ("alias-buffer", "must not share src's storage"),
         ("short-list", "one entry per table"),
         ("slot-outside-src", "outside src's"),
         ("bad-ids", "contiguous 1-D int64"),
@@ -174,6 +198,10 @@ def test_a_refused_joined_gather_leaves_out_untouched(case, match):
         srcs[1] = out[: 400 * 16].view(torch.float32).view(400, 4)
     elif case == "alias-keys":
         out = maps[1][0].view(torch.uint8)
+    elif case == "alias-buffer":  # two tensors, two storages, one buffer
+        buffer = bytearray(2 * size)
+        out = torch.frombuffer(buffer, dtype=torch.uint8)
+        srcs[1] = torch.frombuffer(buffer, dtype=torch.float32).view(-1, 4)
     elif case == "short-list":
         ids = ids[:1]
     elif case == "slot-outside-src":
@@ -270,12 +298,21 @@ def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch)
         return joined(*args)
 
     monkeypatch.setattr(table_passes, "fetch_weights_joined", fetch)
+    made_while = []
+    make = table_passes.initial_rows_at
+
+    def initial(*args):
+        made_while.append([t.spec.name for t in tables if t._lock._lock.locked()])
+        return make(*args)
+
+    monkeypatch.setattr(table_passes, "initial_rows_at", initial)
     out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
     read_tables(reads, out[skew:])
     assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
     native = backend == "native"
     assert order == (["a", "b", "c", "d"] if native else ["b", "a", "c", "d", "b"])
     assert held == ([["b", "a", "c"]] if native else [])  # at once, in the one pass
+    assert made_while == ([[]] if native else [])  # b's and c's absent rows: no lock held
     for table, twin in zip(tables, twins):
         assert table.counters == twin.counters
     assert not any(table._lock._lock.locked() for table in tables)
@@ -359,3 +396,18 @@ def test_initial_rows_read_natively_are_the_references_bit_for_bit(kind):
     with reference_backend():
         expected = initial_rows(spec, ids)
     assert bytes(out.numpy()) == expected.numpy().tobytes()
+
+
+def test_a_state_read_ending_in_a_stateless_table_with_absent_ids():
+    """SGD keeps no state: the answer's last rows are its versions alone (absent: 0)."""
+    require_native()
+    tables, twins = _tables([]), _tables([])
+    ids = np.array([95, 2, 97], dtype=np.int64)  # 95 and 97 never written
+    reads = [(tables[0], ids), (tables[1], ids)]
+    out = torch.full((state_answer_bytes(tables[0], 3) + 3 * 8,), 0xAB, dtype=torch.uint8)
+    read_table_states(reads, out)
+    parts = []
+    for table, twin in zip(tables[:2], twins[:2]):
+        state = torch.empty(3, table.store.state_width)
+        parts += [twin.read_state(ids, state).numpy(), state.numpy()]
+    assert bytes(out.numpy()) == _bytes(*parts)
