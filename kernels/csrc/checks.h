@@ -19,6 +19,12 @@ inline void check_ids(const at::Tensor& ids, const char* what) {
               ids.is_contiguous() ? "" : " (non-contiguous)");
 }
 
+// A contiguous 1-D int64 tensor in CPU memory (ids, slots, positions read on the host).
+inline void check_cpu_ids(const at::Tensor& ids, const char* what) {
+  check_ids(ids, what);
+  check_device(ids, at::kCPU, what);
+}
+
 inline void check_rows(const at::Tensor& rows, const char* what) {
   TORCH_CHECK(rows.dim() == 2 && rows.is_contiguous(), what, " must be a contiguous 2-D tensor, got shape ",
               rows.sizes(), rows.is_contiguous() ? "" : " (non-contiguous)");

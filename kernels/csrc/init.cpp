@@ -35,8 +35,7 @@ namespace {
 
 at::Tensor uniform_rows(const at::Tensor& ids, int64_t name_salt, int64_t seed_key, int64_t dim,
                         double scale) {
-  check_ids(ids, "ids");
-  check_device(ids, at::kCPU, "ids");
+  check_cpu_ids(ids, "ids");
   TORCH_CHECK(dim >= 1 && dim <= (int64_t{1} << 20), "dim must be in [1, 2^20], got ", dim);
   const int64_t n = ids.size(0);
   at::Tensor out = at::empty({n, dim}, ids.options().dtype(at::kFloat));
@@ -72,10 +71,8 @@ void initial_rows_at(at::TensorList ids, at::TensorList positions, at::IntArrayR
   check_device(out, at::kCPU, "out");
   int64_t widest = 0;
   for (size_t k = 0; k < tables; ++k) {
-    check_ids(ids[k], "ids");
-    check_ids(positions[k], "positions");
-    check_device(ids[k], at::kCPU, "ids");
-    check_device(positions[k], at::kCPU, "positions");
+    check_cpu_ids(ids[k], "ids");
+    check_cpu_ids(positions[k], "positions");
     TORCH_CHECK(!bytes_overlap(out, ids[k]) && !bytes_overlap(out, positions[k]),
                 "out must not share the storage of table ", k, "'s ids or positions");
     TORCH_CHECK(kinds[k] == kZeroRow || kinds[k] == kUniformRow, "table ", k, ": unknown kind ", kinds[k],

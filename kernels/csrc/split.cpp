@@ -45,10 +45,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> split_tables(const st
                     key_start.size());
   int64_t n = 0;
   for (int64_t t = 0; t < tables; ++t) {
-    check_ids(keys[t], "keys");
-    check_ids(ids[t], "ids");
-    check_device(keys[t], at::kCPU, "keys");
-    check_device(ids[t], at::kCPU, "ids");
+    check_cpu_ids(keys[t], "keys");
+    check_cpu_ids(ids[t], "ids");
     n += ids[t].size(0);
   }
   const auto options = at::TensorOptions().dtype(at::kLong);

@@ -278,6 +278,20 @@ def _twin_of(tables: list[Table], twins: list[Table], table: Table) -> Table:
     return twins[tables.index(table)]
 
 
+def _locks_held_in(monkeypatch, function: str, tables: list[Table]) -> list[list[str]]:
+    """The names of the tables whose locks are held at each call of ``table_passes``'
+    ``function`` (recorded from then on)."""
+    calls: list[list[str]] = []
+    original = getattr(table_passes, function)
+
+    def recording(*args):
+        calls.append([t.spec.name for t in tables if t._lock._lock.locked()])
+        return original(*args)
+
+    monkeypatch.setattr(table_passes, function, recording)
+    return calls
+
+
 @pytest.mark.parametrize("skew", [0, 1, 3])  # the rows start at any alignment
 def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch):
     """Native and separate tables (every table separate on the reference backend), a table
@@ -290,22 +304,8 @@ def test_read_tables_equals_each_tables_read_weights(backend, skew, monkeypatch)
     expected = _bytes(
         *(_twin_of(tables, twins, t).read_weights(ids).numpy() for t, ids in reads if len(ids))
     )
-    held = []
-    joined = table_passes.fetch_weights_joined
-
-    def fetch(*args):
-        held.append([t.spec.name for t in tables if t._lock._lock.locked()])
-        return joined(*args)
-
-    monkeypatch.setattr(table_passes, "fetch_weights_joined", fetch)
-    made_while = []
-    make = table_passes.initial_rows_at
-
-    def initial(*args):
-        made_while.append([t.spec.name for t in tables if t._lock._lock.locked()])
-        return make(*args)
-
-    monkeypatch.setattr(table_passes, "initial_rows_at", initial)
+    held = _locks_held_in(monkeypatch, "fetch_weights_joined", tables)
+    made_while = _locks_held_in(monkeypatch, "initial_rows_at", tables)
     out = torch.full((len(expected) + skew,), 0xAB, dtype=torch.uint8)
     read_tables(reads, out[skew:])
     assert bytes(out[skew:].numpy()) == expected and bool((out[:skew] == 0xAB).all())
