@@ -3,7 +3,9 @@
 // writing out of bounds), the hash-map layout constants and the optimizer codes.
 #pragma once
 
-#include <ATen/ATen.h>
+// The Tensor type and its methods only: each source includes the ATen functions it
+// calls (<ATen/ops/NAME.h>), as ATen/ATen.h, all of them, takes longer to compile.
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 

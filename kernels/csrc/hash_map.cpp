@@ -6,6 +6,7 @@
 // layout rule shared with the CUDA ops and the pure-torch reference
 // (kernels/hash_index.py). Erase leaves a tombstone that lookups step over and
 // inserts never reuse, so the layout is the same whichever backend wrote it.
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

@@ -5,6 +5,7 @@
 // in double precision, operation for operation as the numpy reference (built with
 // -ffp-contract=off), so both give the same bits. Shards make the rows of every id
 // they read or write for the first time, so this runs on the training path.
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

@@ -5,6 +5,7 @@
 // the compiler vectorises; fp16 uses the F16C conversion instructions where
 // the CPU has them (checked at run time), else c10::Half.
 #include <immintrin.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cstring>

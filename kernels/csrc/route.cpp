@@ -4,6 +4,7 @@
 // One call routes the ids of several tables: segment t, ids[ends[t-1] .. ends[t]),
 // is salted with salts[t]. Client and shard both route every id of every step
 // message, so this runs once per message on each side.
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include "checks.h"

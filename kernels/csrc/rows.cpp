@@ -7,6 +7,7 @@
 // these copies with network transfers on other threads, where intra-op thread
 // pools only add wake-ups and spinning. Every index is range-checked before the
 // first write, so a bad index raises and changes nothing.
+#include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <cstring>

@@ -6,6 +6,7 @@
 // the keys (ascending), the positions of the others (ascending) and, for each found id,
 // its key's position. One binary search per id: what a trainer does per step to split
 // ids into replicated (hot) and fetched (cold) rows.
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

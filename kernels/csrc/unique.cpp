@@ -8,6 +8,7 @@
 // pairs at load <= 0.5; any int64 is a valid id (emptiness is kept in the
 // position, not the key). First-occurrence order is deterministic and, unlike
 // sorted order, needs no sort; plan_features sorts only the distinct ids.
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>

@@ -2,6 +2,8 @@
 // (keys -1 empty, -2 erased; linear probing from mix64(id ^ kIndexSalt)), so the
 // map can live on the device next to the cached rows. One thread per id; inserts
 // claim buckets with atomicCAS. Every check runs before the first write.
+#include <ATen/ops/_unique.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "cuda_checks.cuh"

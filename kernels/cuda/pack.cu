@@ -1,5 +1,6 @@
 // Packing float32 rows to fp16 / bf16 and back on the GPU, round-to-nearest-even
 // (c10::Half / c10::BFloat16 conversions, as torch's own .to()).
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "cuda_checks.cuh"

@@ -5,6 +5,10 @@
 //     destination row's contributions form a segment in their original order;
 //     one block per segment adds them in that order, the same sequence of
 //     float additions as the CPU op, hence bit-identical results.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/sort.h>
+#include <ATen/ops/unique_consecutive.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include "cuda_checks.cuh"

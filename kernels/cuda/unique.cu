@@ -1,6 +1,13 @@
 // unique_inverse on the GPU, first-occurrence order as on the CPU, from ATen
 // primitives: a stable sort groups equal ids with their earliest position
 // first; groups are then ordered by that position.
+#include <ATen/ops/arange.h>
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/sort.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -26,7 +33,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse_cuda(const at::Ten
   at::Tensor rank = at::empty_like(order).index_put_({order}, at::arange(order.size(0), ids.options()));
   at::Tensor inverse = at::empty_like(ids).index_put_({position}, rank.index_select(0, group));
   at::Tensor ends = at::cat({heads.narrow(0, 1, heads.size(0) - 1), at::full({1}, n, ids.options())});
-  at::Tensor counts = (ends - heads).index_select(0, order);
+  at::Tensor counts = ends.sub(heads).index_select(0, order);
   return {sorted.index_select(0, heads).index_select(0, order), inverse, counts};
 }
 
