@@ -8,15 +8,22 @@ from ember.kernels.hash_map import mix64
 _FEATURE_STREAM = np.uint64(0xA24BAED4963EE407)
 
 
-def hashed_uniform(seed: int, feature: int, ids: np.ndarray) -> np.ndarray:
-    """Uniform floats in (0, 1), one per id, a pure function of (seed, feature, id)."""
-    key = mix64(np.array([seed * 1_000_003 + feature], dtype=np.uint64))[0] ^ _FEATURE_STREAM
-    bits = mix64(ids.astype(np.int64).view(np.uint64) ^ key)
+def hashed_uniform(seed: int, feature: int | np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Uniform floats in (0, 1), one per id, a pure function of (seed, feature, id).
+
+    ``feature`` is one feature, or an integer array that broadcasts against ``ids`` (shape
+    ``(F, 1)`` for ids of shape ``(F, N)``: row f holds feature ``feature[f]``'s ids).
+    """
+    features = np.asarray(feature)
+    streams = [seed * 1_000_003 + int(f) for f in features.ravel()]
+    keys = (mix64(np.array(streams, dtype=np.uint64)) ^ _FEATURE_STREAM).reshape(features.shape)
+    bits = mix64(ids.astype(np.int64).view(np.uint64) ^ keys)
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
 
 
-def hashed_normal(seed: int, feature: int, ids: np.ndarray) -> np.ndarray:
-    """Standard normal floats, one per id, a pure function of (seed, feature, id)."""
+def hashed_normal(seed: int, feature: int | np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Standard normal floats, one per id, a pure function of (seed, feature, id);
+    ``feature`` as for :func:`hashed_uniform`."""
     u1 = hashed_uniform(seed, feature, ids)
     u2 = hashed_uniform(seed + 1, feature, ids)
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)

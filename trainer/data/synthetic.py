@@ -69,6 +69,8 @@ class SyntheticCriteo:
         model_rng = np.random.default_rng([config.seed, 7])
         self._dense_weights = model_rng.normal(0.0, 0.5, NUM_DENSE)
         self._bias = -1.0  # about 25% positives, as in Criteo
+        self._cardinalities = np.array(config.cardinalities, dtype=np.int64)[:, None]
+        self._features = np.arange(len(config.cardinalities))[:, None]
 
     @property
     def num_features(self) -> int:
@@ -86,23 +88,39 @@ class SyntheticCriteo:
         dense = rng.lognormal(0.0, 1.0, (batch_size, NUM_DENSE))
         dense_features = np.log1p(dense).astype(np.float32)
         logit = self._bias + (dense_features - 0.7) @ self._dense_weights
-        sparse = []
+        features = len(config.cardinalities)
         per_sample = config.ids_per_feature
-        for feature, cardinality in enumerate(config.cardinalities):
-            ids = zipf_ranks(rng, cardinality, config.zipf_exponent, batch_size * per_sample)
-            weights = hashed_normal(config.seed, feature, ids) * config.signal / np.sqrt(per_sample)
-            logit = logit + weights.reshape(batch_size, per_sample).sum(axis=1) / np.sqrt(
-                self.num_features
-            )
-            offsets = np.arange(0, batch_size * per_sample + 1, per_sample, dtype=np.int64)
-            sparse.append(JaggedIds(torch.from_numpy(ids), torch.from_numpy(offsets)))
+        # One draw for every feature at once: the same numbers, in the same order, as one
+        # draw per feature, for a fraction of the calls.
+        ids = zipf_ranks(rng, self._cardinalities, config.zipf_exponent, batch_size * per_sample)
+        weights = (
+            hashed_normal(config.seed, self._features, ids) * config.signal / np.sqrt(per_sample)
+        )
+        logit_parts = weights.reshape(features, batch_size, per_sample).sum(axis=2) / np.sqrt(
+            features
+        )
+        for part_of_logit in logit_parts:
+            logit = logit + part_of_logit
+        offsets = np.arange(0, batch_size * per_sample + 1, per_sample, dtype=np.int64)
+        sparse = [
+            JaggedIds(torch.from_numpy(feature_ids), torch.from_numpy(offsets.copy()))
+            for feature_ids in ids
+        ]
         labels = (rng.random(batch_size) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         return Batch(torch.from_numpy(dense_features), sparse, torch.from_numpy(labels))
 
 
-def zipf_ranks(rng: np.random.Generator, n: int, exponent: float, size: int) -> np.ndarray:
-    """Bounded Zipf ranks in [0, n) by inverting the continuous power-law CDF (O(1) memory)."""
-    u = rng.random(size)
+def zipf_ranks(
+    rng: np.random.Generator, n: int | np.ndarray, exponent: float, size: int
+) -> np.ndarray:
+    """Bounded Zipf ranks in [0, n) by inverting the continuous power-law CDF (O(1) memory).
+
+    ``n`` is one bound (``size`` ranks), or a column of bounds of shape ``(F, 1)``: then row f
+    holds ``size`` ranks below ``n[f]``, the same ranks as F calls with one bound each.
+    """
+    bounds = np.asarray(n)
+    u = rng.random(size if bounds.ndim == 0 else (bounds.shape[0], size))
     one_minus_s = 1.0 - exponent
-    ranks = ((np.power(float(n) + 1.0, one_minus_s) - 1.0) * u + 1.0) ** (1.0 / one_minus_s) - 1.0
-    return np.minimum(ranks.astype(np.int64), n - 1)
+    scale = np.power(bounds + 1.0, one_minus_s) - 1.0
+    ranks = (scale * u + 1.0) ** (1.0 / one_minus_s) - 1.0
+    return np.minimum(ranks.astype(np.int64), bounds - 1)
