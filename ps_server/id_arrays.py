@@ -96,7 +96,9 @@ def sum_duplicates(ids: np.ndarray, grads: torch.Tensor) -> tuple[np.ndarray, to
     """
     if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, grads
-    order = np.argsort(ids, kind="stable")
+    # Not stable (2-3x quicker): any ascending order gives each position its id's group, and
+    # the rows are added by position, in order of occurrence.
+    order = np.argsort(ids)
     ordered = ids[order]
     first = np.empty(len(ids), dtype=bool)
     first[0], first[1:] = True, ordered[1:] != ordered[:-1]

@@ -77,3 +77,27 @@ def test_id_tensors_are_checked_and_come_back_as_int64(ids, message):
         return
     with pytest.raises(ValueError, match=message):
         as_id_array(ids)
+
+
+def test_duplicates_are_summed_in_order_of_occurrence_bit_for_bit():
+    """float32 addition is not associative: the sums must be those of adding each id's rows
+    in the order they came, whatever order a sort visits them in."""
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 50, 4000)
+    grads = torch.from_numpy(
+        (rng.standard_normal((4000, 2)) * 10.0 ** rng.integers(-4, 9, (4000, 1))).astype("f4")
+    )
+    expected: dict[int, np.ndarray] = {}
+    for i, row in zip(ids.tolist(), grads.numpy()):
+        expected[i] = expected.get(i, np.zeros(2, np.float32)) + row  # float32, in order
+    unique, summed = sum_duplicates(ids, grads)
+    assert unique.tolist() == sorted(expected)
+    assert np.array_equal(summed.numpy(), np.stack([expected[i] for i in sorted(expected)]))
+
+
+def test_distinct_ids_out_of_order_are_sorted_with_their_rows():
+    ids = np.random.default_rng(5).permutation(5000)[:3000] * 7 - 9000
+    grads = torch.from_numpy(ids.astype(np.float32))[:, None].repeat(1, 3)
+    unique, summed = sum_duplicates(ids, grads)
+    assert unique.tolist() == sorted(ids.tolist())
+    assert torch.equal(summed[:, 0], torch.from_numpy(unique.astype(np.float32)))
