@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from ember.kernels.hash_map import mix64
 
@@ -11,11 +13,17 @@ _FEATURE_STREAM = np.uint64(0xA24BAED4963EE407)
 def hashed_uniform(seed: int, feature: int | np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Uniform floats in (0, 1), one per id, a pure function of (seed, feature, id).
 
-    ``feature`` is one feature, or an integer array that broadcasts against ``ids`` (shape
-    ``(F, 1)`` for ids of shape ``(F, N)``: row f holds feature ``feature[f]``'s ids).
+    ``feature`` is one feature, or a column of features, shape ``(F, 1)``, for ids of shape
+    ``(F, N)``: row f holds feature ``feature[f, 0]``'s ids.
+
+    Raises:
+        ValueError: ``feature`` is an array of another shape.
+        TypeError: a feature is not an integer.
     """
     features = np.asarray(feature)
-    streams = [seed * 1_000_003 + int(f) for f in features.ravel()]
+    if features.ndim and (features.ndim != 2 or features.shape[1] != 1):
+        raise ValueError(f"feature must be one feature or a column (F, 1), got {features.shape}")
+    streams = [seed * 1_000_003 + operator.index(f) for f in features.ravel().tolist()]
     keys = (mix64(np.array(streams, dtype=np.uint64)) ^ _FEATURE_STREAM).reshape(features.shape)
     bits = mix64(ids.astype(np.int64).view(np.uint64) ^ keys)
     return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)

@@ -8,6 +8,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+
 #include "checks.h"
 
 namespace ember {

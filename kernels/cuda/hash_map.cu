@@ -6,6 +6,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <tuple>
+
 #include "cuda_checks.cuh"
 
 namespace ember {

@@ -11,6 +11,9 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <tuple>
+#include <utility>
+
 #include "cuda_checks.cuh"
 
 namespace ember {

@@ -30,8 +30,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_inverse_cuda(const at::Ten
   at::Tensor heads = starts_group.nonzero().squeeze(1);               // sorted index of each group's head
   at::Tensor first = position.index_select(0, heads);                 // earliest position of each group
   at::Tensor order = at::argsort(first);                               // groups by first occurrence
-  at::Tensor rank = at::empty_like(order).index_put_({order}, at::arange(order.size(0), ids.options()));
-  at::Tensor inverse = at::empty_like(ids).index_put_({position}, rank.index_select(0, group));
+  at::Tensor rank = at::empty_like(order).index_copy_(0, order, at::arange(order.size(0), ids.options()));
+  at::Tensor inverse = at::empty_like(ids).index_copy_(0, position, rank.index_select(0, group));
   at::Tensor ends = at::cat({heads.narrow(0, 1, heads.size(0) - 1), at::full({1}, n, ids.options())});
   at::Tensor counts = ends.sub(heads).index_select(0, order);
   return {sorted.index_select(0, heads).index_select(0, order), inverse, counts};

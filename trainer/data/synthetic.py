@@ -116,9 +116,14 @@ def zipf_ranks(
     """Bounded Zipf ranks in [0, n) by inverting the continuous power-law CDF (O(1) memory).
 
     ``n`` is one bound (``size`` ranks), or a column of bounds of shape ``(F, 1)``: then row f
-    holds ``size`` ranks below ``n[f]``, the same ranks as F calls with one bound each.
+    holds ``size`` ranks below ``n[f, 0]``, the same ranks as F calls with one bound each.
+
+    Raises:
+        ValueError: ``n`` is an array of another shape.
     """
     bounds = np.asarray(n)
+    if bounds.ndim and (bounds.ndim != 2 or bounds.shape[1] != 1):
+        raise ValueError(f"n must be one bound or a column (F, 1), got shape {bounds.shape}")
     u = rng.random(size if bounds.ndim == 0 else (bounds.shape[0], size))
     one_minus_s = 1.0 - exponent
     scale = np.power(bounds + 1.0, one_minus_s) - 1.0
