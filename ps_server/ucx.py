@@ -30,6 +30,11 @@ _ENVIRONMENT = {
     # UCX warns about every UCX_* variable it does not know; the bindings set some of their own.
     "UCX_WARN_UNUSED_ENV_VARS": "n",
     "UCXPY_ENABLE_PYTHON_FUTURE": "1",
+    # UCX's TCP transport moves a message in 8 KiB send segments by default: a 16 MiB frame
+    # over loopback then costs ~20 ms of CPU on each side, 256 KiB segments ~6 ms (measured
+    # with ucxx alone, benchmarks/RESULTS.md). Only the tcp transport reads these.
+    "UCX_TCP_TX_SEG_SIZE": "256K",
+    "UCX_TCP_RX_SEG_SIZE": "256K",
 }
 _loop: LoopThread | None = None
 _loop_lock = threading.Lock()
