@@ -30,12 +30,12 @@ _ENVIRONMENT = {
     # UCX warns about every UCX_* variable it does not know; the bindings set some of their own.
     "UCX_WARN_UNUSED_ENV_VARS": "n",
     "UCXPY_ENABLE_PYTHON_FUTURE": "1",
-    # UCX's TCP transport moves a message in 8 KiB send segments by default: a 16 MiB frame
-    # over loopback then costs ~20 ms of CPU on each side, 256 KiB segments ~6 ms (measured
-    # with ucxx alone, benchmarks/RESULTS.md). Only the tcp transport reads these.
-    "UCX_TCP_TX_SEG_SIZE": "256K",
-    "UCX_TCP_RX_SEG_SIZE": "256K",
 }
+# Over TCP alone (UCX_TLS=tcp), UCX's default rendezvous costs ~20 ms of CPU on each side for
+# a 16 MiB message over loopback, the rendezvous by put ~6 ms (benchmarks/RESULTS.md, session
+# 32); a peer on the default scheme still works with it. Larger TCP segments (UCX_TCP_*_SEG_SIZE)
+# measured as fast, but a peer whose segments are smaller crashes on the first large message.
+_TCP_ONLY_ENVIRONMENT = {"UCX_RNDV_SCHEME": "put_zcopy"}
 _loop: LoopThread | None = None
 _loop_lock = threading.Lock()
 
@@ -45,12 +45,14 @@ class UcxUnavailableError(RuntimeError):
 
 
 def load_ucx() -> ModuleType:
-    """The first UCX binding that imports (``ucp``, then ``ucxx``).
+    """The first UCX binding that imports (``ucp``, then ``ucxx``), with Ember's defaults
+    for UCX's environment where it sets none (read when UCX starts, so set before).
 
     Raises:
         UcxUnavailableError: neither imports; the message says what to install.
     """
-    for name, value in _ENVIRONMENT.items():
+    tcp_only = os.environ.get("UCX_TLS", "").strip().lower() == "tcp"
+    for name, value in {**_ENVIRONMENT, **(_TCP_ONLY_ENVIRONMENT if tcp_only else {})}.items():
         os.environ.setdefault(name, value)
     failures = []
     for name in _BINDINGS:

@@ -1,32 +1,57 @@
-"""Without a UCX binding, asking for UCX says what to install."""
+"""Loading UCX: without a binding, asking for UCX says what to install; with one, Ember's
+defaults for UCX's environment fill only what the environment leaves unset."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from ember.ps_server import ucx
 
+_SET_BY_EMBER = ("UCX_WARN_UNUSED_ENV_VARS", "UCXPY_ENABLE_PYTHON_FUTURE", "UCX_RNDV_SCHEME")
 
-def test_no_binding_is_a_clear_error_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+
+@pytest.fixture
+def no_binding(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No UCX binding loads, and the environment is restored afterwards (load_ucx writes it)."""
     monkeypatch.setattr(ucx, "_BINDINGS", ("ember_no_such_ucx_binding",))
+    saved = dict(os.environ)
+    for name in (*_SET_BY_EMBER, "UCX_TLS"):
+        os.environ.pop(name, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_no_binding_is_a_clear_error_naming_the_extra(no_binding: None) -> None:
     with pytest.raises(ucx.UcxUnavailableError) as missing:
         ucx.load_ucx()
     assert "pip install 'ember-ps[ucx]'" in str(missing.value)
     assert "ember_no_such_ucx_binding" in str(missing.value)
 
 
-def test_loading_sets_ember_defaults_and_keeps_what_the_user_set(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("transports", "scheme"),
+    [("tcp", "put_zcopy"), (" TCP ", "put_zcopy"), ("rc,sm,self", None), (None, None)],
+    ids=["tcp", "tcp-spelled-loosely", "rdma", "unset"],
+)
+def test_rendezvous_by_put_is_the_default_over_tcp_alone(
+    no_binding: None, transports: str | None, scheme: str | None
 ) -> None:
-    """Python futures for completions and 256 KiB TCP segments, unless the environment says
-    otherwise (the variables must be set before UCX reads them, on load)."""
-    monkeypatch.setattr(ucx, "_BINDINGS", ("ember_no_such_ucx_binding",))
-    for name in ("UCXPY_ENABLE_PYTHON_FUTURE", "UCX_TCP_TX_SEG_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("UCX_TCP_RX_SEG_SIZE", "64K")
+    """Over TCP alone the rendezvous puts (3x less CPU per byte than UCX's default here);
+    with RDMA transports, or transports UCX picks itself, UCX's own default stays."""
+    if transports is not None:
+        os.environ["UCX_TLS"] = transports
     with pytest.raises(ucx.UcxUnavailableError):
         ucx.load_ucx()
+    assert os.environ.get("UCX_RNDV_SCHEME") == scheme
     assert os.environ["UCXPY_ENABLE_PYTHON_FUTURE"] == "1"
-    assert os.environ["UCX_TCP_TX_SEG_SIZE"] == "256K"
-    assert os.environ["UCX_TCP_RX_SEG_SIZE"] == "64K"
+
+
+def test_what_the_environment_sets_is_kept(no_binding: None) -> None:
+    os.environ.update(UCX_TLS="tcp", UCX_RNDV_SCHEME="get_zcopy", UCXPY_ENABLE_PYTHON_FUTURE="0")
+    with pytest.raises(ucx.UcxUnavailableError):
+        ucx.load_ucx()
+    assert os.environ["UCX_RNDV_SCHEME"] == "get_zcopy"
+    assert os.environ["UCXPY_ENABLE_PYTHON_FUTURE"] == "0"
