@@ -31,9 +31,11 @@ _ENVIRONMENT = {
     "UCX_WARN_UNUSED_ENV_VARS": "n",
     "UCXPY_ENABLE_PYTHON_FUTURE": "1",
 }
-# Over TCP alone (UCX_TLS=tcp), UCX's default rendezvous costs ~20 ms of CPU on each side for
-# a 16 MiB message over loopback, the rendezvous by put ~6 ms (benchmarks/RESULTS.md, session
-# 32); a peer on the default scheme still works with it. Larger TCP segments (UCX_TCP_*_SEG_SIZE)
+# Over TCP alone (UCX_TLS exactly "tcp"), UCX's default rendezvous costs ~20 ms of CPU on
+# each side for a 16 MiB message over loopback, the rendezvous by put ~7 ms (tcp offers put,
+# not get; benchmarks/RESULTS.md, session 32), and a peer on the default scheme still works
+# with it. Only then: a forced scheme demotes every other rendezvous protocol, the staged
+# copies of device memory (cuda_copy) included. Larger TCP segments (UCX_TCP_*_SEG_SIZE)
 # measured as fast, but a peer whose segments are smaller crashes on the first large message.
 _TCP_ONLY_ENVIRONMENT = {"UCX_RNDV_SCHEME": "put_zcopy"}
 _loop: LoopThread | None = None

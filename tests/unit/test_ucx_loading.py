@@ -9,19 +9,21 @@ from collections.abc import Iterator
 import pytest
 from ember.ps_server import ucx
 
-_SET_BY_EMBER = ("UCX_WARN_UNUSED_ENV_VARS", "UCXPY_ENABLE_PYTHON_FUTURE", "UCX_RNDV_SCHEME")
+_TOUCHED = (*ucx._ENVIRONMENT, *ucx._TCP_ONLY_ENVIRONMENT, "UCX_TLS")
 
 
 @pytest.fixture
 def no_binding(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No UCX binding loads, and the environment is restored afterwards (load_ucx writes it)."""
+    """No UCX binding loads; the variables load_ucx reads or writes start unset and are
+    restored afterwards (monkeypatch does not undo a delenv of an unset name)."""
     monkeypatch.setattr(ucx, "_BINDINGS", ("ember_no_such_ucx_binding",))
-    saved = dict(os.environ)
-    for name in (*_SET_BY_EMBER, "UCX_TLS"):
-        os.environ.pop(name, None)
+    saved = {name: os.environ.pop(name, None) for name in _TOUCHED}
     yield
-    os.environ.clear()
-    os.environ.update(saved)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def test_no_binding_is_a_clear_error_naming_the_extra(no_binding: None) -> None:
@@ -55,3 +57,23 @@ def test_what_the_environment_sets_is_kept(no_binding: None) -> None:
         ucx.load_ucx()
     assert os.environ["UCX_RNDV_SCHEME"] == "get_zcopy"
     assert os.environ["UCXPY_ENABLE_PYTHON_FUTURE"] == "0"
+
+
+def test_the_defaults_are_set_before_the_binding_is_imported(
+    no_binding: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UCX reads its environment when the binding starts it: the defaults must be in place
+    by the time the binding's module is imported."""
+    seen: dict[str, str | None] = {}
+
+    def recording_import(name: str) -> None:
+        seen.update(
+            {key: os.environ.get(key) for key in ("UCX_RNDV_SCHEME", "UCXPY_ENABLE_PYTHON_FUTURE")}
+        )
+        raise ImportError(f"no module named {name!r}")
+
+    monkeypatch.setattr(ucx.importlib, "import_module", recording_import)
+    os.environ["UCX_TLS"] = "tcp"
+    with pytest.raises(ucx.UcxUnavailableError):
+        ucx.load_ucx()
+    assert seen == {"UCX_RNDV_SCHEME": "put_zcopy", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
