@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 import torch
 from ember.trainer.data.batch import Batch, JaggedIds
-from ember.trainer.hashing import hashed_normal
+from ember.trainer.hashing import hashed_normal, one_or_column
 
 # Cardinalities of the 26 categorical features of the Criteo Kaggle data set.
 CRITEO_CARDINALITIES = (
@@ -88,7 +88,7 @@ class SyntheticCriteo:
         dense = rng.lognormal(0.0, 1.0, (batch_size, NUM_DENSE))
         dense_features = np.log1p(dense).astype(np.float32)
         logit = self._bias + (dense_features - 0.7) @ self._dense_weights
-        features = len(config.cardinalities)
+        features = self.num_features
         per_sample = config.ids_per_feature
         # One draw for every feature at once: the same numbers, in the same order, as one
         # draw per feature, for a fraction of the calls.
@@ -121,9 +121,7 @@ def zipf_ranks(
     Raises:
         ValueError: ``n`` is an array of another shape.
     """
-    bounds = np.asarray(n)
-    if bounds.ndim and (bounds.ndim != 2 or bounds.shape[1] != 1):
-        raise ValueError(f"n must be one bound or a column (F, 1), got shape {bounds.shape}")
+    bounds = one_or_column(n, "n")
     u = rng.random(size if bounds.ndim == 0 else (bounds.shape[0], size))
     one_minus_s = 1.0 - exponent
     scale = np.power(bounds + 1.0, one_minus_s) - 1.0
