@@ -1,8 +1,9 @@
 """The one loader of Ember's native ops (``torch.ops.ember.*``).
 
 Sources under ``kernels/csrc`` (C++) and, where torch has CUDA and a GPU is
-present, ``kernels/cuda`` (.cu) are compiled with ``torch.utils.cpp_extension``
-on first use into one library, in a build directory keyed by a hash of the
+present, ``kernels/cuda`` (.cu kernels, and the .cpp ops that check tensors
+and launch them) are compiled with ``torch.utils.cpp_extension`` on first use
+into one library, in a build directory keyed by a hash of the
 sources' contents and the torch version. The sources are copied into that
 directory and compiled from there, so the same sources never rebuild, whether
 they come from another checkout or a reinstalled package with fresh file
@@ -45,13 +46,32 @@ CPU_SOURCES = (
     "table_update.cpp",
     "split.cpp",
 )
-CUDA_SOURCES = ("hash_map.cu", "rows.cu", "unique.cu", "optim.cu", "pack.cu")
+# The kernels (.cu, compiled by nvcc, ATen-free) and the ops that check tensors and launch
+# them (.cpp, compiled by the host compiler with the CUDA headers).
+CUDA_SOURCES = (
+    "hash_map.cu",
+    "rows.cu",
+    "optim.cu",
+    "pack.cu",
+    "hash_map_ops.cpp",
+    "rows_ops.cpp",
+    "unique_ops.cpp",
+    "optim_ops.cpp",
+    "pack_ops.cpp",
+)
 HEADERS = (
     *(
         CSRC / name
-        for name in ("checks.h", "hash_map.h", "init_rows.h", "optim_step.h", "prefetch.h")
+        for name in (
+            "checks.h",
+            "device_common.h",
+            "hash_map.h",
+            "init_rows.h",
+            "optim_step.h",
+            "prefetch.h",
+        )
     ),
-    CUDA_SRC / "cuda_checks.cuh",
+    *(CUDA_SRC / name for name in ("cuda_checks.h", "launch_geometry.cuh", "launchers.h")),
 )
 OPS = (
     "hash_find",

@@ -1,9 +1,11 @@
 // Fused row-wise optimizer step on the GPU (semantics of csrc/optim.cpp): one
 // block per slot, threads across the row; row-wise Adagrad reduces the squared
-// gradient in shared memory. Slots must be distinct (one block owns a row).
-#include <torch/library.h>
+// gradient in shared memory. Slots must be distinct (one block owns a row). The
+// checks are in optim_ops.cpp.
+#include <algorithm>
 
-#include "cuda_checks.cuh"
+#include "launch_geometry.cuh"
+#include "launchers.h"
 
 namespace ember {
 namespace {
@@ -58,26 +60,15 @@ __global__ void fused_update_kernel(float* weights, float* state, int64_t* versi
   }
 }
 
-void fused_row_update_cuda(at::Tensor weights, at::Tensor state, at::Tensor versions, const at::Tensor& slots,
-                           const at::Tensor& grads, int64_t kind, double lr, double eps, double beta1, double beta2,
-                           double weight_decay) {
-  const int64_t width = check_fused_update(weights, state, versions, slots, grads, kind, at::kCUDA);
-  const int64_t dim = weights.size(1);
-  check_index_range_cuda(slots, weights.size(0), "slots");
-  if (slots.size(0) == 0) return;
-  const c10::cuda::CUDAGuard guard(weights.device());
-  const OptimizerHyper h = make_hyper(lr, eps, beta1, beta2, weight_decay);
-  const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, dim)));
-  const int rounded = 1 << (32 - __builtin_clz(static_cast<unsigned>(threads - 1)));  // power of two for the reduction
-  fused_update_kernel<<<static_cast<int>(std::min<int64_t>(slots.size(0), 65535)), rounded, 0,
-                        c10::cuda::getCurrentCUDAStream()>>>(
-      weights.data_ptr<float>(), state.data_ptr<float>(), versions.data_ptr<int64_t>(), slots.data_ptr<int64_t>(),
-      grads.data_ptr<float>(), slots.size(0), dim, width, kind, h);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ember, CUDA, m) { m.impl("fused_row_update", fused_row_update_cuda); }
+void launch_fused_row_update(float* weights, float* state, int64_t* versions, const int64_t* slots,
+                             const float* grads, int64_t n, int64_t dim, int64_t width, int64_t kind,
+                             const OptimizerHyper& hyper, cudaStream_t stream) {
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, dim)));
+  const int rounded = 1 << (32 - __builtin_clz(static_cast<unsigned>(threads - 1)));  // power of two for the reduction
+  fused_update_kernel<<<static_cast<int>(std::min<int64_t>(n, 65535)), rounded, 0, stream>>>(
+      weights, state, versions, slots, grads, n, dim, width, kind, hyper);
+}
 
 }  // namespace ember

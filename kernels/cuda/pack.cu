@@ -1,12 +1,17 @@
 // Packing float32 rows to fp16 / bf16 and back on the GPU, round-to-nearest-even
-// (c10::Half / c10::BFloat16 conversions, as torch's own .to()).
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
+// (c10::Half / c10::BFloat16 conversions, as torch's own .to()). The checks are in
+// pack_ops.cpp.
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
-#include "cuda_checks.cuh"
+#include "launch_geometry.cuh"
+#include "launchers.h"
 
 namespace ember {
 namespace {
+
+static_assert(sizeof(c10::Half) == sizeof(uint16_t) && sizeof(c10::BFloat16) == sizeof(uint16_t),
+              "16-bit rows travel as their bits");
 
 template <typename From, typename To>
 __global__ void convert_kernel(const From* from, To* to, int64_t n) {
@@ -16,38 +21,27 @@ __global__ void convert_kernel(const From* from, To* to, int64_t n) {
 }
 
 template <typename From, typename To>
-at::Tensor convert(const at::Tensor& src, at::ScalarType dtype) {
-  at::Tensor out = at::empty(src.sizes(), src.options().dtype(dtype));
-  const int64_t n = src.numel();
-  if (n == 0) return out;
-  const c10::cuda::CUDAGuard guard(src.device());
-  convert_kernel<From, To><<<blocks_for(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      src.data_ptr<From>(), out.data_ptr<To>(), n);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
-at::Tensor pack_rows_cuda(const at::Tensor& rows, at::ScalarType dtype) {
-  check_cuda(rows, "rows");
-  TORCH_CHECK(rows.is_contiguous() && rows.scalar_type() == at::kFloat, "pack_rows takes contiguous float32 rows");
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16, "pack_rows packs to float16 or bfloat16, got ", dtype);
-  return dtype == at::kHalf ? convert<float, at::Half>(rows, dtype) : convert<float, at::BFloat16>(rows, dtype);
-}
-
-at::Tensor unpack_rows_cuda(const at::Tensor& packed) {
-  check_cuda(packed, "packed");
-  const auto dtype = packed.scalar_type();
-  TORCH_CHECK(packed.is_contiguous() && (dtype == at::kHalf || dtype == at::kBFloat16),
-              "unpack_rows takes contiguous float16 or bfloat16 rows");
-  return dtype == at::kHalf ? convert<at::Half, float>(packed, at::kFloat)
-                            : convert<at::BFloat16, float>(packed, at::kFloat);
+void launch_convert(const void* from, void* to, int64_t n, cudaStream_t stream) {
+  convert_kernel<From, To><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const From*>(from),
+                                                                    static_cast<To*>(to), n);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(ember, CUDA, m) {
-  m.impl("pack_rows", pack_rows_cuda);
-  m.impl("unpack_rows", unpack_rows_cuda);
+void launch_pack_rows(const float* from, uint16_t* to, int64_t n, bool bfloat16, cudaStream_t stream) {
+  if (bfloat16) {
+    launch_convert<float, c10::BFloat16>(from, to, n, stream);
+  } else {
+    launch_convert<float, c10::Half>(from, to, n, stream);
+  }
+}
+
+void launch_unpack_rows(const uint16_t* from, float* to, int64_t n, bool bfloat16, cudaStream_t stream) {
+  if (bfloat16) {
+    launch_convert<c10::BFloat16, float>(from, to, n, stream);
+  } else {
+    launch_convert<c10::Half, float>(from, to, n, stream);
+  }
 }
 
 }  // namespace ember

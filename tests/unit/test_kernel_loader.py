@@ -100,7 +100,7 @@ def test_the_same_sources_anywhere_share_one_build_that_only_their_bytes_change(
     shutil.copytree(loader.CUDA_SRC, copy / "cuda")
     _use_sources_in(monkeypatch, copy)
     assert loader.build_directory(with_cuda=True) == first
-    (copy / "cuda" / "cuda_checks.cuh").write_text("// changed\n")  # a header counts too
+    (copy / "cuda" / "launchers.h").write_text("// changed\n")  # a header counts too
     assert loader.build_directory(with_cuda=True) != first
 
 

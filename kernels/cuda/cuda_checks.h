@@ -1,25 +1,16 @@
-// Helpers shared by the CUDA ops: device checks, launch geometry and an
-// index range check that runs on the device before any write.
+// The CUDA ops' host-side checks (their *_ops.cpp): device checks and an index
+// range check that runs on the device before any write.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
-
-#include <algorithm>
+#include <c10/cuda/CUDAStream.h>
 
 #include "checks.h"
 
 namespace ember {
-
-constexpr int kThreads = 256;
-
-inline int blocks_for(int64_t work) {
-  const int64_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535)));
-}
 
 inline void check_cuda(const at::Tensor& t, const char* what) { check_device(t, at::kCUDA, what); }
 

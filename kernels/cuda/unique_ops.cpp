@@ -1,6 +1,6 @@
 // unique_inverse on the GPU, first-occurrence order as on the CPU, from ATen
-// primitives: a stable sort groups equal ids with their earliest position
-// first; groups are then ordered by that position.
+// primitives (no kernel of its own): a stable sort groups equal ids with their
+// earliest position first; groups are then ordered by that position.
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argsort.h>
 #include <ATen/ops/cat.h>
@@ -12,7 +12,7 @@
 
 #include <tuple>
 
-#include "cuda_checks.cuh"
+#include "cuda_checks.h"
 
 namespace ember {
 namespace {
