@@ -34,10 +34,15 @@ from tests.support.union_reference import pretrained_tables, union_reference
 STEPS = 16
 
 
-def restored_rows(directory, spec: TableSpec, size: int):
-    """Rows, optimizer state and versions of ids 0..size-1 in a checkpoint (one shard)."""
+def restored(directory) -> ParameterServer:
+    """A one-shard server holding every row of a checkpoint."""
     server = ParameterServer(0, 1)
     recover(server, ShardConfig(restore=str(directory)))
+    return server
+
+
+def restored_rows(server: ParameterServer, spec: TableSpec, size: int):
+    """Rows, optimizer state and versions of ids 0..size-1 of a restored checkpoint."""
     reply = server.pull(spec.name, encode_ids(np.arange(size, dtype=np.int64)), with_state=True)
     return torch.from_numpy(reply.values), torch.from_numpy(reply.state), reply.versions
 
@@ -110,8 +115,9 @@ def test_checkpoints_taken_while_two_replica_ranks_train_hold_one_step_of_every_
     assert len([step for step in by_step if 0 < step < STEPS]) >= 2, by_step  # mid-run
     checked = [(step, d) for step, ds in sorted(by_step.items()) for d in {ds[0], ds[-1]}]
     for step, directory in checked:  # the first and the last of each step
+        server = restored(directory)
         for feature, (spec, size) in enumerate(zip(specs, sizes)):
-            rows, state, versions = restored_rows(directory, spec, size)
+            rows, state, versions = restored_rows(server, spec, size)
             weights, moments, held = after[step][feature]
             where = f"{directory.name} (step {step}), {spec.name}"
             assert torch.equal(torch.from_numpy(versions), held), where
