@@ -203,7 +203,7 @@ def _build_and_load() -> None:
     with open(directory / "ember.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         (directory / "lock").unlink(missing_ok=True)
-        sources = _stage_sources(directory / "src", with_cuda)
+        sources = stage_sources(directory / "src", with_cuda)
         cpp_extension.load(
             name="ember_kernels_cuda" if with_cuda else "ember_kernels_cpu",
             sources=[str(path) for path in sources],
@@ -217,7 +217,7 @@ def _build_and_load() -> None:
         )
 
 
-def _stage_sources(staging: Path, with_cuda: bool) -> list[Path]:
+def stage_sources(staging: Path, with_cuda: bool) -> list[Path]:
     """Copy the sources and headers into ``staging`` (a file already there with the same
     bytes is kept, file time and all, so ninja sees nothing new); returns the sources."""
     staging.mkdir(exist_ok=True)

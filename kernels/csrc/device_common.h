@@ -1,7 +1,7 @@
 // What the CPU ops and the CUDA kernels share, without ATen (the .cu files
-// include only this, the CUDA runtime and launchers.h, so nvcc never parses the
-// ATen headers): the hash map's layout and probing, the optimizer codes and the
-// hyper-parameters of a fused row update.
+// include no ATen header, c10's scalar types at most, so nvcc never parses ATen):
+// the hash map's layout and probing, the optimizer codes and the hyper-parameters
+// of a fused row update.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // files check the tensors, take the device's current stream and call them (the
 // host compiler parses ATen once per op, nvcc never does).
 // Each launcher queues its kernel on ``stream`` and returns at once; the caller
-// checks the launch (C10_CUDA_KERNEL_LAUNCH_CHECK). Sizes are > 0.
+// checks the launch (C10_CUDA_KERNEL_LAUNCH_CHECK). Row and id counts are > 0.
 #pragma once
 
 #include <cuda_runtime_api.h>

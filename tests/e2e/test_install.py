@@ -57,12 +57,13 @@ def _clean_env(venv: Path, kernel_cache: Path) -> dict[str, str]:
     env = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("EMBER_", "PYTHON", "VIRTUAL_ENV", "PIP_NO_CACHE"))
+        if not key.startswith(("EMBER_", "PYTHON", "VIRTUAL_ENV", "PIP_NO_CACHE", "PIP_NO_COMPILE"))
     }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["EMBER_KERNELS_CACHE"] = str(kernel_cache)
     # pip skips byte-compiling every module it installs (~35 s for torch's alone on 2 cores):
-    # the modules this test imports compile as they load. (PIP_NO_COMPILE=1 would compile.)
+    # the modules this test imports compile as they load. (The image still byte-compiles;
+    # pip ignores a failure to. PIP_NO_COMPILE=1 would, oddly, compile.)
     env["PIP_COMPILE"] = "0"
     return env
 

@@ -110,14 +110,26 @@ def test_staging_keeps_unchanged_sources_untouched_and_replaces_changed_ones(mon
     shutil.copytree(loader.CUDA_SRC, copy / "cuda")
     _use_sources_in(monkeypatch, copy)
     staging = tmp_path / "staging"
-    staged = loader._stage_sources(staging, with_cuda=False)
+    staged = loader.stage_sources(staging, with_cuda=False)
     assert [path.name for path in staged] == list(loader.CPU_SOURCES)
     assert (staging / "checks.h").read_bytes() == (copy / "csrc" / "checks.h").read_bytes()
     before = {path.name: path.stat().st_mtime_ns for path in staging.iterdir()}
     for path in (copy / "csrc").iterdir():  # a reinstall: same bytes, new file times
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     (copy / "csrc" / "rows.cpp").write_text("// new rows\n")
-    loader._stage_sources(staging, with_cuda=False)
+    loader.stage_sources(staging, with_cuda=False)
     after = {path.name: path.stat().st_mtime_ns for path in staging.iterdir()}
     assert (staging / "rows.cpp").read_text() == "// new rows\n"
     assert {name for name in before if after[name] != before[name]} == {"rows.cpp"}
+
+
+def test_every_source_and_header_on_disk_is_built_and_staged_under_its_own_name():
+    """A file missing from the lists would be left out of the build (a source: its ops never
+    registered; a header: the staged build cannot find it); two staged files of one name
+    would overwrite each other."""
+    on_disk = {p for folder in (loader.CSRC, loader.CUDA_SRC) for p in folder.iterdir()}
+    sources = {*loader.source_paths(with_cuda=True)}
+    assert {p for p in on_disk if p.suffix in (".cpp", ".cu")} == sources
+    assert {p for p in on_disk if p.suffix in (".h", ".cuh")} == set(loader.HEADERS)
+    names = [path.name for path in [*sources, *loader.HEADERS]]
+    assert len(names) == len(set(names))
