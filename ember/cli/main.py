@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NoReturn
 
 from ember.cli import (
     certs_cmd,
@@ -18,7 +19,7 @@ from ember.cli import (
     report_cmd,
     train_cmd,
 )
-from ember.cli.process_exit import exit_finished_process, exit_status
+from ember.cli.process_exit import exit_finished_process, system_exit_status
 from ember.env import env_value
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def console() -> None:
+def console() -> NoReturn:
     """The ``ember`` console script and ``python -m ember.cli.main``: :func:`main`, then an
     exit that skips tearing down torch and the other loaded modules (~0.5 s a process, see
     :mod:`ember.cli.process_exit`). An exception other than SystemExit ends the process the
@@ -70,7 +71,7 @@ def console() -> None:
     try:
         status = main()
     except SystemExit as stop:
-        status = exit_status(stop.code)
+        status = system_exit_status(stop)
     exit_finished_process(status)
 
 

@@ -9,42 +9,93 @@ interpreter does first, in its order, and skips the rest:
 1. wait for every non-daemon thread (``threading``'s own shutdown: executors
    are told to stop, then their workers are joined);
 2. run the ``atexit`` callbacks (logging flushes and closes its handlers);
-3. flush stdout and stderr;
-4. ``os._exit`` with the status.
+3. flush stdout and stderr, then C's stdio buffers (what native libraries
+   printed);
+4. ``os._exit`` with the status, or 120 when stdout could not be flushed (as
+   the interpreter exits then: a full disk must not pass for success).
 
-Files the program left open and unflushed would lose their buffered bytes, as
-they would in a crash: Ember's own files are closed (and fsynced where it
-matters) before the program returns.
+What is skipped: finalizers of objects still alive (``__del__``, weakref
+callbacks outside atexit) and C ``atexit`` handlers and static destructors.
+A file left open and unflushed would lose its buffered bytes, as in a crash;
+Ember closes (and fsyncs where it matters) its own files before the program
+returns. The usual exit is kept where something needs it: under a tracer or a
+profiler (pdb, cProfile, coverage), with ``EMBER_EXIT_TEARDOWN=1``, or when
+this Python lacks the hooks used for steps 1 and 2. A signal that arrives
+during steps 1-2 raises in the caller as it would anywhere else.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
+from ember.env import env_value
 
-def exit_status(code: object) -> int:
-    """The status a ``SystemExit(code)`` exits with, as the interpreter maps it: None is 0,
-    an int is itself (mod 256), anything else is printed to stderr and is 1."""
+# Set by a failed flush of stdout at exit, as CPython's own exit does.
+_STDOUT_FLUSH_FAILED = 120
+
+
+def system_exit_status(stop: SystemExit) -> int:
+    """The status ``stop`` ends the process with, as the interpreter maps it; like the
+    interpreter, prints a code that is not an int (a message) to stderr.
+
+    Returns:
+        0 for None; an int in the C ``long`` range modulo 256, any other int 255; 1 for
+        anything else.
+    """
+    code = stop.code
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
+        return code & 0xFF if -(2**63) <= code < 2**63 else 0xFF
     print(code, file=sys.stderr)
     return 1
 
 
 def exit_finished_process(status: int) -> NoReturn:
     """Exit with ``status`` once threads, ``atexit`` callbacks and the standard streams are
-    done, skipping the teardown of loaded modules (see the module docstring)."""
-    threading._shutdown()  # type: ignore[attr-defined]  # what interpreter exit runs first
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be written
-            pass
+    done, skipping the teardown of loaded modules (see the module docstring for what that
+    skips and when the usual exit runs instead)."""
+    join_threads: Callable[[], None] | None = getattr(threading, "_shutdown", None)
+    run_atexit: Callable[[], None] | None = getattr(atexit, "_run_exitfuncs", None)
+    if join_threads is None or run_atexit is None or _needs_teardown():
+        sys.exit(status)
+    join_threads()
+    run_atexit()
+    if not _flushed(sys.stdout):
+        status = _STDOUT_FLUSH_FAILED
+    _flushed(sys.stderr)
+    ctypes.CDLL(None).fflush(None)
     os._exit(status)
+
+
+def _needs_teardown() -> bool:
+    """Whether a tracer, profiler or the user asks for the interpreter's usual exit."""
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)  # 3.12+: cProfile and coverage use it
+    if monitoring is not None and any(monitoring.get_tool(tool) is not None for tool in range(6)):
+        return True
+    return env_value("EXIT_TEARDOWN", False)
+
+
+def _flushed(stream: object) -> bool:
+    """Flush ``stream``; False, and a line on stderr where possible, when that fails. A stream
+    that is None (its descriptor was closed at start-up) or closed is skipped, as the
+    interpreter skips it."""
+    if stream is None or getattr(stream, "closed", False):
+        return True
+    try:
+        stream.flush()  # type: ignore[attr-defined]
+    except (OSError, ValueError) as error:
+        try:
+            print(f"ember: could not write standard output at exit: {error}", file=sys.stderr)
+        except (OSError, ValueError):
+            pass
+        return False
+    return True

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,8 +123,29 @@ def test_bad_flags_exit_with_a_clear_message(argv, message):
     result = subprocess.run(
         [*EMBER, *argv], capture_output=True, text=True, timeout=60, check=False
     )
-    assert result.returncode != 0
+    assert result.returncode == (2 if "usage:" in result.stderr else 1)  # argparse's or ours
     assert message in result.stderr
+
+
+def test_help_names_every_command_and_exits_0() -> None:
+    result = subprocess.run(
+        [*EMBER, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    commands = [
+        "ps",
+        "cluster",
+        "train",
+        "checkpoint",
+        "demo",
+        "doctor",
+        "certs",
+        "health",
+        "report",
+        "plan",
+    ]
+    listed = re.findall(r"^ {4}(\w+) ", result.stdout, flags=re.MULTILINE)
+    assert listed == commands  # the whole text reached the pipe
 
 
 def test_checkpoint_command_writes_a_checkpoint_and_refuses_a_baseless_incremental(tmp_path):
