@@ -233,11 +233,7 @@ class StepService:
             for rank in range(job.world):
                 for update in by_rank[rank]:
                     merged.setdefault(update[0].spec.name, []).append(update)
-            updates = [
-                (parts[0][0], np.concatenate([p[1] for p in parts]),
-                 np.concatenate([p[2] for p in parts]))
-                for parts in merged.values()
-            ]  # fmt: skip
+            updates = [_joined_parts(parts) for parts in merged.values()]
             clock = StepClockView(job.name, job.world, 0, step, job.mode, 1)
             job.applying.add(EXACT_APPLIER)
             try:
@@ -392,3 +388,11 @@ class StepService:
 
 def _deadline(clock: StepClockView) -> float:
     return time.monotonic() + clock.wait_ms / 1000.0
+
+
+def _joined_parts(parts: list[TableUpdate]) -> TableUpdate:
+    """One table's updates of a clock from every rank as one: its ids and gradients joined
+    in rank order (one rank's as they are: no copy of a large update)."""
+    if len(parts) == 1:
+        return parts[0]
+    return parts[0][0], np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
