@@ -19,7 +19,7 @@ from ember.cli import (
     report_cmd,
     train_cmd,
 )
-from ember.cli.process_exit import exit_finished_process, system_exit_status
+from ember.cli.process_exit import exit_finished_process, system_exit_status, teardown_asked
 from ember.env import env_value
 
 
@@ -69,10 +69,14 @@ def console() -> NoReturn:
     :mod:`ember.cli.process_exit`). An exception other than SystemExit ends the process the
     usual way, with its traceback."""
     try:
+        teardown = teardown_asked()
+    except ValueError as error:
+        raise SystemExit(f"ember: {error}") from None
+    try:
         status = main()
     except SystemExit as stop:
         status = system_exit_status(stop)
-    exit_finished_process(status)
+    exit_finished_process(status, teardown)
 
 
 if __name__ == "__main__":

@@ -252,7 +252,9 @@ class StepService:
 
     def _write(self, job: Job, clock: StepClockView, updates: list[TableUpdate], log: bool) -> None:
         """One optimizer step per distinct row of ``updates``, logged as one record; the rows
-        are remembered as changed by ``clock`` (for refreshes)."""
+        are remembered as changed by ``clock`` (for refreshes). ``updates``' arrays are only
+        read: an exact clock's stay pending, uncopied, until it applies (a failed write is
+        tried again with the same arrays)."""
         request_id = f"{job.name}@{clock.clock}" + (
             f"#{clock.rank}" if job.mode == pb.ASYNC else ""
         )

@@ -127,6 +127,15 @@ def test_bad_flags_exit_with_a_clear_message(argv, message):
     assert message in result.stderr
 
 
+def test_a_bad_exit_setting_is_refused_before_the_command_runs() -> None:
+    env = {**os.environ, "EMBER_EXIT_TEARDOWN": "maybe"}
+    result = subprocess.run(
+        [*EMBER, "--help"], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "EMBER_EXIT_TEARDOWN='maybe' is not a valid value" in result.stderr
+
+
 def test_help_names_every_command_and_exits_0() -> None:
     result = subprocess.run(
         [*EMBER, "--help"], capture_output=True, text=True, timeout=60, check=False

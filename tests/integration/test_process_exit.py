@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from ember.cli.process_exit import system_exit_status
+from ember.cli.process_exit import system_exit_status, teardown_asked
 
 PRELUDE = textwrap.dedent("""
     import atexit, ctypes, sys, threading
@@ -25,10 +25,10 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-def run(program: str, shell_suffix: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+def run(program: str, shell_suffix: str = "") -> subprocess.CompletedProcess[str]:
     """Run ``program`` after PRELUDE (via bash, ``shell_suffix`` after the command), its
     standard streams buffered as Python buffers pipes; what it printed and its status."""
-    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"} | env
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     command = f'"{sys.executable}" -c "$PROGRAM" {shell_suffix}'
     return subprocess.run(
         ["bash", "-c", command], capture_output=True, text=True, timeout=60, check=False,
@@ -87,19 +87,41 @@ def test_output_that_cannot_be_written_fails_the_exit_as_the_interpreter_does() 
 
 
 @pytest.mark.parametrize(
-    ("program", "env"),
-    [("sys.settrace(lambda *args: None)", {}), ("", {"EMBER_EXIT_TEARDOWN": "1"})],
-    ids=["under-a-tracer", "asked-for"],
+    "program",
+    [
+        "sys.settrace(lambda *args: None)",
+        "sys.setprofile(lambda *args: None)",
+        "del threading._shutdown  # a Python without the hook",
+        "del atexit._run_exitfuncs",
+        "TEARDOWN = True",
+    ],
+    ids=["under-a-tracer", "under-a-profiler", "no-thread-hook", "no-atexit-hook", "asked-for"],
 )
-def test_the_usual_exit_runs_under_a_tracer_or_when_asked_for(
-    program: str, env: dict[str, str]
-) -> None:
+def test_the_usual_exit_runs_where_something_needs_it(program: str) -> None:
     done = run(
-        program + "\ntry:\n    exit_finished_process(5)\n"
-        "except SystemExit as stop:\n    print('the usual exit with', stop.code)", **env
+        "TEARDOWN = False\n" + program + "\ntry:\n    exit_finished_process(5, TEARDOWN)\n"
+        "except SystemExit as stop:\n    print('the usual exit with', stop.code)"
     )  # fmt: skip
-    assert done.returncode == 0
     assert done.stdout.startswith("the usual exit with 5\n")
+
+
+def test_a_closed_stdout_is_skipped_as_the_interpreter_skips_it() -> None:
+    done = run("sys.stdout.close(); exit_finished_process(6)")
+    assert (done.returncode, done.stderr) == (6, "")
+
+
+@pytest.mark.parametrize(
+    ("value", "asked"), [("1", True), ("0", False), ("", False), ("maybe", None)]
+)
+def test_the_teardown_variable_is_a_boolean_and_anything_else_is_refused(
+    value: str, asked: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBER_EXIT_TEARDOWN", value)
+    if asked is None:
+        with pytest.raises(ValueError, match="EMBER_EXIT_TEARDOWN"):
+            teardown_asked()
+    else:
+        assert teardown_asked() is asked
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from ember.ps_server.errors import (
     TooManyWaitingError,
     status_for,
 )
+from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.shard.step_handlers import StepHandlers
 from ember.ps_server.wire.messages import pb
@@ -29,6 +30,7 @@ from ember.ps_server.wire.table_spec import TableSpec
 
 from tests.support.steps_in_process import (
     ADAM,
+    OTHER,
     clock,
     in_thread,
     lookup,
@@ -50,6 +52,26 @@ def test_exact_mode_applies_the_sum_of_every_rank_as_one_step_per_row_per_clock(
     assert result["value"][0] is False and duplicate is False and watermark == 0
     rows, _ = lookup(server, [4, 9])
     np.testing.assert_allclose(rows, reference_rows([4, 9], [g0 + g1]), rtol=1e-5, atol=1e-6)
+    assert server.pull("emb", np.array([4, 9], "<i8").tobytes()).versions.tolist() == [1, 1]
+
+
+def test_an_exact_clock_steps_a_table_only_one_rank_sent_once_with_that_ranks_gradients():
+    server = shard()
+    g0 = np.full((2, 3), 0.3)
+    first, result = in_thread(update, server, 0, [4, 9], g0, rank=0)
+    assert server.steps.clocks.job(clock(0)).await_waiters(1, 30)  # held for rank 1
+    other = encode_update_request(
+        [("other", np.array([7], "<i8"), np.full((1, 2), 0.2, "<f4"))], clock(0, rank=1)
+    )
+    server.steps.update(decode_update_request(other), None)
+    first.join(30)
+    assert "error" not in result
+    rows, _ = lookup(server, [4, 9])
+    np.testing.assert_allclose(rows, reference_rows([4, 9], [g0]), rtol=1e-5, atol=1e-6)
+    pulled = server.pull("other", np.array([7], "<i8").tobytes())
+    expected = initial_rows(OTHER, np.array([7])).numpy().astype(np.float64) - 0.5 * 0.2  # SGD
+    np.testing.assert_allclose(pulled.values, expected, rtol=1e-6)
+    assert pulled.versions.tolist() == [1]
     assert server.pull("emb", np.array([4, 9], "<i8").tobytes()).versions.tolist() == [1, 1]
 
 
