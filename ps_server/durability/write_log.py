@@ -2,7 +2,7 @@
 
 Files ``<dir>/shard-S-of-N.<segment>.wal`` of records (a serialised
 ``LogRecord`` each, framed as :mod:`log_records` says, written with one
-``writev``). :meth:`WriteLog.append`
+``writev``; the files' layout: :mod:`log_segments`). :meth:`WriteLog.append`
 hands a record to the OS and returns a ticket; :meth:`WriteLog.sync` makes it
 durable. With fsync ``always`` the caller syncs before acknowledging, and one
 fsync covers every record appended before it (group commit); with
@@ -27,10 +27,8 @@ warning; any other damage stops the start, naming the file and byte offset.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import threading
 import time
 import zlib
@@ -41,22 +39,12 @@ from ember.ps_server.durability.durable_files import (
     fsync_directory,
     make_directory_durably,
     write_all,
-    write_durably,
 )
 from ember.ps_server.durability.log_ownership import check_shard_count, lock_shard_log
-from ember.ps_server.durability.log_records import (
-    FRAMING,
-    TRAILER,
-    fsync_before_replay,
-    header,
-    segment_records,
-)
+from ember.ps_server.durability.log_records import FRAMING, TRAILER, fsync_before_replay, header
+from ember.ps_server.durability.log_segments import LogSegments
 from ember.ps_server.durability.shard_fault import ShardFault
-from ember.ps_server.errors import (
-    DurableFileCorruptError,
-    ShardFailedError,
-    TopologyMismatchError,
-)
+from ember.ps_server.errors import ShardFailedError, TopologyMismatchError
 from ember.ps_server.wire.proto_wire import Buffer
 
 log = logging.getLogger(__name__)
@@ -92,8 +80,7 @@ class WriteLog:
         self.fsync = fsync
         self.fault = fault or ShardFault()
         self._shard, self._num_shards = shard, num_shards
-        self._prefix = f"shard-{shard}-of-{num_shards}"
-        self._pattern = re.compile(rf"^{re.escape(self._prefix)}\.(\d{{8}})\.wal$")
+        self.files = LogSegments(directory, shard, num_shards)
         make_directory_durably(directory)
         self._append_lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -113,11 +100,6 @@ class WriteLog:
         self._syncer: threading.Thread | None = None
         self._interval_s = interval_s
 
-    @property
-    def base_path(self) -> Path:
-        """Where the last committed checkpoint of this shard is recorded."""
-        return self.directory / f"{self._prefix}.base.json"
-
     def claim(self) -> None:
         """Become the one process that reads and writes this shard's log (idempotent).
 
@@ -136,21 +118,11 @@ class WriteLog:
 
     def base(self) -> tuple[Path | None, int]:
         """``(checkpoint directory, first segment after it)``; ``(None, 1)`` without one."""
-        if not self.base_path.exists():
-            return None, 1
-        try:
-            record = json.loads(self.base_path.read_bytes())
-            return Path(record["checkpoint"]), int(record["segment"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise DurableFileCorruptError(f"{self.base_path}: unreadable ({error})") from error
+        return self.files.base()
 
     def segments(self) -> list[int]:
         """Numbers of the segment files present, ascending."""
-        return sorted(
-            int(match.group(1))
-            for entry in self.directory.iterdir()
-            if (match := self._pattern.match(entry.name))
-        )
+        return self.files.numbers()
 
     def replay(self) -> Iterator[bytes]:
         """Every record payload after the base checkpoint, in order (claims the log first).
@@ -166,17 +138,7 @@ class WriteLog:
         self.claim()
         _, first = self.base()
         fsync_before_replay(self.directory)
-        segments = [n for n in self.segments() if n >= first]
-        if segments and segments[0] != first:
-            raise DurableFileCorruptError(
-                f"{self._segment_path(first)}: missing (the log continues at segment "
-                f"{segments[0]}); records in between are lost"
-            )
-        for position, number in enumerate(segments):
-            if number != first + position:
-                raise DurableFileCorruptError(f"{self._segment_path(first + position)}: missing")
-            last = position == len(segments) - 1
-            yield from segment_records(self._segment_path(number), last)
+        yield from self.files.records(first)
 
     def verify(self) -> int:
         """Check every record after the base (cutting a torn tail) without applying; returns
@@ -189,7 +151,7 @@ class WriteLog:
         _, first = self.base()
         self._segment = max([first - 1, *self.segments()]) + 1
         self._fd, self._segment_bytes = self._open_segment(self._segment), 0
-        self._since_base = self._segment_sizes(first)
+        self._since_base = self.files.bytes_from(first)
         if self.fsync == "interval":
             self._syncer = threading.Thread(
                 target=self._sync_periodically, name="ember-wal-sync", daemon=True
@@ -221,7 +183,7 @@ class WriteLog:
             except OSError as error:
                 self._cut_back(start)
                 self._fail(
-                    f"writing a record to the write-ahead log {self._segment_path(self._segment)} "
+                    f"writing a record to the write-ahead log {self.files.path(self._segment)} "
                     f"at byte {start} failed ({error}). No write is acknowledged from now on. "
                     "Fix the disk (free space), then restart the shard: it recovers every "
                     "acknowledged write from the log"
@@ -272,7 +234,7 @@ class WriteLog:
             new_fd = self._open_segment(self._segment + 1)
             old_fd, self._fd = self._fd, new_fd
             self._segment, self._segment_bytes = self._segment + 1, 0
-            _close_quietly(old_fd, self._segment_path(self._segment - 1))
+            _close_quietly(old_fd, self.files.path(self._segment - 1))
             return self._segment
 
     @property
@@ -288,19 +250,13 @@ class WriteLog:
     def record_base(self, checkpoint: Path, segment: int) -> None:
         """Write ``checkpoint`` and the first segment after it durably into the base file:
         from now on a restart restores it and replays from ``segment``."""
-        write_durably(
-            self.base_path,
-            json.dumps({"checkpoint": str(checkpoint), "segment": segment}).encode(),
-        )
+        self.files.write_base(checkpoint, segment)
         with self._append_lock:  # no record half written: the files' sizes are exact
-            self._since_base = self._segment_sizes(segment)
+            self._since_base = self.files.bytes_from(segment)
 
     def drop_segments_before(self, segment: int) -> None:
         """Delete the segments a recorded base covers (a restart skips them anyway)."""
-        for number in self.segments():
-            if number < segment:
-                self._segment_path(number).unlink()
-        fsync_directory(self.directory)
+        self.files.drop_before(segment)
 
     def close(self) -> None:
         """Make everything appended durable (unless the log failed), stop, release the lock."""
@@ -315,7 +271,7 @@ class WriteLog:
                     except OSError as error:
                         self.fault.trip(self._fsync_failure(error))
                 fd, self._fd = self._fd, None
-                _close_quietly(fd, self._segment_path(self._segment))
+                _close_quietly(fd, self.files.path(self._segment))
         self._release_lock()
 
     def _release_lock(self) -> None:
@@ -325,7 +281,7 @@ class WriteLog:
 
     def _open_segment(self, number: int) -> int:
         """Create segment ``number`` durably (a new, empty file); returns its descriptor."""
-        path = self._segment_path(number)
+        path = self.files.path(number)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
             fsync_directory(self.directory)
@@ -370,7 +326,7 @@ class WriteLog:
 
     def _fsync_failure(self, error: OSError) -> str:
         return (
-            f"fsync of the write-ahead log {self._segment_path(self._segment)} failed ({error}): "
+            f"fsync of the write-ahead log {self.files.path(self._segment)} failed ({error}): "
             f"records after byte {self._synced} of the log may not be durable. No write is "
             "acknowledged from now on. Check the disk, then restart the shard"
         )
@@ -388,13 +344,6 @@ class WriteLog:
             os.ftruncate(self._fd, size)
         except OSError as error:
             log.error("cannot cut the partial record off %s: %s", self.directory, error)
-
-    def _segment_sizes(self, first: int) -> int:
-        """Bytes in the segments numbered ``first`` or later."""
-        return sum(self._segment_path(n).stat().st_size for n in self.segments() if n >= first)
-
-    def _segment_path(self, number: int) -> Path:
-        return self.directory / f"{self._prefix}.{number:08d}.wal"
 
 
 def _close_quietly(fd: int, path: Path) -> None:
