@@ -142,11 +142,12 @@ def symbol_problems(scratch: Path) -> list[str]:
                 undefined.add(name)
             elif kind in "TDBR":  # a strong definition (weak ones may repeat)
                 defined_in.setdefault(name, []).append(path.name)
-    problems = [f"{_demangle(name)} is called but defined nowhere"
+    cpp = _demangled([*undefined, *defined_in])
+    problems = [f"{cpp[name]} is called but defined nowhere"
                 for name in sorted(undefined - defined_in.keys())]  # fmt: skip
-    problems += [f"{_demangle(name)} is defined in {' and '.join(where)}"
+    problems += [f"{cpp[name]} is defined in {' and '.join(where)}"
                  for name, where in sorted(defined_in.items()) if len(where) > 1]  # fmt: skip
-    called = {_demangle(name).split("(")[0] for name in undefined}
+    called = {cpp[name].split("(")[0] for name in undefined}
     declared = set(_LAUNCHER.findall((CUDA_SRC / "launchers.h").read_text()))
     problems += [f"ember::{name} is declared but no op calls it"
                  for name in sorted(declared - {c.removeprefix("ember::") for c in called})]  # fmt: skip
@@ -163,14 +164,17 @@ def _ember_symbols(path: Path) -> list[tuple[str, str]]:
     return [(f[0], f[1]) for f in fields if len(f) >= 2 and f[0].startswith(_EMBER_SYMBOL)]
 
 
-def _demangle(name: str) -> str:
-    """``name`` as C++ spells it (``c++filt``), or as it is where that is missing."""
+def _demangled(names: list[str]) -> dict[str, str]:
+    """Each mangled name as C++ spells it (one ``c++filt`` run), or as it is where
+    ``c++filt`` is missing or fails."""
     try:
-        return subprocess.run(
-            ["c++filt", name], capture_output=True, text=True, timeout=60, check=True
-        ).stdout.strip()
+        lines = subprocess.run(
+            ["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=60,
+            check=True,
+        ).stdout.splitlines()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
-        return name
+        lines = []
+    return dict(zip(names, lines)) if len(lines) == len(names) else {n: n for n in names}
 
 
 def _cache_path(versions: str, command: list[str], source: Path) -> Path:
