@@ -7,12 +7,23 @@ step t-2 (see :mod:`ember.trainer.pipeline`): it needs step t's ids two steps
 early. The loop hands each batch to ``prefetch`` once, in step order, as soon
 as it is within the source's ``lookahead`` (after step 0's rows, the next
 ``lookahead`` batches; after each later step's, one).
+
+With ``background``, :meth:`Lookahead.announce` hands the batches to one
+planning thread and returns: deduplicating a batch's ids and splitting them
+among replicas and shards then runs on another core while the step's dense
+forward and backward run here. :meth:`Lookahead.settle` waits for it; the loop
+calls it before the step's update, which carries the next steps' lookups
+(TorchRec's pipelines start the next batch's input distribution the same
+way). The training thread touches the row source only outside
+``announce``-``settle``, so the planning thread has it to itself.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Generic, TypeVar
 
 Batch = TypeVar("Batch")
@@ -27,6 +38,8 @@ class Lookahead(Generic[Batch]):
         depth: how many steps past the current one ``prefetch`` takes batches (>= 1).
         steps: the run's last step is ``steps - 1``: no batch past it is announced.
         prefetch: called once per batch, in order, before its step.
+        background: call ``prefetch`` on a planning thread of its own (see the module
+            docstring); use the lookahead as a context manager, or :meth:`close` it.
 
     Example:
         >>> ahead = Lookahead(batches, source.lookahead, steps, lambda b: ebc.prefetch(b.sparse))
@@ -41,11 +54,18 @@ class Lookahead(Generic[Batch]):
         depth: int,
         steps: int,
         prefetch: Callable[[Batch], None],
+        background: bool = False,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self._batches, self._depth, self._steps = batches, depth, steps
         self._prefetch = prefetch
+        self._planner = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ember-plan")
+            if background
+            else None
+        )
+        self._planning: concurrent.futures.Future | None = None
         self._ahead: collections.deque[Batch] = collections.deque()
         self._taken = 0  # steps whose batch take() gave
         self._announced = 0  # batches at the front of _ahead already given to prefetch
@@ -56,7 +76,9 @@ class Lookahead(Generic[Batch]):
         return bool(self._ahead)
 
     def take(self) -> Batch | None:
-        """The next step's batch (None when the batches ran out)."""
+        """The next step's batch (None when the batches ran out), once the batches announced
+        before it are planned."""
+        self.settle()
         if not self.has_batch():
             return None
         self._taken += 1
@@ -65,11 +87,45 @@ class Lookahead(Generic[Batch]):
 
     def announce(self) -> None:
         """Give ``prefetch`` the batches of the next ``depth`` steps it has not had yet (call
-        after the current step's rows are read)."""
+        after the current step's rows are read); with ``background``, on the planning thread,
+        and :meth:`settle` waits for them."""
+        self.settle()
         room = min(len(self._ahead), self._depth, self._steps - self._taken)
-        while self._announced < room:
-            self._prefetch(self._ahead[self._announced])
-            self._announced += 1
+        upcoming = [self._ahead[index] for index in range(self._announced, room)]
+        self._announced = max(self._announced, room)
+        if self._planner is None:
+            self._prefetch_each(upcoming)
+        elif upcoming:
+            self._planning = self._planner.submit(self._prefetch_each, upcoming)
+
+    def settle(self) -> None:
+        """Wait until the batches announced are given to ``prefetch``; raise what it raised."""
+        planning, self._planning = self._planning, None
+        if planning is not None:
+            planning.result()
+
+    def close(self) -> None:
+        """Wait for the planning thread and stop it (what it raises is :meth:`settle`'s)."""
+        if self._planner is not None:
+            self._planner.shutdown(wait=True)
+
+    def __enter__(self) -> Lookahead[Batch]:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close; where the block ended without an error, raise the planning's."""
+        self.close()
+        if error is None:
+            self.settle()
+
+    def _prefetch_each(self, upcoming: list[Batch]) -> None:
+        for batch in upcoming:
+            self._prefetch(batch)
 
     def _fill(self) -> None:
         while len(self._ahead) < self._depth + 1:

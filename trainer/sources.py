@@ -81,10 +81,12 @@ class TimedSource:
         return getattr(self.inner, "lookahead", 1)
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
+        """Hand later steps' ids on, untimed: a planning thread may call it (see
+        :mod:`ember.trainer.lookahead`); the training loop times the announcing, and the
+        wait for the planning, in :attr:`inside`."""
         prefetch = getattr(self.inner, "prefetch", None)
         if prefetch is not None:
-            with self.inside:
-                prefetch(requests)
+            prefetch(requests)
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         with self.inside:

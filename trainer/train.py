@@ -84,35 +84,40 @@ def train(config: TrainConfig) -> dict:
             source, [s.name for s in specs], grad_scale=1.0 / world, device=device
         )
         losses: list[float] = []
+        # The clocked pipeline plans the next steps on a thread of its own (see Lookahead).
         batches = Lookahead(
             _train_batches(config, data, reader, rank, world), source.lookahead, config.steps,
-            lambda upcoming: ebc.prefetch(upcoming.sparse),
+            lambda upcoming: ebc.prefetch(upcoming.sparse), background=config.clocked(),
         )  # fmt: skip
         start, cpu_start = time.perf_counter(), time.process_time()
         # A file's parts can differ by a batch between ranks; synthetic parts never do.
         uneven = config.criteo_path is not None and world > 1
         try:
-            while len(losses) < config.steps:
-                has_batch = batches.has_batch()
-                if uneven:
-                    has_batch = _every_rank_has_a_batch(has_batch, device)
-                if not has_batch:
-                    break
-                batch = batches.take()
-                dense_opt.zero_grad()
-                pooled = ebc(batch.sparse)
-                batches.announce()  # the next steps' rows come while this one computes
-                batch = batch.to(device)
-                logits = dense_model(batch.dense, pooled)
-                loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-                loss.backward()
-                ebc.step()  # first: the embedding update leaves while the dense step runs
-                dense_opt.step()
-                losses.append(_mean_over_ranks(loss.detach(), world))
-                if _write_back_due(config, len(losses)):
+            with batches:
+                while len(losses) < config.steps:
+                    has_batch = batches.has_batch()
+                    if uneven:
+                        has_batch = _every_rank_has_a_batch(has_batch, device)
+                    if not has_batch:
+                        break
+                    batch = batches.take()
+                    dense_opt.zero_grad()
+                    pooled = ebc(batch.sparse)
                     with source.inside:
-                        flush(inner)  # bounds what a crashed trainer loses of its replicas
-                telemetry.step(len(losses), losses[-1], source, time.perf_counter() - start)
+                        batches.announce()  # the next steps' rows come while this computes
+                    batch = batch.to(device)
+                    logits = dense_model(batch.dense, pooled)
+                    loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+                    loss.backward()
+                    with source.inside:
+                        batches.settle()  # this step's update carries the next steps' reads
+                    ebc.step()  # first: the embedding update leaves while the dense step runs
+                    dense_opt.step()
+                    losses.append(_mean_over_ranks(loss.detach(), world))
+                    if _write_back_due(config, len(losses)):
+                        with source.inside:
+                            flush(inner)  # bounds what a crashed trainer loses of its replicas
+                    telemetry.step(len(losses), losses[-1], source, time.perf_counter() - start)
             flush_started = time.perf_counter()
             with source.inside:
                 flush(inner, last=True)

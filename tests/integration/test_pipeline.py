@@ -51,6 +51,7 @@ def train_steps(
         ahead = Lookahead(
             iter(batches), depth or getattr(source, "lookahead", 1), len(batches),
             lambda upcoming: ebc.prefetch(upcoming.sparse) if pipelined else None,
+            background=pipelined,  # as train() does
         )  # fmt: skip
         losses = []
         while (batch := ahead.take()) is not None:
@@ -62,8 +63,10 @@ def train_steps(
             )
             loss.backward()
             dense.step()
+            ahead.settle()
             ebc.step()
             losses.append(loss.item())
+        ahead.close()
         if pipelined:
             source.flush()
             assert source.timing.max_lag == 0 and len(source.timing.lags) == len(batches)
