@@ -41,7 +41,10 @@ class RowSource(Protocol):
     :meth:`prefetch` (later steps' ids, known early: each step's once, in step order,
     at most ``lookahead`` steps past the current one where a source has that attribute,
     else 1), then :meth:`apply_gradients` exactly once (the step's gradients, possibly
-    none). Evaluation calls :meth:`read`.
+    none). Evaluation calls :meth:`read`. ``prefetch`` of the clocked sources (the step
+    pipeline, the replicas in front of it) may run on a planning thread, never at the same
+    time as the source's other calls (:mod:`ember.trainer.lookahead`): it must not wait on
+    the shards, time :attr:`blocked_s` or touch a GPU.
     """
 
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

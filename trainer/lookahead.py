@@ -10,12 +10,14 @@ as it is within the source's ``lookahead`` (after step 0's rows, the next
 
 With ``background``, :meth:`Lookahead.announce` hands the batches to one
 planning thread and returns: deduplicating a batch's ids and splitting them
-among replicas and shards then runs on another core while the step's dense
-forward and backward run here. :meth:`Lookahead.settle` waits for it; the loop
-calls it before the step's update, which carries the next steps' lookups
-(TorchRec's pipelines start the next batch's input distribution the same
-way). The training thread touches the row source only outside
-``announce``-``settle``, so the planning thread has it to itself.
+among replicas and shards then runs on the host, on another core, while the
+step's dense forward and backward run here (TorchRec's pipelines likewise start
+the next batch's input work before this batch's backward). :meth:`Lookahead.settle`
+waits for it, and the loop must call it before the step's update, which
+carries the next steps' lookups: the training thread calls the collection and
+its row source only outside ``announce``-``settle``. (The pipeline's own
+lookup and update threads run then too; they share nothing with planning but
+their locked counters.)
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class Lookahead(Generic[Batch]):
         >>> while (batch := ahead.take()) is not None:          # doctest: +SKIP
         ...     pooled = ebc(batch.sparse)
         ...     ahead.announce()            # the next batches' rows come while this computes
+        ...     loss_of(pooled).backward()
+        ...     ahead.settle()              # with background: before the update carries them
+        ...     ebc.step()
     """
 
     def __init__(
@@ -105,7 +110,8 @@ class Lookahead(Generic[Batch]):
             planning.result()
 
     def close(self) -> None:
-        """Wait for the planning thread and stop it (what it raises is :meth:`settle`'s)."""
+        """Wait for the planning thread and stop it; an error of its planning is left for
+        :meth:`settle` to raise."""
         if self._planner is not None:
             self._planner.shutdown(wait=True)
 
@@ -118,10 +124,16 @@ class Lookahead(Generic[Batch]):
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        """Close; where the block ended without an error, raise the planning's."""
+        """Close; raise the planning's error where the block ended without one of its own,
+        else note it on the block's."""
         self.close()
         if error is None:
             self.settle()
+            return
+        try:
+            self.settle()
+        except Exception as planning:  # noqa: BLE001 - the block's error is the one raised
+            error.add_note(f"(planning the next steps also failed: {planning!r})")
 
     def _prefetch_each(self, upcoming: list[Batch]) -> None:
         for batch in upcoming:

@@ -27,6 +27,7 @@ def run_report(
     ``ps_wait_s`` is the exposed PS wait: the time the steps were blocked on the shards, or
     on other ranks in the hot rows' all-reduce. ``embedding_work_s`` is the rest of their
     time in the row source: this rank's own embedding work (hot rows' lookup and optimizer,
+    planning the next steps' ids where the training thread does it or waits for it,
     splitting, placing rows), part of ``compute_s``. A pipeline's lookups and updates also
     run in the background; ``ps_overlapped_s`` is the part of their time the steps did not
     wait for.

@@ -47,11 +47,13 @@ RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedR
 class TimedSource:
     """A row source that also accounts where the step's time in it goes.
 
-    ``inside``: time the training thread spent in the source's calls: waiting, and the
-    embedding work on this rank (hot rows' lookups and optimizer steps, splitting hot from
-    cold ids, placing rows). :attr:`ps_wait_s`: the part of it blocked on the shards or on
-    other ranks (collectives); the exposed PS wait. A pipeline's background lookups and
-    updates are in neither.
+    ``inside``: time the training thread spent in the source's calls and, as the training
+    loops time it, on planning the next steps' ids (deduplicating them, splitting hot from
+    cold, announcing them: :meth:`prefetch`), or waiting for a planning thread to finish
+    that: waiting, and the embedding work on this rank (hot rows' lookups and optimizer
+    steps, placing rows). :attr:`ps_wait_s`: the part of it blocked on the shards or on other
+    ranks (collectives); the exposed PS wait. A pipeline's background lookups and updates,
+    and a planning thread's own time, are in neither.
     """
 
     def __init__(self, inner: RowSourceKind) -> None:

@@ -83,29 +83,27 @@ def train_sequences(config: TrainConfig, device: torch.device, rank: int, world:
         shares = _my_shares(config, data, num_items, rank, world, cost)
         steps: list[_Step] = []
         start = time.perf_counter()
+        # Planned on this thread, not beside the compute as train() plans: each step's compute
+        # is timed to balance the ranks, and planning beside it would count in it.
         ahead = Lookahead(
-            shares, source.lookahead, config.steps,
-            lambda upcoming: ebc.prefetch(upcoming.features), background=config.clocked(),
-        )  # fmt: skip
-        with ahead:
-            while len(steps) < config.steps and (share := ahead.take()) is not None:
-                dense_opt.zero_grad()
-                items, users = ebc.lookup(share.features)
-                with source.inside:
-                    ahead.announce()  # the next steps' rows come while this one computes
-                _synchronize(device)
-                began = time.perf_counter()
-                scores = _scores(model, share.batch, items, users)
-                loss = sampled_softmax_loss(scores) * share.batch.batch_size / share.global_size
-                loss.backward()
-                _synchronize(device)
-                seconds = time.perf_counter() - began
-                _sum_over_ranks(model, world)
-                with source.inside:
-                    ahead.settle()  # this step's update carries the next steps' reads
-                ebc.step()  # first: the embedding update leaves while the dense step runs
-                dense_opt.step()
-                steps.append(_Step(share, *_gathered(seconds, loss.item(), world, device)))
+            shares, source.lookahead, config.steps, lambda upcoming: ebc.prefetch(upcoming.features)
+        )
+        while len(steps) < config.steps and (share := ahead.take()) is not None:
+            dense_opt.zero_grad()
+            items, users = ebc.lookup(share.features)
+            with source.inside:
+                ahead.announce()  # the next steps' rows come while this one computes
+            _synchronize(device)
+            began = time.perf_counter()
+            scores = _scores(model, share.batch, items, users)
+            loss = sampled_softmax_loss(scores) * share.batch.batch_size / share.global_size
+            loss.backward()
+            _synchronize(device)
+            seconds = time.perf_counter() - began
+            _sum_over_ranks(model, world)
+            ebc.step()  # first: the embedding update leaves while the dense step runs
+            dense_opt.step()
+            steps.append(_Step(share, *_gathered(seconds, loss.item(), world, device)))
         with source.inside:
             flush(inner)
         wall = time.perf_counter() - start

@@ -48,25 +48,31 @@ def train_steps(
         else:
             source = PSRowSource(client)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
-        ahead = Lookahead(
-            iter(batches), depth or getattr(source, "lookahead", 1), len(batches),
-            lambda upcoming: ebc.prefetch(upcoming.sparse) if pipelined else None,
-            background=pipelined,  # as train() does
-        )  # fmt: skip
+
+        def plan(upcoming):
+            if pipelined:
+                # Slower than the step's small model: an update sent before its planning
+                # settled would leave without the reads it must carry.
+                time.sleep(0.005)
+                ebc.prefetch(upcoming.sparse)
+
         losses = []
-        while (batch := ahead.take()) is not None:
-            dense.zero_grad()
-            pooled = ebc(batch.sparse)
-            ahead.announce()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(
-                model(batch.dense, pooled), batch.labels
-            )
-            loss.backward()
-            dense.step()
-            ahead.settle()
-            ebc.step()
-            losses.append(loss.item())
-        ahead.close()
+        with Lookahead(  # as train() does: planned beside the step's compute
+            iter(batches), depth or getattr(source, "lookahead", 1), len(batches), plan,
+            background=pipelined,
+        ) as ahead:  # fmt: skip
+            while (batch := ahead.take()) is not None:
+                dense.zero_grad()
+                pooled = ebc(batch.sparse)
+                ahead.announce()
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                    model(batch.dense, pooled), batch.labels
+                )
+                loss.backward()
+                dense.step()
+                ahead.settle()
+                ebc.step()
+                losses.append(loss.item())
         if pipelined:
             source.flush()
             assert source.timing.max_lag == 0 and len(source.timing.lags) == len(batches)

@@ -1,8 +1,10 @@
 """The traffic model against a real training run's own counters (hit rate, bytes)."""
 
 import os
+import threading
 
 import pytest
+from ember.trainer.cache.replicated_source import ReplicatedRowSource
 from ember.trainer.config import TrainConfig
 from ember.trainer.plan.apply import workload_profiles
 from ember.trainer.plan.traffic_model import TrafficModel, Workload
@@ -10,8 +12,15 @@ from ember.trainer.train import synthetic_data, table_specs, train
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_predicted_hit_rate_and_row_bytes_match_the_run(cluster, table_name, staleness):
+def test_predicted_hit_rate_and_row_bytes_match_the_run(
+    cluster, table_name, staleness, monkeypatch
+):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    planned_on, prefetch = [], ReplicatedRowSource.prefetch
+    monkeypatch.setattr(
+        ReplicatedRowSource, "prefetch",
+        lambda *args: planned_on.append(threading.current_thread().name) or prefetch(*args),
+    )  # fmt: skip
     config = TrainConfig(
         endpoints=tuple(cluster.endpoints), steps=25, batch_size=256, max_cardinality=5000,
         dim=8, eval_batches=1, progress=False, cache="replicated", cache_mb=0.05,
@@ -32,6 +41,9 @@ def test_predicted_hit_rate_and_row_bytes_match_the_run(cluster, table_name, sta
     hot_rows = model.rows_for_budget(config.cache_mb * 2**20)  # adagrad: dim state floats
     predicted = model.traffic(hot_rows, staleness)
     report = train(config)
+    # The clocked pipeline plans every later step beside the step before's compute.
+    assert len(planned_on) == config.steps - 1
+    assert all(name.startswith("ember-plan") for name in planned_on), set(planned_on)
     assert 0.2 < report["cache_hit_rate"] < 0.95  # a hot set that matters, not all or nothing
     assert predicted.hit_rate == pytest.approx(report["cache_hit_rate"], rel=0.05)
     per_sample = predicted.per_sample(config.batch_size)

@@ -115,40 +115,41 @@ def test_ps_training_matches_reference(cluster, table_name, optimizers, source_k
             client.create_table(spec)
         source = SOURCES[source_kind](client, specs, batches)
         ebc = PSEmbeddingBagCollection(source, [s.name for s in specs])
-        ahead = Lookahead(  # as train() does: the replicated source's cold lookups ride,
+        reference_losses, ps_losses = [], []
+        with Lookahead(  # as train() does: the replicated source's cold lookups ride,
             iter(batches), getattr(source, "lookahead", 1), len(batches),  # planned beside
             lambda upcoming: ebc.prefetch(upcoming.sparse),  # the step's compute
             background=source_kind.startswith("replicated"),
-        )  # fmt: skip
-        reference_losses, ps_losses = [], []
-        for index in range(len(batches)):
-            batch = ahead.take()
-            for model, embed, opts, losses in (
-                (
-                    reference_model,
-                    reference_tables,
-                    (reference_dense, *reference_sparse),
-                    reference_losses,
-                ),
-                (ps_model, ebc, (ps_dense,), ps_losses),
-            ):
-                for opt in opts:
-                    opt.zero_grad()
-                pooled = embed(batch.sparse)
-                if embed is ebc:
-                    ahead.announce()
-                logits = model(batch.dense, pooled)
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
-                loss.backward()
-                for opt in opts:
-                    opt.step()
-                if embed is ebc:
-                    ahead.settle()
-                    ebc.step()
-                    if source_kind.endswith("flushing") and index % 5 == 4:
-                        _flush_and_check_write_back(client, source)
-                losses.append(loss.item())
-        ahead.close()
+        ) as ahead:  # fmt: skip
+            for index in range(len(batches)):
+                batch = ahead.take()
+                for model, embed, opts, losses in (
+                    (
+                        reference_model,
+                        reference_tables,
+                        (reference_dense, *reference_sparse),
+                        reference_losses,
+                    ),
+                    (ps_model, ebc, (ps_dense,), ps_losses),
+                ):
+                    for opt in opts:
+                        opt.zero_grad()
+                    pooled = embed(batch.sparse)
+                    if embed is ebc:
+                        ahead.announce()
+                    logits = model(batch.dense, pooled)
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                        logits, batch.labels
+                    )
+                    loss.backward()
+                    for opt in opts:
+                        opt.step()
+                    if embed is ebc:
+                        ahead.settle()
+                        ebc.step()
+                        if source_kind.endswith("flushing") and index % 5 == 4:
+                            _flush_and_check_write_back(client, source)
+                    losses.append(loss.item())
         if source_kind != "direct":
             source.flush()
             assert 0.3 < source.hit_rate() < 1.0  # the cache really served rows

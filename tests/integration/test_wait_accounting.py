@@ -35,7 +35,8 @@ def _train(source: TimedSource, specs: list[TableSpec]) -> None:
         rows = source.rows(requests[step])
         if step + 1 < STEPS:
             requests.append({spec.name: torch.arange(ROWS, dtype=torch.int64) for spec in specs})
-            source.prefetch(requests[step + 1])
+            with source.inside:  # as train() times its announcing
+                source.prefetch(requests[step + 1])
         source.apply_gradients(
             {t: (ids, torch.full_like(rows[t], 0.01)) for t, ids in requests[step].items()}
         )

@@ -55,16 +55,19 @@ def main(argv: list[str]) -> int:
         steps_client.lookup = lambda *args, **kwargs: lookups.append(1) or lookup(*args, **kwargs)
         source = PipelinedRowSource(steps_client, staleness)
         seen, started = [], time.perf_counter()
-        # As train() does: lookups announced early ride on the updates they need (s <= 1).
+        # As train() does: lookups announced early ride on the updates they need (s <= 1),
+        # planned beside the step's compute.
         ahead = Lookahead(iter(range(steps)), source.lookahead, steps,
-                          lambda _: source.prefetch({table: IDS}))  # fmt: skip
-        while (step := ahead.take()) is not None:
-            rows = source.rows({table: IDS})
-            seen.append(float(rows[table][0, 0]))
-            ahead.announce()
-            time.sleep(float(sleep_s))  # this rank's compute
-            source.apply_gradients({table: (IDS, -torch.ones(len(IDS), 2))})
-            print(f"step {step}", flush=True)
+                          lambda _: source.prefetch({table: IDS}), background=True)  # fmt: skip
+        with ahead:
+            while (step := ahead.take()) is not None:
+                rows = source.rows({table: IDS})
+                seen.append(float(rows[table][0, 0]))
+                ahead.announce()
+                time.sleep(float(sleep_s))  # this rank's compute
+                ahead.settle()
+                source.apply_gradients({table: (IDS, -torch.ones(len(IDS), 2))})
+                print(f"step {step}", flush=True)
         source.flush()
         source.close()
     Path(report).write_text(

@@ -79,6 +79,18 @@ def test_a_planning_error_is_raised_by_settle_and_by_the_next_take():
     ahead.close()
 
 
+def test_announcing_again_first_raises_the_planning_error_of_the_batches_before():
+    def plan(batch):
+        if batch == 1:
+            raise ValueError("bad ids in batch 1")
+
+    with Lookahead(iter(range(4)), 1, 4, plan, background=True) as ahead:
+        ahead.take()
+        ahead.announce()  # batch 1, whose planning fails
+        with pytest.raises(ValueError, match="batch 1"):
+            ahead.announce()  # not lost behind batch 2's
+
+
 def test_leaving_the_block_waits_for_the_planning_and_raises_its_error_only_when_no_other():
     release, planned = threading.Event(), []
 
@@ -88,7 +100,7 @@ def test_leaving_the_block_waits_for_the_planning_and_raises_its_error_only_when
         raise ValueError("planning failed")
 
     with (
-        pytest.raises(KeyError),  # the block's own error is the one raised
+        pytest.raises(KeyError) as raised,  # the block's own error is the one raised
         Lookahead(iter(range(3)), 1, 3, plan, background=True) as ahead,
     ):
         ahead.take()
@@ -96,6 +108,7 @@ def test_leaving_the_block_waits_for_the_planning_and_raises_its_error_only_when
         release.set()
         raise KeyError("the step failed")
     assert planned == [1]  # the planning had finished when the block was left
+    assert "planning the next steps also failed" in "".join(raised.value.__notes__)
     with (
         pytest.raises(ValueError, match="planning failed"),
         Lookahead(iter(range(3)), 1, 3, plan, background=True) as ahead,

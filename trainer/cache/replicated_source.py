@@ -49,7 +49,8 @@ _HELD = {"rows": "weights", "state": "state", "versions": "steps"}  # a pull's a
 class _Located(NamedTuple):
     """Where a step's ids are: positions count the ids of all tables of ``requests``,
     table after table. ``found_at`` the hot ones', ``replica_rows`` their rows in their
-    group's replicas (on the replicas' device), ``found_counts`` each table's hot count;
+    group's replicas (on the host when planned ahead, on the replicas' device once the step
+    takes it: see :meth:`ReplicatedRowSource._on_device`), ``found_counts`` each table's hot count;
     ``cold_at`` the other ids' positions and ``cold`` each table's cold ids."""
 
     requests: dict[str, torch.Tensor]
@@ -169,7 +170,7 @@ class ReplicatedRowSource:
     def rows(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Hot rows from the replicas, cold rows from the cold source."""
         located = take_planned(self._located, lambda found: found.requests is requests)
-        located = located or self._locate(requests)
+        located = self._on_device(located or self._locate(requests))
         self._served = located
         self.hits += len(located.found_at)
         self.lookups += sum(len(ids) for ids in requests.values())
@@ -177,11 +178,12 @@ class ReplicatedRowSource:
 
     def read(self, requests: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Rows for evaluation, hot and cold alike."""
-        located = self._locate(requests)
+        located = self._on_device(self._locate(requests))
         return self._assembled(located, self.cold.read(located.cold))
 
     def prefetch(self, requests: dict[str, torch.Tensor]) -> None:
-        """Let the cold source start fetching the next announced step's cold rows."""
+        """Let the cold source start fetching the next announced step's cold rows (a planning
+        thread may call it: it touches no device, see :mod:`ember.trainer.lookahead`)."""
         self._located.append(self._locate(requests))
         self.cold.prefetch(self._located[-1].cold)
 
@@ -324,9 +326,13 @@ class ReplicatedRowSource:
         cold_counts = [len(table_ids) - found for table_ids, found in zip(ids, found_counts)]
         cold_ids = (torch.cat(ids) if len(ids) > 1 else ids[0]).index_select(0, cold_at)
         cold = dict(zip(tables, cold_ids.split(cold_counts)))
-        return _Located(
-            requests, found_at, replica_rows.to(self.device), found_counts, cold_at, cold
-        )
+        return _Located(requests, found_at, replica_rows, found_counts, cold_at, cold)
+
+    def _on_device(self, located: _Located) -> _Located:
+        """``located`` with its replica rows on the replicas' device. On the training thread:
+        a copy to a GPU from pageable memory waits for the device's default stream, so a
+        planning thread that made it would wait for the step's dense work."""
+        return located._replace(replica_rows=located.replica_rows.to(self.device))
 
 
 def _barrier() -> None:
