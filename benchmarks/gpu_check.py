@@ -5,8 +5,14 @@ Run on a machine with an NVIDIA GPU and a CUDA build of torch (a few minutes):
 Every op is compared with its pure-torch reference on the same device; gather
 and scatter-add are timed against a device-to-device copy of the same bytes
 (target >= 60%). Then one trainer rank trains DLRM on the GPU (``--device
-cuda``: model, batches, pooled rows and cache on the GPU) against a local
-shard for a short run, checking that its losses are finite and fall. Without
+cuda``: model, batches, pooled rows, cache and hot replicas on the GPU)
+against a local shard, once per data path (:data:`TRAINING_PATHS`: the static
+cache, the serial path, the step pipeline with staleness 0, and with
+staleness 1 and the hot replica, the default's best), checking that each
+one's losses are finite and fall, that the pipeline with staleness 0 gives
+the serial path's losses (it is exact by design), and, on a GPU, that the
+staleness-1 run (hot replicas on the device, cold rows staged to it on a side
+stream) follows the same run on the CPU. Without
 a GPU the script says so plainly and runs the same checks and a smaller
 training run on the CPU in a dry mode (no CUDA figures), so the script itself
 stays tested; the CUDA figures are then pending.
@@ -30,6 +36,7 @@ from ember.kernels.optim import apply_rows, fused_row_update, state_width
 from ember.kernels.pack import pack_rows, unpack_rows
 from ember.kernels.rows import gather_rows, scatter_add_rows
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec
+from ember.trainer.device_staging import DeviceStaging
 
 
 def reference(op: Callable[..., object], *args: object) -> object:
@@ -84,7 +91,24 @@ def check_ops(device: torch.device, n: int, dim: int) -> dict[str, bool]:
         checks[f"pack_rows.{dtype}"] = torch.equal(
             packed.view(torch.int16), table.to(dtype).view(torch.int16)
         ) and torch.equal(unpack_rows(packed), packed.float())
+    checks["device_staging"] = check_staging(device, n, dim)
     return checks
+
+
+def check_staging(device: torch.device, n: int, dim: int) -> bool:
+    """Rows staged on a side stream held back on purpose arrive whole, on the device, once
+    taken: the consuming stream waits for the copies (without the wait it would read them
+    before they landed)."""
+    rows = {"a": torch.randn(n, dim), "b": torch.randn(n // 3, dim)}
+    staging = DeviceStaging(device)
+    if staging.stream is not None:
+        with torch.cuda.stream(staging.stream):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles ahead of the copies
+    taken = staging.take(staging.stage(rows))
+    copies = {t: part.clone() for t, part in taken.items()}  # read on the consuming stream
+    return all(
+        taken[t].device == staging.device and torch.equal(copies[t].cpu(), rows[t]) for t in rows
+    )
 
 
 def seconds(run: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
@@ -129,24 +153,72 @@ def bandwidth(device: torch.device, n: int, dim: int) -> dict[str, float]:
     }
 
 
-def training_run(device: torch.device, steps: int, batch_size: int) -> dict[str, object]:
-    """One trainer rank on ``device`` against a 1-shard local cluster, static cache on."""
+# The trainer's data paths a GPU run covers: {name: TrainConfig fields}.
+TRAINING_PATHS = {
+    "static cache": {"cache": "static", "data_path": "pipeline"},
+    "serial, no cache": {"cache": "none", "data_path": "serial"},
+    "pipeline s=0": {"cache": "none", "data_path": "pipeline", "staleness": 0},
+    "pipeline s=1, hot replica": {"cache": "replicated", "data_path": "pipeline", "staleness": 1},
+}
+# The pipeline with staleness 0 is exact: its losses are the serial path's, up to the order
+# in which float32 sums differ between the two runs' kernels (none on the CPU).
+EXACT_RTOL = 1e-4
+# A GPU run against the same run on the CPU: float32 rounding differs between their kernels
+# and grows over the steps; rows read before they landed would be far off, or NaN.
+DEVICE_RTOL = 1e-2
+
+
+def training_runs(device: torch.device, steps: int, batch_size: int) -> dict[str, object]:
+    """One trainer rank on ``device`` per data path, each against a new 1-shard local
+    cluster, and whether the pipeline with staleness 0 matched the serial path."""
     from ember.ps_server.cluster import LocalCluster
     from ember.trainer.config import TrainConfig
     from ember.trainer.train import train
 
-    with LocalCluster(1) as cluster:
-        config = TrainConfig(
-            endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch_size,
-            eval_batches=2, device=str(device), cache="static", cache_mb=4.0, progress=False,
-        )  # fmt: skip
-        report = train(config)
+    runs, losses = {}, {}
+    paths = [(name, fields, device) for name, fields in TRAINING_PATHS.items()]
+    replicated = "pipeline s=1, hot replica"
+    if device.type == "cuda":
+        paths.append((f"{replicated}, on the CPU", TRAINING_PATHS[replicated], torch.device("cpu")))
+    for name, fields, on in paths:
+        # A cluster per run: the same table names, so every run starts from the same rows.
+        with LocalCluster(1) as cluster:
+            config = TrainConfig(
+                endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch_size,
+                eval_batches=2, device=str(on), cache_mb=4.0, progress=False, **fields,
+            )  # fmt: skip
+            report = train(config)
+        losses[name] = report["train_losses"]
+        runs[name] = _training_summary(report)
+    differs = _max_relative_difference(losses["pipeline s=0"], losses["serial, no cache"])
+    result = {
+        "runs": runs,
+        "pipeline_s0_max_relative_difference": differs,
+        "pipeline_s0_exact": differs <= EXACT_RTOL,
+    }
+    if device.type == "cuda":
+        apart = _max_relative_difference(losses[replicated], losses[f"{replicated}, on the CPU"])
+        result["device_vs_cpu_max_relative_difference"] = apart
+        result["device_follows_cpu"] = apart <= DEVICE_RTOL
+    return result
+
+
+def _max_relative_difference(losses: list[float], reference: list[float]) -> float:
+    """The largest relative difference of two runs' losses (inf where the runs differ in
+    length or a loss is not finite)."""
+    if len(losses) != len(reference) or not all(map(math.isfinite, losses + reference)):
+        return math.inf
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+
+
+def _training_summary(report: dict) -> dict[str, object]:
     losses = report["train_losses"]
     head, tail = losses[: len(losses) // 4], losses[-(len(losses) // 4) :]
     return {
         "device": report["device"],
         "steps": report["steps"],
         "samples_per_s": report["samples_per_s"],
+        "exposed_ps_wait_share": report["ps_wait_s"] / report["wall_s"],
         "first_losses_mean": sum(head) / len(head),
         "last_losses_mean": sum(tail) / len(tail),
         "heldout_auc": report["heldout_auc"],
@@ -183,13 +255,26 @@ def main() -> int:
     figures = bandwidth(device, n, args.dim) if gpu else {}
     for name, value in figures.items():
         print(f"  {name:<32} {value:.2f}")
-    training = training_run(device, steps=60 if gpu else 16, batch_size=2048 if gpu else 256)
+    training = training_runs(device, steps=60 if gpu else 16, batch_size=2048 if gpu else 256)
+    for name, run in training["runs"].items():
+        print(
+            f"training on {run['device']}, {name}: {run['steps']} steps, "
+            f"{run['samples_per_s']:,.0f} samples/s, exposed PS wait "
+            f"{run['exposed_ps_wait_share']:.0%}, loss {run['first_losses_mean']:.4f} -> "
+            f"{run['last_losses_mean']:.4f}, held-out AUC {run['heldout_auc']:.4f}: "
+            f"{'ok' if run['ok'] else 'FAILED'}"
+        )
     print(
-        f"training on {training['device']}: {training['steps']} steps, "
-        f"{training['samples_per_s']:,.0f} samples/s, loss {training['first_losses_mean']:.4f} -> "
-        f"{training['last_losses_mean']:.4f}, held-out AUC {training['heldout_auc']:.4f}: "
-        f"{'ok' if training['ok'] else 'FAILED'}"
+        "pipeline s=0 against the serial path: losses differ by at most "
+        f"{training['pipeline_s0_max_relative_difference']:.2e} (relative; at most "
+        f"{EXACT_RTOL:g} allowed): {'ok' if training['pipeline_s0_exact'] else 'FAILED'}"
     )
+    if gpu:
+        print(
+            "pipeline s=1 with the hot replica, GPU against CPU: losses differ by at most "
+            f"{training['device_vs_cpu_max_relative_difference']:.2e} (relative; at most "
+            f"{DEVICE_RTOL:g} allowed): {'ok' if training['device_follows_cpu'] else 'FAILED'}"
+        )
     report = {
         "device": torch.cuda.get_device_name(0)
         if gpu
@@ -205,7 +290,12 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as out:
             json.dump(report, out, indent=2)
-    return 0 if native and all(checks.values()) and training["ok"] else 1
+    trained = (
+        training["pipeline_s0_exact"]
+        and training.get("device_follows_cpu", True)
+        and all(r["ok"] for r in training["runs"].values())
+    )
+    return 0 if native and all(checks.values()) and trained else 1
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ over every occurrence, scaled by ``grad_scale``) back to the row source, which
 pushes them to the shards where the server-side optimizer applies them.
 
 Devices: ids are deduplicated on the host, where the shards' client routes
-them; row sources take and return host tensors. The collection moves the
-fetched rows and the pooling indices to its ``device`` (the model's), pools
-there, and brings the row gradients back to the host.
+them; row sources take host tensors and return rows on the host or already on
+the collection's ``device`` (the model's). The collection moves the rows and
+the pooling indices there, pools there, and brings the row gradients back to
+the host.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from torch import nn
 
 class RowSource(Protocol):
     """Where tables' rows come from and where their gradients go (several tables per call).
-    Every tensor in and out is a host (CPU) tensor.
+    Every tensor in is a host (CPU) tensor; rows come out on the host, or on the
+    collection's device from a source that keeps or stages rows there (hot replicas on a
+    GPU, rows prefetched to it).
 
     Training calls, per step: :meth:`rows` (the step's rows), optionally
     :meth:`prefetch` (later steps' ids, known early: each step's once, in step order,

@@ -30,6 +30,11 @@ the step before) a lookup naming clock c starts at once. With staleness
 
 Time spent blocked on the shards is the exposed wait; the lookups' and
 updates' own durations are the PS time, most of it overlapped with compute.
+
+On a CUDA trainer with ``s >= 1`` the prefetched rows move to the device on
+the thread that received them, on a stream of their own
+(:mod:`ember.trainer.device_staging`); with ``s = 0`` they are patched or
+stepped on the host first, and move when the collection takes them.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from ember.ps_server.client.shard_rpc import CONCURRENT_FAN_OUTS
 from ember.ps_server.client.step_client import StepClient, UpdateAnswer
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.wire.row_dtype import RowDtype
+from ember.trainer.device_staging import DeviceStaging, StagedRows
 from ember.trainer.pipeline_timing import PipelineTiming
 from ember.trainer.shared_rows import SharedRows, steps_like_the_shards
 from ember.trainer.traffic import TrafficStats
@@ -67,6 +73,7 @@ class _Prefetch:
     # thread before it sends; read once ``future`` is done).
     shared: SharedRows | None = None
     stepped: bool = False  # they are stepped here: the rows hold the step before's clock
+    staged: StagedRows | None = None  # a ride's rows, set by the update's thread
 
 
 class PipelinedRowSource:
@@ -75,12 +82,15 @@ class PipelinedRowSource:
     Args:
         steps: the step data plane, with a job.
         staleness: ``s >= 0``: step t reads every rank's updates of steps <= t-1-s.
+        device: the trainer's device, where ``s >= 1`` stages prefetched rows.
 
     Raises:
         ValueError: ``staleness < 0`` or a client without a job.
     """
 
-    def __init__(self, steps: StepClient, staleness: int) -> None:
+    def __init__(
+        self, steps: StepClient, staleness: int, device: str | torch.device = "cpu"
+    ) -> None:
         if not 0 <= staleness <= MAX_STALENESS:
             raise ValueError(f"staleness must be in 0..{MAX_STALENESS}, got {staleness}")
         if steps.job is None:
@@ -88,6 +98,8 @@ class PipelinedRowSource:
         if steps.job.mode == "async" and staleness == 0:
             raise ValueError(ASYNC_NEEDS_STALENESS)
         self.steps, self.staleness = steps, staleness
+        # With s = 0 the rows are patched or stepped on the host after they arrive.
+        self._staging = DeviceStaging(device if staleness >= 1 else "cpu")
         self._payload = TrafficStats()
         self.timing = PipelineTiming()
         # Lookups have their own thread: up to s+1 updates may each hold one while the shards
@@ -190,7 +202,8 @@ class PipelinedRowSource:
                 self._wait(previous)
             needed = step - 1 - self.staleness
             lookup = self._submit(self._lookups, self._lookup, requests, needed)
-            rows, watermark = self._wait(lookup)
+            staged, watermark = self._wait(lookup)
+            rows = self._staging.take(staged)
         lag = max(0, (step - 1) - watermark)
         if lag > self.staleness:
             raise RuntimeError(
@@ -267,11 +280,11 @@ class PipelinedRowSource:
         self._lookups.shutdown(wait=True)
         self._updates_pool.shutdown(wait=True)
 
-    def _lookup(self, requests: dict[str, torch.Tensor], needed: int):
+    def _lookup(self, requests: dict[str, torch.Tensor], needed: int) -> tuple[StagedRows, int]:
         rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
             self._count_pulled(requests)
-        return rows, watermark
+        return self._staging.stage(rows), watermark
 
     def _count_pulled(self, requests: dict[str, torch.Tensor]) -> None:
         """Count the ids and rows of ``requests`` as pulled (the caller holds the lock)."""
@@ -283,8 +296,9 @@ class PipelinedRowSource:
         """A prefetch's rows and the watermark they were read at, once its call answered."""
         answer = self._wait(prefetched.future)
         if prefetched.rides:
-            return answer.rows, answer.watermark
-        return answer
+            return self._staging.take(prefetched.staged), answer.watermark
+        staged, watermark = answer
+        return self._staging.take(staged), watermark
 
     def _update(
         self,
@@ -319,6 +333,12 @@ class PipelinedRowSource:
         except Exception as error:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise
+        if prefetch is not None:  # with s = 0, the host rows themselves: stepped, patched
+            try:
+                prefetch.staged = self._staging.stage(answer.rows)
+            except Exception as error:
+                error.add_note(f"(moving the rows read with the update of step {step})")
+                raise
         with self._stats_lock:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)

@@ -121,7 +121,7 @@ def build_row_source(
             replica=config.cache == "replicated",
         )  # fmt: skip
         wire_dtypes = {spec.name: config.wire_dtype for spec in specs}
-        cold = PipelinedRowSource(StepClient(client, job, wire_dtypes), config.staleness)
+        cold = PipelinedRowSource(StepClient(client, job, wire_dtypes), config.staleness, device)
     if config.cache == "none":
         return cold
     part = 0 if config.cache == "replicated" else rank

@@ -29,8 +29,18 @@ def test_gpu_check_runs_and_every_op_matches_its_reference(tmp_path):
         report["checks"]
     )
     training = report["training"]
-    assert training["ok"] and training["steps"] > 0
-    assert training["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    paths = {"static cache", "serial, no cache", "pipeline s=0", "pipeline s=1, hot replica"}
+    on_cpu = "pipeline s=1, hot replica, on the CPU"  # the GPU run's reference
+    assert set(training["runs"]) == (paths | {on_cpu} if torch.cuda.is_available() else paths)
+    for name in paths:
+        run = training["runs"][name]
+        assert run["ok"] and run["steps"] > 0
+        assert run["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    assert training["pipeline_s0_exact"]
+    if torch.cuda.is_available():
+        assert training["device_follows_cpu"]
+    if not torch.cuda.is_available():  # the CPU runs' float32 sums are in the same order
+        assert training["pipeline_s0_max_relative_difference"] <= 1e-5
     if torch.cuda.is_available():
         assert not report["dry_mode"] and report["bandwidth"]["copy_GBps"] > 0
     else:

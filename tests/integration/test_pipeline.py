@@ -5,6 +5,7 @@ import threading
 import time
 import uuid
 
+import ember.trainer.pipeline as pipeline_module
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+from ember.trainer.device_staging import StagedRows
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
 from ember.trainer.lookahead import Lookahead
 from ember.trainer.models.dlrm import DLRM
@@ -287,3 +289,57 @@ def test_a_step_served_other_ids_than_announced_leaves_the_shared_rows_to_a_refr
         assert [bool(args[2]) for args in updates] == [True, True]  # both refreshed
         source.flush()
         source.close()
+
+
+class RecordingStaging:
+    """DeviceStaging's stand-in: a copy of each arrival, under a token ``take`` must see once
+    (rows served without passing ``take`` would be the token's tuple, not rows)."""
+
+    def __init__(self, device):
+        self.device, self.staged, self.taken = str(device), [], []
+
+    def stage(self, rows):
+        token = object()
+        self.staged.append(token)
+        return StagedRows({t: part.clone() for t, part in rows.items()}, token)
+
+    def take(self, staged):
+        assert staged.ready in self.staged and staged.ready not in self.taken
+        self.taken.append(staged.ready)
+        return staged.rows
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_every_step_takes_its_rows_through_the_staging_once(
+    cluster, table_name, staleness, monkeypatch
+):
+    """Rows come by a lookup (steps 0 and 1) or riding on an update (later ones); each step's
+    pass through the device staging, staged on the thread that received them and taken on
+    the training thread. Staleness 0 patches rows on the host: it stages on the host."""
+    made = []
+    monkeypatch.setattr(
+        pipeline_module,
+        "DeviceStaging",
+        lambda device: made.append(RecordingStaging(device)) or made[-1],
+    )
+    steps_run, ids = 8, {table_name: torch.tensor([1, 2, 3])}
+    with PSClient(cluster.endpoints) as client:
+        client.create_table(TableSpec(table_name, DIM))
+        steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
+        source = PipelinedRowSource(steps, staleness, device="cuda")  # the stand-in's only
+        with Lookahead(
+            iter(range(steps_run)), source.lookahead, steps_run, lambda _: source.prefetch(ids),
+            background=True,
+        ) as ahead:  # fmt: skip
+            while ahead.take() is not None:
+                rows = source.rows(ids)
+                assert set(rows) == set(ids) and rows[table_name].shape == (3, DIM)
+                ahead.announce()
+                ahead.settle()
+                source.apply_gradients({table_name: (ids[table_name], torch.ones(3, DIM))})
+        source.flush()
+        source.close()
+    (staging,) = made
+    assert staging.device == ("cuda" if staleness else "cpu")
+    assert len(staging.taken) == steps_run  # every step's rows, each arrival once
+    assert len(staging.staged) >= steps_run

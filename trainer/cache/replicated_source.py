@@ -191,14 +191,17 @@ class ReplicatedRowSource:
         self, located: _Located, cold_rows: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """Each table's rows: the hot ones from the replicas, the others from ``cold_rows``
-        (all tables' rows in one tensor, handed out as a view per table)."""
+        (all tables' rows in one tensor on the replicas' device, handed out as a view per
+        table: on a GPU the hot rows never leave it, and cold rows the cold source staged
+        there already are not copied again)."""
         sizes = [len(ids) for ids in located.requests.values()]
-        rows = torch.empty(sum(sizes), self._dim)
+        rows = torch.empty(sum(sizes), self._dim, device=self.device)
         for number, found_at, replica_rows in self._by_group(located):
             hot_rows = self._replicas.groups[number].weights.index_select(0, replica_rows)
-            rows.index_copy_(0, found_at, hot_rows.cpu())
+            rows.index_copy_(0, found_at.to(self.device), hot_rows)
         if len(located.cold_at):
-            rows.index_copy_(0, located.cold_at, torch.cat([cold_rows[t] for t in located.cold]))
+            cold = torch.cat([cold_rows[t] for t in located.cold])
+            rows.index_copy_(0, located.cold_at.to(self.device), cold.to(self.device))
         return dict(zip(located.requests, rows.split(sizes)))
 
     def apply_gradients(self, updates: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
