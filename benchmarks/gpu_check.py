@@ -9,10 +9,8 @@ cuda``: model, batches, pooled rows, cache and hot replicas on the GPU)
 against a local shard, once per data path (:data:`TRAINING_PATHS`: the static
 cache, the serial path, the step pipeline with staleness 0, and with
 staleness 1 and the hot replica, the default's best), checking that each
-one's losses are finite and fall, that the pipeline with staleness 0 gives
-the serial path's losses (it is exact by design), and, on a GPU, that the
-staleness-1 run (hot replicas on the device, cold rows staged to it on a side
-stream) follows the same run on the CPU. Without
+one's losses are finite and fall, and that the pipeline with staleness 0
+gives the serial path's losses (it is exact by design). Without
 a GPU the script says so plainly and runs the same checks and a smaller
 training run on the CPU in a dry mode (no CUDA figures), so the script itself
 stays tested; the CUDA figures are then pending.
@@ -96,19 +94,25 @@ def check_ops(device: torch.device, n: int, dim: int) -> dict[str, bool]:
 
 
 def check_staging(device: torch.device, n: int, dim: int) -> bool:
-    """Rows staged on a side stream held back on purpose arrive whole, on the device, once
-    taken: the consuming stream waits for the copies (without the wait it would read them
-    before they landed)."""
+    """Rows staged behind ~1 s of GPU work on the copy stream are not there yet when staged
+    (the check itself would prove nothing otherwise), and arrive whole, on the device, once
+    taken: the consuming stream waits for the copies."""
     rows = {"a": torch.randn(n, dim), "b": torch.randn(n // 3, dim)}
     staging = DeviceStaging(device)
+    held_back = False
     if staging.stream is not None:
+        rows = {t: part.pin_memory() for t, part in rows.items()}  # staging pins no more
         with torch.cuda.stream(staging.stream):
-            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU cycles ahead of the copies
-    taken = staging.take(staging.stage(rows))
+            torch.cuda._sleep(2_000_000_000)  # GPU cycles ahead of the copies
+    staged = staging.stage(rows)
+    if staged.ready is not None:
+        held_back = not staged.ready.query()
+    taken = staging.take(staged)
     copies = {t: part.clone() for t, part in taken.items()}  # read on the consuming stream
-    return all(
+    arrived = all(
         taken[t].device == staging.device and torch.equal(copies[t].cpu(), rows[t]) for t in rows
     )
+    return arrived and (held_back or staging.stream is None)
 
 
 def seconds(run: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
@@ -161,11 +165,8 @@ TRAINING_PATHS = {
     "pipeline s=1, hot replica": {"cache": "replicated", "data_path": "pipeline", "staleness": 1},
 }
 # The pipeline with staleness 0 is exact: its losses are the serial path's, up to the order
-# in which float32 sums differ between the two runs' kernels (none on the CPU).
+# in which float32 sums differ between the two runs' kernels (on the CPU they are equal).
 EXACT_RTOL = 1e-4
-# A GPU run against the same run on the CPU: float32 rounding differs between their kernels
-# and grows over the steps; rows read before they landed would be far off, or NaN.
-DEVICE_RTOL = 1e-2
 
 
 def training_runs(device: torch.device, steps: int, batch_size: int) -> dict[str, object]:
@@ -176,31 +177,22 @@ def training_runs(device: torch.device, steps: int, batch_size: int) -> dict[str
     from ember.trainer.train import train
 
     runs, losses = {}, {}
-    paths = [(name, fields, device) for name, fields in TRAINING_PATHS.items()]
-    replicated = "pipeline s=1, hot replica"
-    if device.type == "cuda":
-        paths.append((f"{replicated}, on the CPU", TRAINING_PATHS[replicated], torch.device("cpu")))
-    for name, fields, on in paths:
+    for name, fields in TRAINING_PATHS.items():
         # A cluster per run: the same table names, so every run starts from the same rows.
         with LocalCluster(1) as cluster:
             config = TrainConfig(
                 endpoints=tuple(cluster.endpoints), steps=steps, batch_size=batch_size,
-                eval_batches=2, device=str(on), cache_mb=4.0, progress=False, **fields,
+                eval_batches=2, device=str(device), cache_mb=4.0, progress=False, **fields,
             )  # fmt: skip
             report = train(config)
         losses[name] = report["train_losses"]
         runs[name] = _training_summary(report)
     differs = _max_relative_difference(losses["pipeline s=0"], losses["serial, no cache"])
-    result = {
+    return {
         "runs": runs,
         "pipeline_s0_max_relative_difference": differs,
         "pipeline_s0_exact": differs <= EXACT_RTOL,
     }
-    if device.type == "cuda":
-        apart = _max_relative_difference(losses[replicated], losses[f"{replicated}, on the CPU"])
-        result["device_vs_cpu_max_relative_difference"] = apart
-        result["device_follows_cpu"] = apart <= DEVICE_RTOL
-    return result
 
 
 def _max_relative_difference(losses: list[float], reference: list[float]) -> float:
@@ -269,12 +261,6 @@ def main() -> int:
         f"{training['pipeline_s0_max_relative_difference']:.2e} (relative; at most "
         f"{EXACT_RTOL:g} allowed): {'ok' if training['pipeline_s0_exact'] else 'FAILED'}"
     )
-    if gpu:
-        print(
-            "pipeline s=1 with the hot replica, GPU against CPU: losses differ by at most "
-            f"{training['device_vs_cpu_max_relative_difference']:.2e} (relative; at most "
-            f"{DEVICE_RTOL:g} allowed): {'ok' if training['device_follows_cpu'] else 'FAILED'}"
-        )
     report = {
         "device": torch.cuda.get_device_name(0)
         if gpu
@@ -290,11 +276,7 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as out:
             json.dump(report, out, indent=2)
-    trained = (
-        training["pipeline_s0_exact"]
-        and training.get("device_follows_cpu", True)
-        and all(r["ok"] for r in training["runs"].values())
-    )
+    trained = training["pipeline_s0_exact"] and all(r["ok"] for r in training["runs"].values())
     return 0 if native and all(checks.values()) and trained else 1
 
 

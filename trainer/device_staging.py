@@ -11,9 +11,8 @@ allocator does not hand their memory out while that stream may still read it.
 On the host both are the identity.
 
 Only rows that nothing changes after they arrive may be staged: a pipeline
-with staleness 0 patches its prefetched rows on the host, so it stages none.
-(Designed and tested on the CPU path only so far: no GPU was available; the
-CUDA path is exercised by ``benchmarks/gpu_check.py``.)
+with staleness 0 patches and steps its prefetched rows on the host, so it
+stages them on the host. ``benchmarks/gpu_check.py`` checks the CUDA path.
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ class Lookahead(Generic[Batch]):
             self._planning = self._planner.submit(self._prefetch_each, upcoming)
 
     def settle(self) -> None:
-        """Wait until the batches announced are given to ``prefetch``; raise what it raised."""
+        """Wait until the batches announced are given to ``prefetch``; raise what it raised
+        (a batch counts as announced once handed over: a failed one is not planned again)."""
         planning, self._planning = self._planning, None
         if planning is not None:
             planning.result()

@@ -261,7 +261,8 @@ class PipelinedRowSource:
         if not shared.steppable(updates):
             return False
         optimizers = {t: self.steps.client.spec(t).optimizer for t in shared.by_table}
-        shared.step(answer.rows, answer.states, updates, optimizers)
+        # The rows the next step will be served (with s = 0, staged on the host: kept as is).
+        shared.step(upcoming.staged.rows, answer.states, updates, optimizers)
         upcoming.stepped = True
         return True
 
@@ -284,7 +285,11 @@ class PipelinedRowSource:
         rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
             self._count_pulled(requests)
-        return self._staging.stage(rows), watermark
+        try:
+            return self._staging.stage(rows), watermark
+        except Exception as error:
+            error.add_note(f"(moving the rows of a lookup of clock {needed})")
+            raise
 
     def _count_pulled(self, requests: dict[str, torch.Tensor]) -> None:
         """Count the ids and rows of ``requests`` as pulled (the caller holds the lock)."""
@@ -333,7 +338,7 @@ class PipelinedRowSource:
         except Exception as error:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise
-        if prefetch is not None:  # with s = 0, the host rows themselves: stepped, patched
+        if prefetch is not None:
             try:
                 prefetch.staged = self._staging.stage(answer.rows)
             except Exception as error:

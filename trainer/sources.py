@@ -47,13 +47,13 @@ RowSourceKind = PSRowSource | PipelinedRowSource | CachedRowSource | ReplicatedR
 class TimedSource:
     """A row source that also accounts where the step's time in it goes.
 
-    ``inside``: time the training thread spent in the source's calls and, as the training
-    loops time it, on planning the next steps' ids (deduplicating them, splitting hot from
-    cold, announcing them: :meth:`prefetch`), or waiting for a planning thread to finish
-    that: waiting, and the embedding work on this rank (hot rows' lookups and optimizer
-    steps, placing rows). :attr:`ps_wait_s`: the part of it blocked on the shards or on other
-    ranks (collectives); the exposed PS wait. A pipeline's background lookups and updates,
-    and a planning thread's own time, are in neither.
+    ``inside``: time the training thread spent on the source's behalf: in its calls
+    (waiting, and this rank's embedding work: hot rows' lookups and optimizer steps,
+    placing rows), and, as the training loops time it, planning the next steps' ids
+    (deduplicating, splitting hot from cold, :meth:`prefetch`) or waiting for a planning
+    thread to finish that. :attr:`ps_wait_s`: the part of it blocked on the shards or on
+    other ranks (collectives); the exposed PS wait. A pipeline's background lookups and
+    updates, and a planning thread's own time, are in neither.
     """
 
     def __init__(self, inner: RowSourceKind) -> None:

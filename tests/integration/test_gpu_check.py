@@ -25,25 +25,22 @@ def test_gpu_check_runs_and_every_op_matches_its_reference(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(report_path.read_text())
     assert report["checks"] and all(report["checks"].values())
-    assert {"unique_inverse", "hash_map", "gather_rows", "scatter_add_rows"} <= set(
-        report["checks"]
-    )
+    assert {
+        "unique_inverse", "hash_map", "gather_rows", "scatter_add_rows", "device_staging",
+    } <= set(report["checks"])  # fmt: skip
     training = report["training"]
-    paths = {"static cache", "serial, no cache", "pipeline s=0", "pipeline s=1, hot replica"}
-    on_cpu = "pipeline s=1, hot replica, on the CPU"  # the GPU run's reference
-    assert set(training["runs"]) == (paths | {on_cpu} if torch.cuda.is_available() else paths)
-    for name in paths:
-        run = training["runs"][name]
+    assert set(training["runs"]) == {
+        "static cache", "serial, no cache", "pipeline s=0", "pipeline s=1, hot replica",
+    }  # fmt: skip
+    for run in training["runs"].values():
         assert run["ok"] and run["steps"] > 0
         assert run["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert training["pipeline_s0_exact"]
-    if torch.cuda.is_available():
-        assert training["device_follows_cpu"]
-    if not torch.cuda.is_available():  # the CPU runs' float32 sums are in the same order
-        assert training["pipeline_s0_max_relative_difference"] <= 1e-5
     if torch.cuda.is_available():
         assert not report["dry_mode"] and report["bandwidth"]["copy_GBps"] > 0
     else:
         assert (
             report["dry_mode"] and "no GPU found" in result.stdout and "DRY MODE" in result.stdout
         )
+        # The CPU runs sum in the same order: the same losses, bit for bit.
+        assert training["pipeline_s0_max_relative_difference"] == 0.0

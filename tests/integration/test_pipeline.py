@@ -13,7 +13,13 @@ from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.step_client import StepClient
 from ember.ps_server.client.step_job import StepJob
 from ember.ps_server.cluster import LocalCluster
-from ember.ps_server.wire.table_spec import InitializerSpec, OptimizerKind, OptimizerSpec, TableSpec
+from ember.ps_server.wire.table_spec import (
+    InitializerSpec,
+    InitKind,
+    OptimizerKind,
+    OptimizerSpec,
+    TableSpec,
+)
 from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from ember.trainer.device_staging import StagedRows
 from ember.trainer.embedding import PSEmbeddingBagCollection, PSRowSource
@@ -309,13 +315,21 @@ class RecordingStaging:
         return staged.rows
 
 
+def counter_table(name: str) -> TableSpec:
+    """Rows start at zero and SGD at lr 1 subtracts each step's gradient of ones."""
+    return TableSpec(
+        name, DIM, InitializerSpec(InitKind.ZEROS), OptimizerSpec(OptimizerKind.SGD, lr=1.0)
+    )
+
+
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_every_step_takes_its_rows_through_the_staging_once(
     cluster, table_name, staleness, monkeypatch
 ):
     """Rows come by a lookup (steps 0 and 1) or riding on an update (later ones); each step's
     pass through the device staging, staged on the thread that received them and taken on
-    the training thread. Staleness 0 patches rows on the host: it stages on the host."""
+    the training thread. Staleness 0 patches and steps rows on the host: it stages on the
+    host, and the rows it steps are the ones served, even where staging copies them."""
     made = []
     monkeypatch.setattr(
         pipeline_module,
@@ -324,16 +338,18 @@ def test_every_step_takes_its_rows_through_the_staging_once(
     )
     steps_run, ids = 8, {table_name: torch.tensor([1, 2, 3])}
     with PSClient(cluster.endpoints) as client:
-        client.create_table(TableSpec(table_name, DIM))
+        client.create_table(counter_table(table_name))
         steps = StepClient(client, StepJob(f"job-{uuid.uuid4().hex}", world=1, wait_s=60))
         source = PipelinedRowSource(steps, staleness, device="cuda")  # the stand-in's only
         with Lookahead(
             iter(range(steps_run)), source.lookahead, steps_run, lambda _: source.prefetch(ids),
             background=True,
         ) as ahead:  # fmt: skip
-            while ahead.take() is not None:
-                rows = source.rows(ids)
-                assert set(rows) == set(ids) and rows[table_name].shape == (3, DIM)
+            while (step := ahead.take()) is not None:
+                rows = source.rows(ids)[table_name]
+                # Every step before step - staleness - 1 applied (a row is minus its updates).
+                newest, oldest = -float(step), -float(max(0, step - staleness))
+                assert rows.shape == (3, DIM) and bool(((rows >= newest) & (rows <= oldest)).all())
                 ahead.announce()
                 ahead.settle()
                 source.apply_gradients({table_name: (ids[table_name], torch.ones(3, DIM))})
