@@ -128,12 +128,11 @@ class Lookahead(Generic[Batch]):
         """Close; raise the planning's error where the block ended without one of its own,
         else note it on the block's."""
         self.close()
-        if error is None:
-            self.settle()
-            return
         try:
             self.settle()
-        except Exception as planning:  # noqa: BLE001 - the block's error is the one raised
+        except Exception as planning:
+            if error is None:
+                raise
             error.add_note(f"(planning the next steps also failed: {planning!r})")
 
     def _prefetch_each(self, upcoming: list[Batch]) -> None:

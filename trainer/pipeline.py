@@ -285,10 +285,15 @@ class PipelinedRowSource:
         rows, watermark = self.steps.lookup(requests, clock=max(-1, needed))
         with self._stats_lock:
             self._count_pulled(requests)
+        return self._stage(rows, f"a lookup of clock {needed}"), watermark
+
+    def _stage(self, rows: dict[str, torch.Tensor], what: str) -> StagedRows:
+        """``rows`` staged for the device; a failure names ``what`` read them (the shards
+        answered: it is this process's copy that failed)."""
         try:
-            return self._staging.stage(rows), watermark
+            return self._staging.stage(rows)
         except Exception as error:
-            error.add_note(f"(moving the rows of a lookup of clock {needed})")
+            error.add_note(f"(moving the rows of {what})")
             raise
 
     def _count_pulled(self, requests: dict[str, torch.Tensor]) -> None:
@@ -339,11 +344,7 @@ class PipelinedRowSource:
             error.add_note(f"(the update of step {step}, sent in the background)")
             raise
         if prefetch is not None:
-            try:
-                prefetch.staged = self._staging.stage(answer.rows)
-            except Exception as error:
-                error.add_note(f"(moving the rows read with the update of step {step})")
-                raise
+            prefetch.staged = self._stage(answer.rows, f"the read with the update of step {step}")
         with self._stats_lock:
             for table, (ids, _) in updates.items():
                 self._payload.rows_pushed += len(ids)
