@@ -27,6 +27,9 @@ REPLY_OVERHEAD_BYTES = 1024
 # write-ahead log and checkpoints. PSClient's (a uuid, a sequence number and, per table of
 # a batch, the table's name of at most 128 characters) stay under 200.
 MAX_REQUEST_ID_CHARS = 256
+# Joins a job's name and clock in the ids the step plane dedups its writes by; never in a
+# push's or an assign's request id.
+STEP_ID_MARK = "@"
 
 Bytes = bytes | memoryview
 # Table names a not-found error lists (128 characters at most each): the error fits in gRPC's
@@ -36,16 +39,23 @@ _NAMES_LISTED = 10
 
 def check_request_id(request_id: str, what: str) -> None:
     """Refuse a ``what`` (push, assign) whose request id is empty, longer than
-    :data:`MAX_REQUEST_ID_CHARS` or not printable. Checked where requests arrive, not at
-    replay: a log written before this rule may hold longer ids, and must still replay.
+    :data:`MAX_REQUEST_ID_CHARS`, not printable, or holds ``@``: the step plane's updates
+    share a table's dedup window under ids ``job@clock``, so a push may not take one (it
+    would make that clock's update look applied, and be dropped). Checked where requests
+    arrive, not at replay: a log written before these rules must still replay.
 
     Raises:
         InvalidArgumentError: naming the rule.
     """
-    if not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS or not request_id.isprintable():
+    if (
+        not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS
+        or not request_id.isprintable()
+        or STEP_ID_MARK in request_id
+    ):
         raise InvalidArgumentError(
             f"{what} needs a request_id of 1..{MAX_REQUEST_ID_CHARS} printable characters "
-            f"for retry deduplication, got {len(request_id)} starting {request_id[:40]!r}"
+            f"without {STEP_ID_MARK!r} (reserved for step clocks) for retry deduplication, "
+            f"got {len(request_id)} starting {request_id[:40]!r}"
         )
 
 

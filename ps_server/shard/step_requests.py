@@ -3,6 +3,7 @@ and read_state, and an update's gradients (each table once per entry list)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,6 @@ def checked_updates(checks: RequestChecks, entries: list[TableGradsView]) -> lis
 def _distinct_tables(entries: list, what: str) -> None:
     names = [entry.table for entry in entries]
     if len(set(names)) != len(names):
-        repeated = sorted({name for name in names if names.count(name) > 1})
+        repeated = sorted(name for name, count in Counter(names).items() if count > 1)
         shown = ", ".join(repr(name[:128]) for name in repeated[:10])  # fits gRPC's metadata
         raise InvalidArgumentError(f"a {what} names a table more than once: {shown}")

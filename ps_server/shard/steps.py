@@ -32,6 +32,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.request_checks import (
+    STEP_ID_MARK,
     version_and_state,
     weights_and_int64,
     weights_only,
@@ -141,8 +142,6 @@ class StepService:
 
         with self.clocks.using(clock) as job:
             rank, step, deadline = clock.rank, clock.clock, _deadline(clock)
-            if request.replica:
-                self.replicas.holds_replica(job.name)
             with job.cond:
                 if step <= job.applied[rank]:
                     return answer(duplicate=True)
@@ -153,6 +152,8 @@ class StepService:
                         f"clock {step} of rank {rank} is more than {MAX_CLOCKS_AHEAD} clocks past "
                         f"job {job.name!r}'s watermark {job.watermark}"
                     )
+                if request.replica:  # only once the update passed its checks
+                    self.replicas.holds_replica(job.name)
                 if job.mode == pb.EXACT:
                     self._buffer_and_await(job, clock, updates, deadline, call)
                 else:
@@ -255,7 +256,7 @@ class StepService:
         are remembered as changed by ``clock`` (for refreshes). ``updates``' arrays are only
         read: an exact clock's stay pending, uncopied, until it applies (a failed write is
         tried again with the same arrays)."""
-        request_id = f"{job.name}@{clock.clock}" + (
+        request_id = f"{job.name}{STEP_ID_MARK}{clock.clock}" + (
             f"#{clock.rank}" if job.mode == pb.ASYNC else ""
         )
         summed = []

@@ -68,10 +68,11 @@ def test_nan_gradient_is_invalid_argument_and_changes_no_row(stubs, client, tabl
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
-@pytest.mark.parametrize("request_id", ["", "x" * 257, "tab\there"])
+@pytest.mark.parametrize("request_id", ["", "x" * 257, "tab\there", "job-a@0"])
 def test_a_write_needs_a_short_printable_request_id(stubs, client, table, request_id):
-    """A request id is remembered per table and logged: an empty, huge or unprintable one
-    is refused by Push, PushBatch and Assign, and changes nothing."""
+    """A request id is remembered per table and logged: an empty, huge or unprintable one,
+    or one shaped like a step clock's (``job@clock``, which would make that clock's update
+    look applied), is refused by Push, PushBatch and Assign, and changes nothing."""
     ids = _owned(table.name, 0, 2)
     rows = np.ones((2, 4), dtype=np.float32).tobytes()
     before = client.pull_with_versions(table.name, ids)
@@ -86,7 +87,7 @@ def test_a_write_needs_a_short_printable_request_id(stubs, client, table, reques
     ):
         code, details = _status(call, request)
         assert code == grpc.StatusCode.INVALID_ARGUMENT
-        assert "request_id of 1..256 printable characters" in details
+        assert "request_id of 1..256 printable characters without '@'" in details
     after = client.pull_with_versions(table.name, ids)
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
     push.request_id = "x" * 256

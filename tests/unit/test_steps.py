@@ -2,6 +2,8 @@
 (the rows and state written into replies: test_step_rows; waits that end early:
 test_step_waits)."""
 
+import time
+
 import numpy as np
 import pytest
 from ember.ps_server.errors import (
@@ -266,11 +268,34 @@ def test_bad_updates_are_refused_before_anything_is_buffered():
     assert not server.steps.clocks.job(clock(0)).pending
 
 
+def test_a_request_naming_one_table_many_times_is_refused_in_linear_time():
+    # ~1 MB of a 2-character table named 150,000 times: a check that counts each name's
+    # repeats by scanning the list takes minutes, one worker held all the while.
+    request = encode_lookup_request([("ab", np.array([4], "<i8"))] * 150_000, clock(0))
+    decoded = decode_lookup_request(request)
+    started = time.perf_counter()
+    with pytest.raises(InvalidArgumentError, match="more than once: 'ab'"):
+        StepHandlers(shard()).lookup(decoded)
+    assert time.perf_counter() - started < 5
+
+
 def test_a_clock_far_past_the_watermark_is_refused_before_it_is_buffered():
     server = shard()
     with pytest.raises(InvalidArgumentError, match="more than 1024 clocks past"):
         update(server, 10**12, [4], np.ones((1, 3)))
     assert server.steps.clocks.job(clock(0)).pending == {}
+    # Nor does a refused update that says it holds replicas count its job as a replica job
+    # (a counted job that never reports holds up every checkpoint's flush).
+    ghost = encode_update_request([], clock(5000, world=1, job="ghost"), replica=True)
+    with pytest.raises(InvalidArgumentError, match="more than 1024 clocks past"):
+        server.steps.update(decode_update_request(ghost))
+    assert server.steps.replicas.jobs() == []
+    server.steps.update(
+        decode_update_request(
+            encode_update_request([], clock(0, world=1, job="ghost"), replica=True)
+        )
+    )
+    assert server.steps.replicas.jobs() == ["ghost"]
 
 
 def test_a_lookup_of_a_clock_no_update_could_reach_is_refused_without_waiting():
