@@ -61,6 +61,16 @@ class WriteJournal:
                 raise
         self.log.sync(ticket)
 
+    def durable(self) -> None:
+        """Return once every logged write is durable: a retry answered as a duplicate of a
+        write is acknowledged only once that write could be.
+
+        Raises:
+            ShardFailedError: the shard has failed (see :meth:`WriteLog.sync`).
+        """
+        if self.log is not None:
+            self.log.sync_appended()
+
     def close(self) -> None:
         """Make the log durable and close it."""
         if self.log is not None:

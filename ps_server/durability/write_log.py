@@ -212,6 +212,12 @@ class WriteLog:
                 self._fsync_appended()
         self.fault.check()
 
+    def sync_appended(self) -> None:
+        """Return once every record appended so far is durable (see :meth:`sync`)."""
+        with self._append_lock:
+            ticket = self._appended
+        self.sync(ticket)
+
     def rotate(self) -> int:
         """Close the current segment durably and start the next; returns its number.
 

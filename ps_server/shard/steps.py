@@ -137,6 +137,8 @@ class StepService:
         )
 
         def answer(duplicate: bool) -> AppliedUpdate:
+            if duplicate:  # its first attempt may still be syncing its record, or have failed
+                self._server.journal.durable()
             refreshed = refreshed_rows(job.changed.get(step), refresh)
             return AppliedUpdate(duplicate, refreshed, job.watermark, reads, states)
 

@@ -218,3 +218,58 @@ def test_the_interval_thread_keeps_syncing_after_a_fault_elsewhere_in_the_shard(
     monkeypatch.setattr(write_log.os, "fsync", recording)
     assert synced.wait(30), "the fsync thread stopped with the shard's fault"
     log.close()
+
+
+def test_a_retried_step_update_is_not_acknowledged_once_its_records_fsync_failed(
+    tmp_path, monkeypatch
+):
+    """A client retries an update whose first attempt is stuck in its record's fsync: the
+    retry finds the clock applied, and must not answer 'duplicate' (an acknowledgement)
+    when that fsync then fails. Ordered by events: the retry passes the shard's fault check
+    while the fsync hangs, then the fsync fails."""
+    from ember.ps_server.shard.server import ParameterServer
+    from ember.ps_server.wire.messages import pb
+
+    from tests.support.steps_in_process import ADAM, update
+
+    server = ParameterServer(0, 1)
+    server.create_table(ADAM)
+    server.journal.log = WriteLog(tmp_path, 0, 1, fsync="always", fault=server.fault)
+    server.journal.log.open()
+    in_fsync, fail_now, retry_checked = threading.Event(), threading.Event(), threading.Event()
+
+    def hanging_then_failing(fd):
+        in_fsync.set()
+        assert fail_now.wait(30)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    real_check = server.fault.check
+
+    def check():
+        real_check()
+        if threading.current_thread().name == "retry":
+            retry_checked.set()
+
+    monkeypatch.setattr(write_log.os, "fsync", hanging_then_failing)
+    monkeypatch.setattr(server.fault, "check", check)
+    outcomes = {}
+
+    def attempt():
+        try:
+            outcomes[threading.current_thread().name] = update(
+                server, 0, [1, 2], np.ones((2, 3)), world=1, mode=pb.ASYNC
+            )
+        except ShardFailedError as error:
+            outcomes[threading.current_thread().name] = error
+
+    first = threading.Thread(target=attempt, name="first")
+    first.start()
+    assert in_fsync.wait(30)
+    retry = threading.Thread(target=attempt, name="retry")
+    retry.start()
+    assert retry_checked.wait(30)
+    fail_now.set()
+    first.join(30)
+    retry.join(30)
+    assert isinstance(outcomes["first"], ShardFailedError), outcomes
+    assert isinstance(outcomes["retry"], ShardFailedError), outcomes
