@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ember.ps_server.durability.checkpoint_format import resolve_checkpoint
+from ember.ps_server.durability.auto_checkpoint import auto_directory
+from ember.ps_server.durability.checkpoint_format import latest_checkpoint, resolve_checkpoint
 from ember.ps_server.durability.journal import replay
 from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import CheckpointStateError, DurableStateError
@@ -29,7 +30,8 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
     Raises:
         TopologyMismatchError: the Redis database or the log directory holds
             another shard count's state.
-        DurableStateError: Redis holds this shard's rows but the log is empty.
+        DurableStateError: the log is empty, but Redis holds this shard's rows or the
+            shard's automatic checkpoints hold a finished one.
         WriteLogLockedError: another live process owns this shard's log.
         CheckpointStateError: ``--restore`` names another checkpoint than the
             one the log continues while the log holds requests after it, or the log
@@ -94,6 +96,15 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
             "yet, take a checkpoint (ember checkpoint) and start with --restore CHECKPOINT "
             f"--wal {config.wal}"
         )
+    own = _own_latest_checkpoint(config)
+    if base is None and requested is None and not started and own is not None:
+        raise DurableStateError(
+            f"the write-ahead log in {config.wal} is empty, but this shard checkpointed "
+            f"itself before ({own}): starting from nothing would serve fresh rows, and its "
+            "automatic checkpoints would then prune the real ones. If that is the wrong or "
+            f"an unmounted directory, fix it. To go on from that checkpoint, start with "
+            f"--restore {own} --wal {config.wal}; to start afresh, move {own.parent} away"
+        )
     checkpoint = requested or base
     chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
     if requested is not None and (base is None or requested != base.resolve()):
@@ -110,3 +121,11 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     if chain is not None:
         server.checkpoints.restore(chain)
     replay(server, write_log)
+
+
+def _own_latest_checkpoint(config: ShardConfig) -> Path | None:
+    """The newest finished checkpoint among this shard's automatic ones, if any."""
+    if not config.checkpoint_root:
+        return None
+    own = auto_directory(Path(config.checkpoint_root), config.shard, config.num_shards)
+    return latest_checkpoint(own)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.cluster import ClusterError, LocalCluster
 from ember.ps_server.durability.checkpoint_format import MANIFEST
 from ember.ps_server.durability.retention import TRASH_PREFIX
 from ember.ps_server.errors import PSClientError
@@ -98,6 +98,36 @@ def test_the_log_stays_bounded_and_a_sigkill_loses_no_acknowledged_push(tmp_path
             raise AssertionError("no automatic checkpoint after the cluster's")
         with pytest.raises(PSClientError, match="take a full one"):  # its base is not the last
             client.checkpoint(cluster_root, incremental=True)
+
+
+def test_an_empty_log_beside_the_shards_own_checkpoints_is_refused(tmp_path):
+    """An unmounted or mistyped --wal directory must not start the shard from nothing: its
+    automatic checkpoints would then prune the real ones."""
+    ids = torch.from_numpy(IDS[0])
+    with (
+        LocalCluster(1, extra_args=_flags(tmp_path), workdir=tmp_path / "run") as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        for _ in range(500):  # until the shard checkpoints itself
+            client.push(SPEC.name, ids, torch.ones(len(ids), SPEC.dim))
+            if _checkpoints(tmp_path):
+                break
+    kept = _checkpoints(tmp_path)
+    assert kept and (kept[-1] / MANIFEST).exists()
+    (tmp_path / "wal").rename(tmp_path / "wal-elsewhere")
+    with (
+        pytest.raises(ClusterError, match="log in .* is empty, but this shard checkpointed"),
+        LocalCluster(1, extra_args=_flags(tmp_path), workdir=tmp_path / "run"),
+    ):
+        pass
+    assert _checkpoints(tmp_path) == kept
+    restore = ["--restore", str(kept[-1])]
+    with (
+        LocalCluster(1, extra_args=_flags(tmp_path, *restore), workdir=tmp_path / "run") as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):  # as the error says, go on from the newest one: its rows, not fresh ones
+        assert client.pull_with_versions(SPEC.name, ids)[1].gt(0).all()
 
 
 def _log_base(tmp_path: Path) -> Path:
