@@ -36,10 +36,19 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, timeout_s: float = 10.0) -> redis.Redis:
-    """A client of the Redis at ``url`` (ValueError, password redacted, for a bad URL)."""
+def connect(
+    url: str, timeout_s: float = 10.0, marker: RedisShardMarker | None = None
+) -> redis.Redis:
+    """A client of the Redis at ``url`` (ValueError, password redacted, for a bad URL); with
+    the shard's ``marker``, each connection it makes checks the server (see
+    :meth:`RedisShardMarker.checked_connection`)."""
     try:
-        return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            redis_connect_func=marker.checked_connection if marker is not None else None,
+        )
     except ValueError as error:
         raise ValueError(f"bad redis URL {redact(url)}: {error}") from error
 

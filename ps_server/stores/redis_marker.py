@@ -10,6 +10,13 @@ means the Redis was restarted without persistence, flushed or replaced, and
 the shard stops serving (see ``ShardFault``) rather than hand out
 re-initialised rows as if they were trained, unless the operator accepted an
 empty store (``--accept-empty-store``).
+
+A Redis that restarts with its persistence keeps the marker, but may have come
+back from an older state (``appendfsync everysec`` loses up to a second of
+writes; a replica promoted by a failover lags its primary): the shard records
+the server's ``run_id`` when it starts serving, every new connection of its
+stores checks it (:meth:`RedisShardMarker.checked_connection`), and another
+server's stops the shard the same way.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class RedisShardMarker:
         self._fault = fault
         self._accept_empty = accept_empty
         self._expected: bytes | None = None  # armed once the shard serves
+        self._run_id: bytes | None = None  # the server's, since the shard serves
         self._lock = threading.Lock()
 
     def check_topology(self) -> None:
@@ -108,6 +116,7 @@ class RedisShardMarker:
                 )
             else:
                 _parse(self.key, held, self.url)
+            self._run_id = guarded(self.url, lambda: _run_id(self._client.info("server")))
             self._write_new()
 
     @property
@@ -162,6 +171,45 @@ class RedisShardMarker:
         self._fault.trip(reason)
         self._fault.check()
 
+    def checked_connection(self, connection: redis.connection.AbstractConnection) -> None:
+        """Set up a new connection of a store (redis-py's ``redis_connect_func``), then check
+        that it reached the server the shard started serving on: another ``run_id`` means the
+        Redis restarted (or failed over), maybe from an older state, and the shard stops
+        serving (its restart rebuilds the rows from its checkpoint and log) unless the
+        operator accepted an empty store.
+
+        Raises:
+            ShardFailedError: another server, or the marker lost or rewritten there.
+        """
+        connection.on_connect()
+        with self._lock:
+            known = self._run_id
+        if known is None:  # not serving yet: recovery checks what the server holds
+            return
+        connection.send_command("INFO", "server")
+        run_id = _run_id(connection.read_response())
+        if run_id == known:
+            return
+        connection.send_command("GET", self.key)
+        self.verify(connection.read_response(), self.expected)  # gone, or another's: say so
+        if self._accept_empty:
+            with self._lock:
+                self._run_id = run_id
+            log.warning(
+                "redis at %s restarted (server run_id %s, was %s); going on from what it "
+                "holds (--accept-empty-store)", self.url, run_id.decode(), known.decode(),
+            )  # fmt: skip
+            return
+        self._fault.trip(
+            f"redis at {self.url} restarted (server run_id {run_id.decode()}, was "
+            f"{known.decode()}) while this shard served from it: it may have come back from an "
+            "older state (appendfsync everysec loses up to a second of writes; a promoted "
+            "replica lags), so serving could hand out rows older than writes already "
+            "acknowledged. Restart the shard: with --wal it rebuilds its rows from its "
+            "checkpoint and log; without, it serves what Redis holds"
+        )
+        self._fault.check()
+
     def held(self) -> bool:
         """Whether the database holds this shard's marker (its rows were served from it)."""
         return guarded(self.url, lambda: self._client.get(self.key)) is not None
@@ -178,6 +226,18 @@ class RedisShardMarker:
         ).encode()
         guarded(self.url, lambda: self._client.set(self.key, value))
         self._expected = value
+
+
+def _run_id(info: dict | bytes | str) -> bytes:
+    """The ``run_id`` of an ``INFO server`` reply: redis-py's parsed dict, or the raw text
+    a bare connection reads."""
+    if isinstance(info, dict):
+        return str(info["run_id"]).encode()
+    text = info.decode() if isinstance(info, bytes) else info
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line.partition(":")[2].strip().encode()
+    raise StoreCorruptError("redis answered INFO server without a run_id")
 
 
 def _parse(key: bytes, value: bytes, url: str) -> dict:

@@ -98,7 +98,7 @@ class RedisStore:
         self._batch = batch_keys
         self._value_bytes = HEADER_BYTES + 4 * (dim + state_width)
         self._marker = marker
-        self._redis = connect(url, timeout_s)
+        self._redis = connect(url, timeout_s, marker)
         self._writes = MarkedWrites(self._redis, self.url, marker)
         self._call(self._redis.ping)
 
@@ -327,7 +327,7 @@ def clear_shard_rows(
     def exact(key: bytes) -> bool:
         return key[-8 - len(tag) : -8] == tag and b":" not in key[len(b"ember:") : -8 - len(tag)]
 
-    client = connect(url)
+    client = connect(url, marker=marker)
     writes = MarkedWrites(client, redact(url), marker)
     deleted = 0
     try:

@@ -119,6 +119,40 @@ def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp
         assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
 
 
+def test_a_redis_that_comes_back_from_an_older_state_stops_the_shard_and_the_log_rebuilds_it(
+    own_redis, tmp_path
+):
+    """Redis restarted from a snapshot older than an acknowledged push (its marker is in the
+    snapshot): the shard must not serve the older rows; its restart rebuilds them from the
+    write-ahead log, the push included."""
+    ids = torch.arange(10)
+    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal")]
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).save()  # the snapshot: the marker, rows at version 1
+        client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))  # acknowledged: version 2
+        own_redis.stop()  # no save on shutdown ('save ""'): it comes back from the snapshot
+        cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
+        with pytest.raises(PSClientError) as refused:
+            for _ in range(3):  # a restart first shows as a lost connection (UNAVAILABLE)
+                try:
+                    client.pull_with_versions(SPEC.name, ids)
+                except PSClientError as error:
+                    if error.code != Status.UNAVAILABLE:
+                        raise
+        assert refused.value.code == Status.FAILED_PRECONDITION
+        assert "restarted (server run_id" in refused.value.details
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        cluster.kill_shard(0)
+        cluster.restart_shard(0)  # with the log: Redis is rebuilt, the second push included
+        assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
+
+
 def test_an_operator_may_accept_an_emptied_redis(own_redis):
     extra = ["--store", own_redis.url, "--accept-empty-store"]
     with LocalCluster(1, extra_args=extra) as cluster, PSClient(cluster.endpoints) as client:
