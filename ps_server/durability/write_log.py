@@ -311,7 +311,9 @@ class WriteLog:
         try:
             os.fsync(handle)
         except OSError as error:
-            self._fail(self._fsync_failure(error), fsync_failed=True)
+            reason = self._fsync_failure(error)
+            self._cut_unsynced()
+            self._fail(reason, fsync_failed=True)
         self._synced = max(self._synced, target)
         if self.on_fsync is not None:
             try:
@@ -333,9 +335,18 @@ class WriteLog:
     def _fsync_failure(self, error: OSError) -> str:
         return (
             f"fsync of the write-ahead log {self.files.path(self._segment)} failed ({error}): "
-            f"records after byte {self._synced} of the log may not be durable. No write is "
+            f"the records after byte {self._synced} of the log, which no fsync covered, are cut "
+            "off it (under --wal-fsync always none of them was acknowledged). No write is "
             "acknowledged from now on. Check the disk, then restart the shard"
         )
+
+    def _cut_unsynced(self) -> None:
+        """After a failed fsync, cut off the records no fsync covered (best effort): the
+        kernel may never write them, yet a restart would replay them from its page cache
+        and answer their retries as duplicates. Rotation fsyncs a segment before the next
+        begins, so they all lie in the current one."""
+        with self._append_lock:
+            self._cut_back(self._segment_bytes - (self._appended - self._synced))
 
     def _fail(self, reason: str, fsync_failed: bool = False) -> None:
         """The log itself failed: stop the shard (no more appends); after a failed fsync

@@ -48,12 +48,19 @@ def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whol
     assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]
 
 
-def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rotated", [False, True], ids=["one-segment", "after-a-rotation"])
+def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkeypatch, rotated):
+    """Nor does a restart replay what no fsync covered: after a failed fsync the kernel may
+    never write those pages, yet it would serve them from its cache."""
     log = open_log(tmp_path, fsync="always")
     log.sync(log.append(b"durable"))
+    if rotated:
+        log.rotate()
+        log.sync(log.append(b"durable-too"))
     ticket = log.append(b"not-durable")
+    log.append(b"appended-after")
     monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
-    with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error"):
+    with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error.*cut off"):
         log.sync(ticket)
     monkeypatch.undo()  # a later fsync would succeed: it must not be tried
     with pytest.raises(ShardFailedError):
@@ -61,6 +68,8 @@ def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkey
     with pytest.raises(ShardFailedError):
         log.append(b"after")
     log.close()
+    durable = [b"durable", b"durable-too"] if rotated else [b"durable"]
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == durable
 
 
 def test_a_failed_fsync_in_the_interval_thread_stops_acknowledgements(tmp_path, monkeypatch):
@@ -77,6 +86,8 @@ def test_a_failed_fsync_in_the_interval_thread_stops_acknowledgements(tmp_path, 
     with pytest.raises(ShardFailedError):
         log.append(b"next")
     log.close()
+    monkeypatch.undo()
+    assert list(WriteLog(tmp_path, 1, 3).replay()) == []  # no fsync covered it
 
 
 def test_always_mode_acknowledges_a_push_only_after_an_fsync_that_covers_its_record(
