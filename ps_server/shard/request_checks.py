@@ -59,6 +59,12 @@ def check_request_id(request_id: str, what: str) -> None:
         )
 
 
+def step_request_id(job: str, clock: int, rank: int | None) -> str:
+    """The request id a step write of ``job``'s ``clock`` is deduplicated by in a table's
+    window (``rank``: an ASYNC job's rank, whose clocks apply one by one)."""
+    return f"{job}{STEP_ID_MARK}{clock}" + (f"#{rank}" if rank is not None else "")
+
+
 def weights_only(table: Table) -> int:
     """The 4-byte words of a row a lookup or an update's read answers: its weights."""
     return table.spec.dim

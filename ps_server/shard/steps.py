@@ -32,7 +32,7 @@ from ember.ps_server.id_arrays import sum_duplicates
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.replica_flush import ReplicaFlushes, check_job_name
 from ember.ps_server.shard.request_checks import (
-    STEP_ID_MARK,
+    step_request_id,
     version_and_state,
     weights_and_int64,
     weights_only,
@@ -43,11 +43,7 @@ from ember.ps_server.shard.step_rows import AppliedUpdate, TableRead, refreshed_
 from ember.ps_server.shard.table_passes import push_tables
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.row_dtype import RowDtype
-from ember.ps_server.wire.step_codec import (
-    LookupRequestView,
-    StepClockView,
-    UpdateRequestView,
-)
+from ember.ps_server.wire.step_codec import LookupRequestView, StepClockView, UpdateRequestView
 
 if TYPE_CHECKING:
     from ember.ps_server.shard.server import ParameterServer
@@ -258,9 +254,8 @@ class StepService:
         are remembered as changed by ``clock`` (for refreshes). ``updates``' arrays are only
         read: an exact clock's stay pending, uncopied, until it applies (a failed write is
         tried again with the same arrays)."""
-        request_id = f"{job.name}{STEP_ID_MARK}{clock.clock}" + (
-            f"#{clock.rank}" if job.mode == pb.ASYNC else ""
-        )
+        rank = clock.rank if job.mode == pb.ASYNC else None
+        request_id = step_request_id(job.name, clock.clock, rank)
         summed = []
         for target, ids, grads in updates:
             writable = np.require(grads, np.float32, requirements=["C", "W"])  # replays: views
