@@ -116,7 +116,7 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     # leaves a log that has begun, so the next start rebuilds instead of refusing.
     write_log.open()
     if marker is not None:
-        marker.start_serving()  # a new epoch first: an older process of this shard stops now
+        marker.start_serving(rebuilds=True)  # a new epoch first: an older process stops now
     clear_shard(config.store, config.shard, marker)
     if chain is not None:
         server.checkpoints.restore(chain)

@@ -235,7 +235,9 @@ class WriteLog:
             try:
                 os.fsync(self._fd)
             except OSError as error:
-                self._fail(self._fsync_failure(error), fsync_failed=True)
+                reason = self._fsync_failure(error)
+                self._cut_back(self._unsynced_start())
+                self._fail(reason, fsync_failed=True)
             self._synced = self._appended
             new_fd = self._open_segment(self._segment + 1)
             old_fd, self._fd = self._fd, new_fd
@@ -276,6 +278,7 @@ class WriteLog:
                         os.fsync(self._fd)
                     except OSError as error:
                         self.fault.trip(self._fsync_failure(error))
+                        self._cut_back(self._unsynced_start())
                 fd, self._fd = self._fd, None
                 _close_quietly(fd, self.files.path(self._segment))
         self._release_lock()
@@ -312,7 +315,8 @@ class WriteLog:
             os.fsync(handle)
         except OSError as error:
             reason = self._fsync_failure(error)
-            self._cut_unsynced()
+            with self._append_lock:
+                self._cut_back(self._unsynced_start())
             self._fail(reason, fsync_failed=True)
         self._synced = max(self._synced, target)
         if self.on_fsync is not None:
@@ -340,13 +344,13 @@ class WriteLog:
             "acknowledged from now on. Check the disk, then restart the shard"
         )
 
-    def _cut_unsynced(self) -> None:
-        """After a failed fsync, cut off the records no fsync covered (best effort): the
-        kernel may never write them, yet a restart would replay them from its page cache
-        and answer their retries as duplicates. Rotation fsyncs a segment before the next
-        begins, so they all lie in the current one."""
-        with self._append_lock:
-            self._cut_back(self._segment_bytes - (self._appended - self._synced))
+    def _unsynced_start(self) -> int:
+        """Where in the current segment the records no fsync covered begin (caller holds the
+        append lock). After a failed fsync they are cut off: the kernel may never write
+        them, yet a restart would replay them from its page cache and answer their retries
+        as duplicates. Rotation fsyncs a segment before the next begins, so they all lie in
+        the current one."""
+        return self._segment_bytes - (self._appended - self._synced)
 
     def _fail(self, reason: str, fsync_failed: bool = False) -> None:
         """The log itself failed: stop the shard (no more appends); after a failed fsync

@@ -14,9 +14,10 @@ empty store (``--accept-empty-store``).
 A Redis that restarts with its persistence keeps the marker, but may have come
 back from an older state (``appendfsync everysec`` loses up to a second of
 writes; a replica promoted by a failover lags its primary): the shard records
-the server's ``run_id`` when it starts serving, every new connection of its
-stores checks it (:meth:`RedisShardMarker.checked_connection`), and another
-server's stops the shard the same way.
+the server's ``run_id`` when it starts serving and every new connection of its
+stores checks it (:meth:`RedisShardMarker.checked_connection`): another server's
+stops a shard that can rebuild its rows from a write-ahead log the same way; one
+without a log goes on from what Redis holds, saying so.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ import uuid
 
 import redis
 from ember.ps_server.durability.shard_fault import ShardFault
-from ember.ps_server.errors import StoreCorruptError, TopologyMismatchError
+from ember.ps_server.errors import (
+    StoreCorruptError,
+    StoreUnavailableError,
+    TopologyMismatchError,
+)
 from ember.ps_server.stores.redis_connection import guarded
 from ember.ps_server.stores.resp import pack
 
@@ -71,6 +76,7 @@ class RedisShardMarker:
         self._accept_empty = accept_empty
         self._expected: bytes | None = None  # armed once the shard serves
         self._run_id: bytes | None = None  # the server's, since the shard serves
+        self._stops_on_restart = False
         self._lock = threading.Lock()
 
     def check_topology(self) -> None:
@@ -100,13 +106,21 @@ class RedisShardMarker:
                     "or FLUSHDB once the checkpoint is written)"
                 )
 
-    def start_serving(self) -> None:
+    def start_serving(self, rebuilds: bool = False) -> None:
         """Write a new epoch of this shard's marker and check it from now on.
 
         Call once the rows the database holds are the shard's (as found, or
         rebuilt from a checkpoint and the log). A new epoch per start means an
         older process still serving this shard on the database notices the
         marker changed, and stops.
+
+        Args:
+            rebuilds: the shard's next start rebuilds its rows from a write-ahead log, so a
+                restart of the Redis server stops the shard (see :meth:`checked_connection`);
+                without one it goes on from what the restarted server holds, saying so.
+
+        Raises:
+            StoreUnavailableError: the server refused INFO (an ACL user needs ``+info``).
         """
         with self._lock:
             held = guarded(self.url, lambda: self._client.get(self.key))
@@ -116,7 +130,14 @@ class RedisShardMarker:
                 )
             else:
                 _parse(self.key, held, self.url)
-            self._run_id = guarded(self.url, lambda: _run_id(self._client.info("server")))
+            try:
+                self._run_id = guarded(self.url, lambda: _run_id(self._client.info("server")))
+            except redis.ResponseError as error:  # NoPermissionError is one
+                raise StoreUnavailableError(
+                    f"redis at {self.url} refused INFO ({error}): a shard reads the server's "
+                    "run_id to notice a restart; grant its ACL user +info"
+                ) from error
+            self._stops_on_restart = rebuilds
             self._write_new()
 
     @property
@@ -173,40 +194,46 @@ class RedisShardMarker:
 
     def checked_connection(self, connection: redis.connection.AbstractConnection) -> None:
         """Set up a new connection of a store (redis-py's ``redis_connect_func``), then check
-        that it reached the server the shard started serving on: another ``run_id`` means the
-        Redis restarted (or failed over), maybe from an older state, and the shard stops
-        serving (its restart rebuilds the rows from its checkpoint and log) unless the
-        operator accepted an empty store.
+        that it reached the server the shard started serving on: another ``run_id`` means
+        the Redis restarted (or failed over), maybe from an older state (see
+        :meth:`_restarted`). A connection whose check fails is dropped.
 
         Raises:
             ShardFailedError: another server, or the marker lost or rewritten there.
         """
-        connection.on_connect()
-        with self._lock:
-            known = self._run_id
-        if known is None:  # not serving yet: recovery checks what the server holds
-            return
-        connection.send_command("INFO", "server")
-        run_id = _run_id(connection.read_response())
-        if run_id == known:
-            return
-        connection.send_command("GET", self.key)
-        self.verify(connection.read_response(), self.expected)  # gone, or another's: say so
-        if self._accept_empty:
+        try:
+            connection.on_connect()
+            with self._lock:
+                known, expected = self._run_id, self._expected
+            if known is None:  # not serving yet: recovery checks what the server holds
+                return
+            connection.send_command("INFO", "server")
+            run_id = _run_id(connection.read_response())
+            if run_id != known:
+                connection.send_command("GET", self.key)
+                self.verify(connection.read_response(), expected)  # gone, or another's: say so
+                self._restarted(known, run_id)
+        except BaseException:  # redis-py before 8 keeps a connection whose setup failed
+            connection.disconnect()
+            raise
+
+    def _restarted(self, known: bytes, run_id: bytes) -> None:
+        """The server's ``run_id`` changed from ``known``: stop the shard if it rebuilds from
+        a log (unless the operator accepted an empty store), else go on, saying so."""
+        was = (
+            f"redis at {self.url} restarted (server run_id {run_id.decode()}, was {known.decode()})"
+        )
+        if self._accept_empty or not self._stops_on_restart:
             with self._lock:
                 self._run_id = run_id
-            log.warning(
-                "redis at %s restarted (server run_id %s, was %s); going on from what it "
-                "holds (--accept-empty-store)", self.url, run_id.decode(), known.decode(),
-            )  # fmt: skip
+            why = "--accept-empty-store" if self._accept_empty else "no write-ahead log"
+            log.warning("%s; going on from what it holds (%s)", was, why)
             return
         self._fault.trip(
-            f"redis at {self.url} restarted (server run_id {run_id.decode()}, was "
-            f"{known.decode()}) while this shard served from it: it may have come back from an "
-            "older state (appendfsync everysec loses up to a second of writes; a promoted "
-            "replica lags), so serving could hand out rows older than writes already "
-            "acknowledged. Restart the shard: with --wal it rebuilds its rows from its "
-            "checkpoint and log; without, it serves what Redis holds"
+            f"{was} while this shard served from it: it may have come back from an older "
+            "state (appendfsync everysec loses up to a second of writes; a promoted replica "
+            "lags), so serving could hand out rows older than writes already acknowledged. "
+            "Restart the shard: it rebuilds its rows from its checkpoint and write-ahead log"
         )
         self._fault.check()
 

@@ -50,6 +50,10 @@ def _checkpoints(tmp_path: Path) -> list[Path]:
     return sorted(_auto_dir(tmp_path).glob("ckpt-*"))
 
 
+def _finished_checkpoints(tmp_path: Path) -> list[Path]:
+    return [checkpoint for checkpoint in _checkpoints(tmp_path) if (checkpoint / MANIFEST).exists()]
+
+
 def _push_all(endpoints: list[str]) -> list[StepPusher]:
     pushers = [StepPusher(endpoints, SPEC, ids, seed, STEPS) for seed, ids in enumerate(IDS)]
     for pusher in pushers:
@@ -109,19 +113,19 @@ def test_an_empty_log_beside_the_shards_own_checkpoints_is_refused(tmp_path):
         PSClient(cluster.endpoints) as client,
     ):
         client.create_table(SPEC)
-        for _ in range(500):  # until the shard checkpoints itself
+        for _ in range(500):  # until the shard has finished a checkpoint of itself
             client.push(SPEC.name, ids, torch.ones(len(ids), SPEC.dim))
-            if _checkpoints(tmp_path):
+            if _finished_checkpoints(tmp_path):
                 break
-    kept = _checkpoints(tmp_path)
-    assert kept and (kept[-1] / MANIFEST).exists()
+    kept = _finished_checkpoints(tmp_path)
+    assert kept
     (tmp_path / "wal").rename(tmp_path / "wal-elsewhere")
     with (
         pytest.raises(ClusterError, match="log in .* is empty, but this shard checkpointed"),
         LocalCluster(1, extra_args=_flags(tmp_path), workdir=tmp_path / "run"),
     ):
         pass
-    assert _checkpoints(tmp_path) == kept
+    assert _finished_checkpoints(tmp_path) == kept
     restore = ["--restore", str(kept[-1])]
     with (
         LocalCluster(1, extra_args=_flags(tmp_path, *restore), workdir=tmp_path / "run") as cluster,

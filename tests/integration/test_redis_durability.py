@@ -119,14 +119,16 @@ def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp
         assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
 
 
-def test_a_redis_that_comes_back_from_an_older_state_stops_the_shard_and_the_log_rebuilds_it(
-    own_redis, tmp_path
+@pytest.mark.parametrize("wal", [True, False], ids=["with-log", "without-log"])
+def test_a_redis_that_comes_back_from_an_older_state_stops_a_shard_that_can_rebuild(
+    own_redis, tmp_path, wal
 ):
     """Redis restarted from a snapshot older than an acknowledged push (its marker is in the
-    snapshot): the shard must not serve the older rows; its restart rebuilds them from the
-    write-ahead log, the push included."""
+    snapshot). With a write-ahead log the shard must not serve the older rows: it stops, and
+    its restart rebuilds them from the log, the push included. Without one there is nothing
+    to rebuild from: it goes on from what Redis holds."""
     ids = torch.arange(10)
-    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal")]
+    extra = ["--store", own_redis.url] + (["--wal", str(tmp_path / "wal")] if wal else [])
     with (
         contextlib.ExitStack() as cleanup,
         LocalCluster(1, extra_args=extra) as cluster,
@@ -138,19 +140,51 @@ def test_a_redis_that_comes_back_from_an_older_state_stops_the_shard_and_the_log
         client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))  # acknowledged: version 2
         own_redis.stop()  # no save on shutdown ('save ""'): it comes back from the snapshot
         cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
-        with pytest.raises(PSClientError) as refused:
-            for _ in range(3):  # a restart first shows as a lost connection (UNAVAILABLE)
-                try:
-                    client.pull_with_versions(SPEC.name, ids)
-                except PSClientError as error:
-                    if error.code != Status.UNAVAILABLE:
-                        raise
-        assert refused.value.code == Status.FAILED_PRECONDITION
-        assert "restarted (server run_id" in refused.value.details
+        outcome = _pull_past_the_reconnect(client, ids)
+        if not wal:
+            assert isinstance(outcome, torch.Tensor) and outcome.eq(1).all()  # what Redis holds
+            assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+            return
+        assert isinstance(outcome, PSClientError), outcome
+        assert outcome.code == Status.FAILED_PRECONDITION
+        assert "restarted (server run_id" in outcome.details
         assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
         cluster.kill_shard(0)
         cluster.restart_shard(0)  # with the log: Redis is rebuilt, the second push included
         assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
+
+
+def _pull_past_the_reconnect(client: PSClient, ids: torch.Tensor) -> torch.Tensor | PSClientError:
+    """The versions of ``ids``, or the error a pull ends with, past the lost connection
+    (UNAVAILABLE) that a Redis restart first shows as."""
+    for _ in range(3):
+        try:
+            return client.pull_with_versions(SPEC.name, ids)[1]
+        except PSClientError as error:
+            if error.code != Status.UNAVAILABLE:
+                return error
+    raise AssertionError("the shard stayed UNAVAILABLE after Redis came back")
+
+
+def test_a_redis_user_without_info_is_refused_at_start_naming_the_grant(own_redis):
+    raw = redis.Redis.from_url(own_redis.url)
+    raw.acl_setuser(
+        "ember", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-@dangerous"]
+    )
+    url = own_redis.url.replace("redis://", "redis://ember:secret@")
+    with (
+        pytest.raises(ClusterError, match=r"refused INFO.*grant its ACL user \+info"),
+        LocalCluster(1, extra_args=["--store", url]),
+    ):
+        pass
+    raw.acl_setuser("ember", enabled=True, commands=["+info"])
+    with (
+        LocalCluster(1, extra_args=["--store", url]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(3), torch.ones(3, SPEC.dim))
+        assert client.pull_with_versions(SPEC.name, torch.arange(3))[1].eq(1).all()
 
 
 def test_an_operator_may_accept_an_emptied_redis(own_redis):

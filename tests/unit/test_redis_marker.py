@@ -25,6 +25,9 @@ class DictRedis:
         self.data[key] = value
         self.sets += 1
 
+    def info(self, section: str) -> dict:
+        return {"run_id": "0" * 40}
+
     def scan_iter(self, match: bytes, count: int):
         return [key for key in list(self.data) if key.startswith(match.rstrip(b"*"))]
 

@@ -49,25 +49,37 @@ def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whol
 
 
 @pytest.mark.parametrize("rotated", [False, True], ids=["one-segment", "after-a-rotation"])
-def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(tmp_path, monkeypatch, rotated):
-    """Nor does a restart replay what no fsync covered: after a failed fsync the kernel may
-    never write those pages, yet it would serve them from its cache."""
+@pytest.mark.parametrize("failing", ["sync", "rotate", "close"])
+def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(
+    tmp_path, monkeypatch, rotated, failing
+):
+    """Nor does a restart replay what no fsync covered: after a failed fsync (of a request's
+    sync, a checkpoint's rotation or the close) the kernel may never write those pages, yet
+    it would serve them from its cache. They are cut off, to the byte."""
     log = open_log(tmp_path, fsync="always")
     log.sync(log.append(b"durable"))
     if rotated:
         log.rotate()
         log.sync(log.append(b"durable-too"))
+    segment = log.files.path(log.segments()[-1])
+    durable_bytes = segment.stat().st_size
     ticket = log.append(b"not-durable")
     log.append(b"appended-after")
     monkeypatch.setattr(write_log.os, "fsync", _failing(errno.EIO))
-    with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error.*cut off"):
-        log.sync(ticket)
-    monkeypatch.undo()  # a later fsync would succeed: it must not be tried
-    with pytest.raises(ShardFailedError):
-        log.sync(ticket)
-    with pytest.raises(ShardFailedError):
-        log.append(b"after")
-    log.close()
+    if failing == "close":
+        log.close()
+        assert "Input/output error" in log.fault.reason
+    else:
+        with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error.*cut off"):
+            log.sync(ticket) if failing == "sync" else log.rotate()
+        monkeypatch.undo()  # a later fsync would succeed: it must not be tried
+        with pytest.raises(ShardFailedError):
+            log.sync(ticket)
+        with pytest.raises(ShardFailedError):
+            log.append(b"after")
+        log.close()
+    monkeypatch.undo()
+    assert segment.stat().st_size == durable_bytes
     durable = [b"durable", b"durable-too"] if rotated else [b"durable"]
     assert list(WriteLog(tmp_path, 1, 3).replay()) == durable
 
