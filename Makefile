@@ -1,7 +1,9 @@
 # The two quick-start commands: `make demo` and `make test`. Each sets up what
 # it needs (scripts/setup-venv.sh is idempotent).
 VENV := .venv
-PYTEST_ARGS ?=
+# Two workers, a test file each at a time: most tests wait on the shard processes they
+# start, so two share two cores well (session fixtures start once per worker).
+PYTEST_ARGS ?= --numprocesses 2 --dist loadfile
 
 .PHONY: demo test setup bench clean
 
