@@ -1,8 +1,9 @@
 """A local cluster: N shard processes on free loopback ports.
 
 Used by ``ember cluster up``, ``ember demo``, the integration tests and the
-benchmarks. Each shard binds port 0 and announces its endpoint through a ready
-file, so no port is guessed and nothing waits on a fixed sleep.
+benchmarks. Each shard binds a free port below the kernel's ephemeral range
+(:func:`restartable_port`), so a shard restarted on it finds it free, and
+announces its endpoint through a ready file, so nothing waits on a fixed sleep.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
+
+from ember.ps_server.local_ports import restartable_port
 
 _READY_TIMEOUT_S = 60.0
 _READY_POLL_S = 0.02
@@ -84,7 +87,8 @@ class LocalCluster:
     def start(self) -> list[str]:
         """Launch every shard and wait until all serve; returns their endpoints."""
         try:
-            ready_files = [self._launch(k) for k in range(self.num_shards)]
+            ports = [restartable_port(self.host) for _ in range(self.num_shards)]
+            ready_files = [self._launch(k, port=port) for k, port in enumerate(ports)]
             self.endpoints = [self._await_ready(k, f) for k, f in enumerate(ready_files)]
         except BaseException:
             self.stop()
@@ -106,7 +110,7 @@ class LocalCluster:
         if self.processes[shard].poll() is None:
             self.kill_shard(shard)
         port = int(self.endpoints[shard].rsplit(":", 1)[1])
-        ready = self._launch(shard, replace=True, port=port)
+        ready = self._launch(shard, port, replace=True)
         self.endpoints[shard] = self._await_ready(shard, ready)
         return self.endpoints[shard]
 
@@ -127,7 +131,7 @@ class LocalCluster:
             self._tempdir.cleanup()
             self._tempdir = None
 
-    def _launch(self, shard: int, replace: bool = False, port: int = 0) -> Path:
+    def _launch(self, shard: int, port: int, replace: bool = False) -> Path:
         ready = self.workdir / f"shard-{shard}.ready"
         ready.unlink(missing_ok=True)
         command = [

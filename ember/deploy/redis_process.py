@@ -4,7 +4,6 @@ benchmarks."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Self
 from urllib.parse import quote
 
 from ember.env import env_value
+from ember.ps_server.local_ports import restartable_port
 
 NO_SERVER = "no redis-server found (run scripts/setup-redis.sh, or set EMBER_REDIS_SERVER)"
 _READY_LINE = "Ready to accept connections"
@@ -33,10 +33,9 @@ def redis_server_binary() -> str | None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, that a server restarted on it finds free again
+    (see :func:`restartable_port`)."""
+    return restartable_port("127.0.0.1")
 
 
 def _discard(stream) -> None:

@@ -146,8 +146,11 @@ class ShardServer:
         )
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
+            # No SO_REUSEPORT (gRPC's default on Linux): a second process on the port would
+            # silently take a share of the connections instead of failing to start.
             options=message_size_options(config.max_message_bytes)
-            + keepalive_options(config.keepalive_s, server=True),
+            + keepalive_options(config.keepalive_s, server=True)
+            + [("grpc.so_reuseport", 0)],
             interceptors=interceptors,
         )
         grpc_server.add_generic_rpc_handlers(

@@ -9,8 +9,9 @@ import pytest
 import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
-from ember.ps_server.cluster import LocalCluster
+from ember.ps_server.cluster import ClusterError, LocalCluster
 from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.local_ports import EPHEMERAL_RANGE, LOWEST_PORT, restartable_port
 from ember.ps_server.shard.initializers import initial_rows
 from ember.ps_server.wire.messages import SERVICE_NAME, encode_ids, pb, pb_grpc
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
@@ -109,3 +110,25 @@ def test_reflection_lists_the_service(cluster):
         (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
         names = {s.name for s in reply.list_services_response.service}
     assert {SERVICE_NAME, "grpc.health.v1.Health"} <= names
+
+
+def test_a_shard_started_on_a_port_in_use_fails_instead_of_sharing_it(cluster):
+    """gRPC binds with SO_REUSEPORT by default on Linux: a second shard process on the port
+    would silently take a share of the clients' connections."""
+    port = cluster.endpoints[0].rsplit(":", 1)[1]
+    with (
+        pytest.raises(ClusterError, match=f"Failed to bind to address 127.0.0.1:{port}"),
+        LocalCluster(1, extra_args=["--port", port]),
+    ):
+        pass
+
+
+def test_local_ports_lie_below_the_kernels_ephemeral_range():
+    """Where no connection or port-0 bind is given them, so a restarted shard finds its
+    port free."""
+    ephemeral_start = int(EPHEMERAL_RANGE.read_text().split()[0])
+    assert ephemeral_start - LOWEST_PORT >= 1_000  # this machine leaves room below it
+    ports = {restartable_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= port < ephemeral_start for port in ports) and len(ports) > 1
+    with LocalCluster(1) as cluster:
+        assert LOWEST_PORT <= int(cluster.endpoints[0].rsplit(":", 1)[1]) < ephemeral_start
