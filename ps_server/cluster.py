@@ -23,6 +23,10 @@ from ember.ps_server.local_ports import restartable_port
 
 _READY_TIMEOUT_S = 60.0
 _READY_POLL_S = 0.02
+# How often a shard is launched on a fresh port when its chosen one was taken meanwhile,
+# and what gRPC says then.
+_BIND_TRIES = 3
+_BIND_FAILED = "Failed to bind to address"
 
 
 def write_endpoints_file(endpoints: Sequence[str], path: Path) -> None:
@@ -87,9 +91,13 @@ class LocalCluster:
     def start(self) -> list[str]:
         """Launch every shard and wait until all serve; returns their endpoints."""
         try:
-            ports = [restartable_port(self.host) for _ in range(self.num_shards)]
-            ready_files = [self._launch(k, port=port) for k, port in enumerate(ports)]
-            self.endpoints = [self._await_ready(k, f) for k, f in enumerate(ready_files)]
+            ports: list[int] = []
+            for _ in range(self.num_shards):
+                ports.append(restartable_port(self.host, frozenset(ports)))
+            ready_files = [self._launch(k, port) for k, port in enumerate(ports)]
+            self.endpoints = [
+                self._await_first_start(k, f, ports) for k, f in enumerate(ready_files)
+            ]
         except BaseException:
             self.stop()
             raise
@@ -149,6 +157,19 @@ class LocalCluster:
         else:
             self.processes.append(process)
         return ready
+
+    def _await_first_start(self, shard: int, ready: Path, ports: list[int]) -> str:
+        """:meth:`_await_ready`, launching the shard again on another port when another
+        process took ``ports[shard]`` between its choice and the bind (a few times)."""
+        for _ in range(_BIND_TRIES - 1):
+            try:
+                return self._await_ready(shard, ready)
+            except ClusterError as error:
+                if _BIND_FAILED not in str(error):
+                    raise
+            ports[shard] = restartable_port(self.host, frozenset(ports))
+            ready = self._launch(shard, ports[shard], replace=True)
+        return self._await_ready(shard, ready)
 
     def _await_ready(self, shard: int, ready: Path) -> str:
         process = self.processes[shard]

@@ -18,19 +18,30 @@ LOWEST_PORT = 10_000
 _TRIES = 100
 
 
-def restartable_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, chosen at random below the kernel's ephemeral range
-    (where no connection or port-0 bind is given it); from that range where the range
-    leaves no room below it (then a restart may find the port taken)."""
+def restartable_port(host: str = "127.0.0.1", taken: frozenset[int] = frozenset()) -> int:
+    """A TCP port free on ``host`` now and not in ``taken``, chosen at random below the
+    kernel's ephemeral range (where no connection or port-0 bind is given it); 0 where the
+    range leaves no room below it or ``host`` cannot be bound from here (an address of
+    another network namespace): the server then binds port 0 itself, and a restart may
+    find its port taken."""
     below = _ephemeral_start()
-    if below - LOWEST_PORT >= 1_000:
-        chooser = random.SystemRandom()
-        for _ in range(_TRIES):
-            port = chooser.randrange(LOWEST_PORT, below)
-            if _bindable(host, port):
-                return port
-    with socket.socket() as probe:
-        probe.bind((host, 0))
+    if below - LOWEST_PORT < 1_000:
+        return 0
+    chooser = random.SystemRandom()
+    for _ in range(_TRIES):
+        port = chooser.randrange(LOWEST_PORT, below)
+        if port not in taken and _bindable(host, port):
+            return port
+    return 0
+
+
+def any_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now: a restartable one where there is one, else one the
+    kernel picks."""
+    port = restartable_port(host)
+    if port:
+        return port
+    with _listening(host, 0) as probe:
         return probe.getsockname()[1]
 
 
@@ -43,9 +54,15 @@ def _ephemeral_start() -> int:
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
+    try:
+        with _listening(host, port):
+            return True
+    except OSError:  # taken, or an address this namespace does not have
+        return False
+
+
+def _listening(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (IPv4 or IPv6 as ``host`` resolves), with
+    SO_REUSEADDR as servers bind."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family)

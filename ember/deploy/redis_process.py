@@ -11,7 +11,7 @@ from typing import Self
 from urllib.parse import quote
 
 from ember.env import env_value
-from ember.ps_server.local_ports import restartable_port
+from ember.ps_server.local_ports import any_free_port
 
 NO_SERVER = "no redis-server found (run scripts/setup-redis.sh, or set EMBER_REDIS_SERVER)"
 _READY_LINE = "Ready to accept connections"
@@ -33,9 +33,9 @@ def redis_server_binary() -> str | None:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, that a server restarted on it finds free again
-    (see :func:`restartable_port`)."""
-    return restartable_port("127.0.0.1")
+    """A TCP port free on 127.0.0.1 now, where it can be one that a server restarted on it
+    finds free again (see :func:`restartable_port`)."""
+    return any_free_port("127.0.0.1")
 
 
 def _discard(stream) -> None:

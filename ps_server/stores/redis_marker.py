@@ -211,21 +211,26 @@ class RedisShardMarker:
             run_id = _run_id(connection.read_response())
             if run_id != known:
                 connection.send_command("GET", self.key)
-                self.verify(connection.read_response(), expected)  # gone, or another's: say so
-                self._restarted(known, run_id)
+                held = connection.read_response()
+                if held is None:  # gone: stops, unless the operator accepted an empty store
+                    self.verify(held, expected)
+                self._restarted(known, run_id, held)
         except BaseException:  # redis-py before 8 keeps a connection whose setup failed
             connection.disconnect()
             raise
 
-    def _restarted(self, known: bytes, run_id: bytes) -> None:
-        """The server's ``run_id`` changed from ``known``: stop the shard if it rebuilds from
-        a log (unless the operator accepted an empty store), else go on, saying so."""
+    def _restarted(self, known: bytes, run_id: bytes, held: bytes | None) -> None:
+        """The server's ``run_id`` changed from ``known``, and it holds the marker ``held``:
+        stop the shard if it rebuilds from a log (unless the operator accepted an empty
+        store), else go on, saying so (with a new epoch where an older one came back)."""
         was = (
             f"redis at {self.url} restarted (server run_id {run_id.decode()}, was {known.decode()})"
         )
         if self._accept_empty or not self._stops_on_restart:
             with self._lock:
                 self._run_id = run_id
+                if held is not None and held != self._expected:  # from before this process
+                    self._write_new()
             why = "--accept-empty-store" if self._accept_empty else "no write-ahead log"
             log.warning("%s; going on from what it holds (%s)", was, why)
             return

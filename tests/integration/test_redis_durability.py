@@ -154,6 +154,34 @@ def test_a_redis_that_comes_back_from_an_older_state_stops_a_shard_that_can_rebu
         assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
 
 
+def test_a_shard_without_a_log_goes_on_when_redis_comes_back_with_an_earlier_epoch(
+    own_redis, tmp_path
+):
+    """The snapshot Redis restarts from was taken before this shard process started: it
+    holds the previous process's marker. Not another owner: the shard goes on, with a new
+    epoch, from what Redis holds."""
+    ids, ones = torch.arange(10), torch.ones(10, SPEC.dim)
+    extra = ["--store", own_redis.url]
+    with LocalCluster(1, extra_args=extra) as earlier, PSClient(earlier.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, ones)
+        redis.Redis.from_url(own_redis.url).save()  # the previous process's epoch, version 1
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)  # table specs live in the log, and there is none
+        client.push(SPEC.name, ids, ones)  # version 2, under this process's epoch
+        own_redis.stop()
+        cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
+        outcome = _pull_past_the_reconnect(client, ids)
+        assert isinstance(outcome, torch.Tensor) and outcome.eq(1).all(), outcome
+        client.push(SPEC.name, ids, ones)  # goes on writing under its new epoch
+        assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+
+
 def _pull_past_the_reconnect(client: PSClient, ids: torch.Tensor) -> torch.Tensor | PSClientError:
     """The versions of ``ids``, or the error a pull ends with, past the lost connection
     (UNAVAILABLE) that a Redis restart first shows as."""
