@@ -80,6 +80,7 @@ class LocalCluster:
         self.endpoints: list[str] = []
         # What each shard's ready file said (endpoint, pid, metrics_port, ...).
         self.ready_info: dict[int, dict] = {}
+        self._log_starts: dict[int, int] = {}  # where each shard's latest launch began its log
 
     def __enter__(self) -> Self:
         self.start()
@@ -149,6 +150,7 @@ class LocalCluster:
             *self._extra_args,
         ]  # fmt: skip
         with open(self.workdir / f"shard-{shard}.log", "ab") as log:
+            self._log_starts[shard] = log.tell()  # a reused workdir's log holds earlier runs
             process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self._env
             )
@@ -164,8 +166,9 @@ class LocalCluster:
         for _ in range(_BIND_TRIES - 1):
             try:
                 return self._await_ready(shard, ready)
-            except ClusterError as error:
-                if _BIND_FAILED not in str(error):
+            except ClusterError:
+                exited = self.processes[shard].poll() is not None  # else it timed out
+                if not (exited and ports[shard] and _BIND_FAILED in self._log_tail(shard)):
                     raise
             ports[shard] = restartable_port(self.host, frozenset(ports))
             ready = self._launch(shard, ports[shard], replace=True)
@@ -188,5 +191,10 @@ class LocalCluster:
         return self.ready_info[shard]["endpoint"]
 
     def _log_tail(self, shard: int) -> str:
+        """The end of what the shard's latest launch wrote to its log."""
         log = self.workdir / f"shard-{shard}.log"
-        return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        if not log.exists():
+            return "(no log)"
+        with open(log, "rb") as text:
+            text.seek(self._log_starts.get(shard, 0))
+            return text.read().decode(errors="replace")[-2000:]

@@ -228,9 +228,12 @@ class RedisShardMarker:
         )
         if self._accept_empty or not self._stops_on_restart:
             with self._lock:
-                self._run_id = run_id
+                if self._run_id == run_id:  # another connection saw this restart first
+                    return
                 if held is not None and held != self._expected:  # from before this process
+                    _parse(self.key, held, self.url)  # this shard's, not garbage: replaced
                     self._write_new()
+                self._run_id = run_id  # once the new epoch is written: else checked again
             why = "--accept-empty-store" if self._accept_empty else "no write-ahead log"
             log.warning("%s; going on from what it holds (%s)", was, why)
             return

@@ -1,6 +1,7 @@
 """Retries, deduplication of request ids, health and reflection on real shards."""
 
 import socket
+import sys
 import threading
 
 import grpc
@@ -148,3 +149,18 @@ def test_a_shard_whose_chosen_port_was_taken_meanwhile_starts_on_another(monkeyp
         with LocalCluster(1) as cluster, PSClient(cluster.endpoints) as client:
             assert int(cluster.endpoints[0].rsplit(":", 1)[1]) != held
             client.create_table(TableSpec("moved", dim=4))
+
+
+def test_a_failure_after_an_earlier_runs_bind_failure_is_not_taken_for_one(tmp_path):
+    """A reused workdir's shard log holds earlier runs: only what the latest launch wrote
+    tells a bind failure, so another failure is raised at once, not launched again."""
+    (tmp_path / "shard-0.log").write_text("Failed to bind to address 127.0.0.1:12345\n")
+    launches = tmp_path / "launches"
+    failing = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write('x'); sys.exit(3)"]
+    with (
+        pytest.raises(ClusterError, match="exited with 3") as refused,
+        LocalCluster(1, workdir=tmp_path, server_command=[*failing, str(launches)]),
+    ):
+        pass
+    assert launches.read_text() == "x"
+    assert "Failed to bind" not in str(refused.value)
