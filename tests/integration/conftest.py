@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ember.ps_server.client.ps_client import PSClient
@@ -46,4 +47,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     """One redis-server for the session (tests use distinct table names)."""
     require_redis_server()
     with RedisServer(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, without persistence, in ``tmp_path / "redis"``."""
+    require_redis_server()
+    (tmp_path / "redis").mkdir()
+    with RedisServer(tmp_path / "redis") as server:
         yield server

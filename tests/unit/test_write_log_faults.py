@@ -48,6 +48,15 @@ def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whol
     assert list(WriteLog(tmp_path, 1, 3).replay()) == [b"one", b"two"]
 
 
+def _assert_acknowledges_nothing_more(log: WriteLog, ticket: int) -> None:
+    """A failed log neither syncs ``ticket`` nor takes another record; then close it."""
+    with pytest.raises(ShardFailedError):
+        log.sync(ticket)
+    with pytest.raises(ShardFailedError):
+        log.append(b"after")
+    log.close()
+
+
 @pytest.mark.parametrize("rotated", [False, True], ids=["one-segment", "after-a-rotation"])
 @pytest.mark.parametrize("failing", ["sync", "rotate", "close"])
 def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(
@@ -73,11 +82,7 @@ def test_a_failed_fsync_is_never_followed_by_an_acknowledgement(
         with pytest.raises(ShardFailedError, match="fsync.*failed.*Input/output error.*cut off"):
             log.sync(ticket) if failing == "sync" else log.rotate()
         monkeypatch.undo()  # a later fsync would succeed: it must not be tried
-        with pytest.raises(ShardFailedError):
-            log.sync(ticket)
-        with pytest.raises(ShardFailedError):
-            log.append(b"after")
-        log.close()
+        _assert_acknowledges_nothing_more(log, ticket)
     monkeypatch.undo()
     assert segment.stat().st_size == durable_bytes
     durable = [b"durable", b"durable-too"] if rotated else [b"durable"]
@@ -93,11 +98,7 @@ def test_a_failed_fsync_in_the_interval_thread_stops_acknowledgements(tmp_path, 
     ticket = log.append(b"record")
     assert tripped.wait(30), "the fsync thread died without tripping the fault"
     assert "fsync" in log.fault.reason and "Input/output error" in log.fault.reason
-    with pytest.raises(ShardFailedError):
-        log.sync(ticket)
-    with pytest.raises(ShardFailedError):
-        log.append(b"next")
-    log.close()
+    _assert_acknowledges_nothing_more(log, ticket)
     monkeypatch.undo()
     assert list(WriteLog(tmp_path, 1, 3).replay()) == []  # no fsync covered it
 

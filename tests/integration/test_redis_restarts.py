@@ -1,0 +1,155 @@
+"""Shards over a Redis that restarts, is emptied or refuses a command: each stops serving
+or goes on as its durability allows, and says why. Each test has its own redis-server."""
+
+import contextlib
+
+import pytest
+import redis
+import torch
+from ember.ps_server.client.config import ClientConfig
+from ember.ps_server.client.ps_client import PSClient
+from ember.ps_server.cluster import ClusterError, LocalCluster
+from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
+from grpc_health.v1 import health_pb2
+
+from tests.support.health import serving_status
+from tests.support.redis_server import RedisServer
+
+SPEC = TableSpec("rows", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
+FAST = ClientConfig(max_attempts=2, initial_backoff_s=0.01)
+
+
+@pytest.mark.parametrize("how", ["flushall", "restart"])
+def test_a_redis_that_comes_back_empty_stops_the_shard_saying_why(own_redis, tmp_path, how):
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=["--store", own_redis.url]) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        if how == "flushall":
+            redis.Redis.from_url(own_redis.url).flushall()
+        else:  # restarted without persistence, on its old port
+            own_redis.stop()
+            (tmp_path / "again").mkdir()
+            cleanup.enter_context(RedisServer(tmp_path / "again", port=own_redis.port))
+        refused = _pull_past_the_reconnect(client, torch.arange(10))
+        assert isinstance(refused, PSClientError), refused
+        assert refused.code == Status.FAILED_PRECONDITION
+        assert "lost this shard's marker" in refused.details
+        assert "--accept-empty-store" in refused.details
+        with pytest.raises(PSClientError, match="stopped serving.*lost this shard's marker"):
+            client.push(SPEC.name, torch.arange(3), torch.ones(3, SPEC.dim))
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert redis.Redis.from_url(own_redis.url).keys(b"ember:*") == []  # nothing written
+
+
+@pytest.mark.parametrize("wal", [True, False], ids=["with-log", "without-log"])
+def test_a_redis_that_comes_back_from_an_older_state_stops_a_shard_that_can_rebuild(
+    own_redis, tmp_path, wal
+):
+    """Redis restarted from a snapshot older than an acknowledged push (its marker is in the
+    snapshot). With a write-ahead log the shard must not serve the older rows: it stops, and
+    its restart rebuilds them from the log, the push included. Without one there is nothing
+    to rebuild from: it goes on from what Redis holds."""
+    ids = torch.arange(10)
+    extra = ["--store", own_redis.url] + (["--wal", str(tmp_path / "wal")] if wal else [])
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).save()  # the snapshot: the marker, rows at version 1
+        client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))  # acknowledged: version 2
+        own_redis.stop()  # no save on shutdown ('save ""'): it comes back from the snapshot
+        cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
+        outcome = _pull_past_the_reconnect(client, ids)
+        if not wal:
+            assert isinstance(outcome, torch.Tensor) and outcome.eq(1).all()  # what Redis holds
+            assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+            return
+        assert isinstance(outcome, PSClientError), outcome
+        assert outcome.code == Status.FAILED_PRECONDITION
+        assert "restarted (server run_id" in outcome.details
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
+        cluster.kill_shard(0)
+        cluster.restart_shard(0)  # with the log: Redis is rebuilt, the second push included
+        assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
+
+
+def test_a_shard_without_a_log_goes_on_when_redis_comes_back_with_an_earlier_epoch(
+    own_redis, tmp_path
+):
+    """The snapshot Redis restarts from was taken before this shard process started: it
+    holds the previous process's marker. Not another owner: the shard goes on, with a new
+    epoch, from what Redis holds."""
+    ids, ones = torch.arange(10), torch.ones(10, SPEC.dim)
+    extra = ["--store", own_redis.url]
+    with LocalCluster(1, extra_args=extra) as earlier, PSClient(earlier.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, ids, ones)
+        redis.Redis.from_url(own_redis.url).save()  # the previous process's epoch, version 1
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, FAST) as client,
+    ):
+        client.create_table(SPEC)  # table specs live in the log, and there is none
+        client.push(SPEC.name, ids, ones)  # version 2, under this process's epoch
+        own_redis.stop()
+        cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
+        outcome = _pull_past_the_reconnect(client, ids)
+        assert isinstance(outcome, torch.Tensor) and outcome.eq(1).all(), outcome
+        client.push(SPEC.name, ids, ones)  # goes on writing under its new epoch
+        assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+
+
+def _pull_past_the_reconnect(client: PSClient, ids: torch.Tensor) -> torch.Tensor | PSClientError:
+    """The versions of ``ids``, or the error a pull ends with, past the lost connection
+    (UNAVAILABLE) that a Redis restart first shows as."""
+    for _ in range(3):
+        try:
+            return client.pull_with_versions(SPEC.name, ids)[1]
+        except PSClientError as error:
+            if error.code != Status.UNAVAILABLE:
+                return error
+    raise AssertionError("the shard stayed UNAVAILABLE after Redis came back")
+
+
+def test_a_redis_user_without_info_is_refused_at_start_naming_the_grant(own_redis):
+    raw = redis.Redis.from_url(own_redis.url)
+    raw.acl_setuser(
+        "ember", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-@dangerous"]
+    )
+    url = own_redis.url.replace("redis://", "redis://ember:secret@")
+    with (
+        pytest.raises(ClusterError, match=r"refused INFO.*grant its ACL user \+info"),
+        LocalCluster(1, extra_args=["--store", url]),
+    ):
+        pass
+    raw.acl_setuser("ember", enabled=True, commands=["+info"])
+    with (
+        LocalCluster(1, extra_args=["--store", url]) as cluster,
+        PSClient(cluster.endpoints) as client,
+    ):
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(3), torch.ones(3, SPEC.dim))
+        assert client.pull_with_versions(SPEC.name, torch.arange(3))[1].eq(1).all()
+
+
+def test_an_operator_may_accept_an_emptied_redis(own_redis):
+    extra = ["--store", own_redis.url, "--accept-empty-store"]
+    with LocalCluster(1, extra_args=extra) as cluster, PSClient(cluster.endpoints) as client:
+        client.create_table(SPEC)
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).flushall()
+        _, versions = client.pull_with_versions(SPEC.name, torch.arange(10))
+        assert versions.eq(0).all()  # the operator's choice: fresh rows
+        client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
+        assert client.pull_with_versions(SPEC.name, torch.arange(10))[1].eq(1).all()
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
