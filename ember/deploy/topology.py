@@ -69,9 +69,6 @@ def shard_config(spec: ClusterSpec, shard: int, placement: Placement) -> ShardCo
         port=placement.port,
         store=store_url(spec, placement),
         wal=f"{placement.durable_dir}/wal" if spec.wal else "",
-        # A shard that stops on a fault exits, so the restart policy starts it again and it
-        # rebuilds from its log; without a log it stays up, refusing (see ShardConfig).
-        exit_on_fault=spec.wal,
         checkpoint_root=f"{placement.durable_dir}/checkpoints" if spec.checkpoints else "",
         metrics_port=placement.shard_metrics_port if spec.metrics else None,
         metrics_host=placement.bind_host,

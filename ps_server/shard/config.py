@@ -19,9 +19,6 @@ from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
 
-# The status a shard exits with when it stops on a fault (``exit_on_fault``): EX_TEMPFAIL.
-EXIT_ON_FAULT = 75
-
 
 @dataclasses.dataclass(frozen=True)
 class ShardConfig:
@@ -102,13 +99,6 @@ class ShardConfig:
         False,
         "when Redis loses this shard's rows while it serves (restarted without persistence, "
         "flushed), go on from initial rows instead of refusing to serve",
-    )
-    exit_on_fault: bool = setting(
-        False,
-        f"when the shard stops serving on a fault (a failed write or fsync, a Redis that "
-        f"restarted or lost its rows), exit with status {EXIT_ON_FAULT} instead of staying up "
-        "NOT_SERVING, so a supervisor (compose's restart policy, systemd, Kubernetes) starts it "
-        "again and it rebuilds its rows from its checkpoint and write-ahead log; needs --wal",
     )
     ucx: bool = setting(
         False,
@@ -223,12 +213,6 @@ class ShardConfig:
             raise ValueError(f"checkpoint_interval_s must be > 0 and finite, got {interval}")
         if self.checkpoint_keep < 1:
             raise ValueError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
-        if self.exit_on_fault and not self.wal:
-            raise ValueError(
-                "exit_on_fault needs a write-ahead log (--wal): without one a shard started "
-                "again cannot tell a Redis that lost its rows from a new one, and would serve "
-                "fresh rows where it had stopped"
-            )
         if self.auto_checkpoints and not (self.wal and self.checkpoint_root):
             raise ValueError(
                 "automatic checkpoints (wal_max_bytes, checkpoint_interval_s) bound a "

@@ -19,7 +19,7 @@ from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPoli
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
-from ember.ps_server.shard.config import EXIT_ON_FAULT, ShardConfig
+from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.shard.metrics import ShardMetrics
 from ember.ps_server.shard.server import ParameterServer, parameter_server_for
@@ -278,20 +278,15 @@ def _start_ucx_listener(
     return listener
 
 
-def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> int:
-    """Run a shard until SIGTERM or SIGINT (or, with ``exit_on_fault``, its fault trips),
-    then shut down gracefully; the process's exit status (:data:`EXIT_ON_FAULT` after a
-    fault, else 0)."""
+def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> None:
+    """Run a shard until SIGTERM or SIGINT, then shut down gracefully."""
     shard = ShardServer.start(config)
-    stop, faulted = threading.Event(), threading.Event()
+    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if config.exit_on_fault:
-        shard.logic.fault.on_trip(lambda reason: (faulted.set(), stop.set()))
     if ready_file is not None:
         shard.write_ready_file(ready_file)
     while not stop.wait(timeout=0.5):  # a bounded wait keeps the main thread responsive to signals
         pass
-    log.info("shard %d stopping%s", config.shard, " on its fault" if faulted.is_set() else "")
+    log.info("shard %d stopping", config.shard)
     shard.stop()
-    return EXIT_ON_FAULT if faulted.is_set() else 0

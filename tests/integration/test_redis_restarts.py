@@ -10,7 +10,6 @@ from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
 from ember.ps_server.errors import PSClientError, Status
-from ember.ps_server.shard.config import EXIT_ON_FAULT
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
 
@@ -108,27 +107,6 @@ def test_a_shard_without_a_log_goes_on_when_redis_comes_back_with_an_earlier_epo
         client.push(SPEC.name, ids, ones)  # goes on writing under its new epoch
         assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
         assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
-
-
-def test_a_shard_told_to_exit_on_a_fault_exits_and_its_restart_rebuilds_the_rows(
-    own_redis, tmp_path
-):
-    """--exit-on-fault: the shard that stops serving exits (75), so a supervisor starts it
-    again, and the restarted shard rebuilds the rows Redis lost from its log."""
-    ids = torch.arange(10)
-    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal"), "--exit-on-fault"]
-    with (
-        LocalCluster(1, extra_args=extra) as cluster,
-        PSClient(cluster.endpoints, FAST) as client,
-    ):
-        client.create_table(SPEC)
-        client.push(SPEC.name, ids, torch.ones(10, SPEC.dim))
-        redis.Redis.from_url(own_redis.url).flushall()
-        refused = _pull_past_the_reconnect(client, ids)
-        assert isinstance(refused, PSClientError) and "lost this shard's marker" in refused.details
-        assert cluster.processes[0].wait(timeout=60) == EXIT_ON_FAULT
-        cluster.restart_shard(0)  # as the supervisor would
-        assert client.pull_with_versions(SPEC.name, ids)[1].eq(1).all()
 
 
 def _pull_past_the_reconnect(client: PSClient, ids: torch.Tensor) -> torch.Tensor | PSClientError:
