@@ -235,9 +235,7 @@ class WriteLog:
             try:
                 os.fsync(self._fd)
             except OSError as error:
-                reason = self._fsync_failure(error)
-                self._cut_back(self._unsynced_start())
-                self._fail(reason, fsync_failed=True)
+                self._fail(self._cut_unsynced(error), fsync_failed=True)
             self._synced = self._appended
             new_fd = self._open_segment(self._segment + 1)
             old_fd, self._fd = self._fd, new_fd
@@ -277,8 +275,7 @@ class WriteLog:
                     try:
                         os.fsync(self._fd)
                     except OSError as error:
-                        self.fault.trip(self._fsync_failure(error))
-                        self._cut_back(self._unsynced_start())
+                        self.fault.trip(self._cut_unsynced(error))
                 fd, self._fd = self._fd, None
                 _close_quietly(fd, self.files.path(self._segment))
         self._release_lock()
@@ -314,9 +311,8 @@ class WriteLog:
         try:
             os.fsync(handle)
         except OSError as error:
-            reason = self._fsync_failure(error)
             with self._append_lock:
-                self._cut_back(self._unsynced_start())
+                reason = self._cut_unsynced(error)
             self._fail(reason, fsync_failed=True)
         self._synced = max(self._synced, target)
         if self.on_fsync is not None:
@@ -336,21 +332,19 @@ class WriteLog:
                 self.fault.trip(f"write-ahead log fsync thread stopped: {error}")
                 return
 
-    def _fsync_failure(self, error: OSError) -> str:
+    def _cut_unsynced(self, error: OSError) -> str:
+        """After the failed fsync ``error``, cut off the records no fsync covered (caller
+        holds the append lock; best effort) and return the failure's reason. The kernel may
+        never write those records, yet a restart would replay them from its page cache and
+        answer their retries as duplicates. Rotation fsyncs a segment before the next
+        begins, so they all lie in the current one."""
+        self._cut_back(self._segment_bytes - (self._appended - self._synced))
         return (
             f"fsync of the write-ahead log {self.files.path(self._segment)} failed ({error}): "
             f"the records after byte {self._synced} of the log, which no fsync covered, are cut "
             "off it (under --wal-fsync always none of them was acknowledged). No write is "
             "acknowledged from now on. Check the disk, then restart the shard"
         )
-
-    def _unsynced_start(self) -> int:
-        """Where in the current segment the records no fsync covered begin (caller holds the
-        append lock). After a failed fsync they are cut off: the kernel may never write
-        them, yet a restart would replay them from its page cache and answer their retries
-        as duplicates. Rotation fsyncs a segment before the next begins, so they all lie in
-        the current one."""
-        return self._segment_bytes - (self._appended - self._synced)
 
     def _fail(self, reason: str, fsync_failed: bool = False) -> None:
         """The log itself failed: stop the shard (no more appends); after a failed fsync
