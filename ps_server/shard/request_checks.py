@@ -3,6 +3,8 @@ which ids it owns. Nothing is read or applied until every part of a request pass
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -14,7 +16,7 @@ from ember.ps_server.errors import (
     TableNotFoundError,
 )
 from ember.ps_server.routing import shard_of_tables
-from ember.ps_server.wire.messages import ROW_BYTES_PER_ELEMENT, decode_ids
+from ember.ps_server.wire.messages import ROW_BYTES_PER_ELEMENT, id_view
 from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.row_packing import rows_from_wire
 
@@ -120,13 +122,13 @@ class RequestChecks:
         entries: Sequence[tuple[str, Bytes]],
         row_words: Callable[[Table], int] = weights_and_int64,
     ) -> list[tuple[Table, np.ndarray]]:
-        """The table and ids of each read ``(table, packed ids)``: ids, each reply's size
-        (``row_words(table)``: the 4-byte words a reply row of that table carries) and
-        ownership checked, the last in one pass over every entry."""
-        reads = []
-        for name, ids in entries:
-            target = self.table(name)
-            id_array = decode_ids(ids)
+        """The table and ids of each read ``(table, packed ids)``: ids (see :meth:`ids`) and
+        each reply's size (``row_words(table)``: the 4-byte words a reply row of that table
+        carries) checked."""
+        names = [name for name, _ in entries]
+        targets = [self.table(name) for name in names]
+        ids = self.ids(names, [packed for _, packed in entries])
+        for name, target, id_array in zip(names, targets, ids):
             reply_bytes = (
                 len(id_array) * row_words(target) * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES
             )
@@ -136,9 +138,29 @@ class RequestChecks:
                     f"{reply_bytes}-byte reply, over this shard's limit of "
                     f"{self.max_message_bytes}; split the ids into smaller requests"
                 )
-            reads.append((target, id_array))
-        self.owned([name for name, _ in entries], [ids for _, ids in reads])
-        return reads
+        return list(zip(targets, ids))
+
+    def ids(self, tables: Sequence[str], packed: Sequence[Bytes]) -> list[np.ndarray]:
+        """The ids of each entry (``packed[t]``: little-endian int64 ids of ``tables[t]``),
+        checked in one pass over every entry (none negative, every one owned here): slices of
+        one writable copy of them laid end to end, so the passes that read them copy none.
+
+        Raises:
+            InvalidArgumentError: a length that is not a multiple of 8, or a negative id
+                (naming its table).
+            NotOwnedError: as :meth:`owned`.
+        """
+        arrays = [id_view(data) for data in packed]
+        ends = list(itertools.accumulate(map(len, arrays)))
+        joined = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+        if len(joined) and joined.min() < 0:
+            first = int(np.argmax(joined < 0))
+            table = tables[bisect.bisect_right(ends, first)]
+            raise InvalidArgumentError(
+                f"ids must be >= 0; got {int(joined[first])} in table {table!r}"
+            )
+        self._owned_joined(tables, joined, ends)
+        return [joined[start:end] for start, end in zip([0, *ends], ends)]
 
     def writes(
         self, entries: Sequence[tuple[str, Bytes, Bytes, RowDtype]]
@@ -151,9 +173,10 @@ class RequestChecks:
             InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
         """
         writes = []
-        for name, ids, grads, dtype in entries:
+        names = [entry[0] for entry in entries]
+        ids = self.ids(names, [entry[1] for entry in entries])
+        for (name, _, grads, dtype), id_array in zip(entries, ids):
             target = self.table(name)
-            id_array = decode_ids(ids)
             grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
             grad_rows.flags.writeable = False  # a view of the request's bytes when float32
             if not np.isfinite(grad_rows).all():
@@ -163,7 +186,6 @@ class RequestChecks:
                     f"{int(id_array[bad])}); nothing was applied"
                 )
             writes.append((target, id_array, grad_rows))
-        self.owned([entry[0] for entry in entries], [write[1] for write in writes])
         return writes
 
     def replies_fit(self, parts: Sequence[tuple[Table, int, int]]) -> None:
@@ -197,21 +219,24 @@ class RequestChecks:
         Raises:
             NotOwnedError: naming the first foreign id's table, id and owner.
         """
-        if self.num_shards == 1:
+        if self.num_shards > 1 and any(len(array) for array in ids):
+            ends = list(itertools.accumulate(map(len, ids)))
+            self._owned_joined(tables, np.concatenate(ids), ends)
+
+    def _owned_joined(self, tables: Sequence[str], ids: np.ndarray, ends: Sequence[int]) -> None:
+        """:meth:`owned` of ``ids`` laid end to end, ``tables[t]``'s ending at ``ends[t]``."""
+        if self.num_shards == 1 or not len(ids):
             return
-        ends = np.cumsum([len(array) for array in ids], dtype=np.int64)
-        if not len(ends) or not ends[-1]:
-            return
-        owners = shard_of_tables(tables, np.concatenate(ids), ends, self.num_shards)
+        owners = shard_of_tables(tables, ids, np.array(ends, dtype=np.int64), self.num_shards)
         foreign = np.flatnonzero(owners != self.shard)
         if not len(foreign):
             return
         first = int(foreign[0])
-        t = int(np.searchsorted(ends, first, side="right"))
-        start = int(ends[t]) - len(ids[t])
+        t = bisect.bisect_right(ends, first)
+        start = ends[t - 1] if t else 0
         count = int(np.count_nonzero(owners[start : ends[t]] != self.shard))
         raise NotOwnedError(
-            f"{count} of {len(ids[t])} ids of table {tables[t]!r} belong to other shards (id "
-            f"{int(ids[t][first - start])} belongs to shard {int(owners[first])}, this is shard "
+            f"{count} of {ends[t] - start} ids of table {tables[t]!r} belong to other shards "
+            f"(id {int(ids[first])} belongs to shard {int(owners[first])}, this is shard "
             f"{self.shard} of {self.num_shards}); check the client's endpoint list"
         )

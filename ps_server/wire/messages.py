@@ -16,7 +16,15 @@ from ember.ps_server.errors import InvalidArgumentError
 from ember.v1 import parameter_server_pb2 as pb
 from ember.v1 import parameter_server_pb2_grpc as pb_grpc
 
-__all__ = ["ROW_BYTES_PER_ELEMENT", "SERVICE_NAME", "decode_ids", "decode_rows", "pb", "pb_grpc"]
+__all__ = [
+    "ROW_BYTES_PER_ELEMENT",
+    "SERVICE_NAME",
+    "decode_ids",
+    "decode_rows",
+    "id_view",
+    "pb",
+    "pb_grpc",
+]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
 ID_DTYPE = np.dtype("<i8")
@@ -41,17 +49,26 @@ def require_little_endian_host() -> None:
         )
 
 
-def decode_ids(data: bytes) -> np.ndarray:
-    """View packed little-endian int64 ids as an array without copying.
+def id_view(data: bytes | memoryview) -> np.ndarray:
+    """View packed little-endian int64 ids as an array without copying (any sign).
 
     Raises:
-        InvalidArgumentError: the length is not a multiple of 8 or an id is negative.
+        InvalidArgumentError: the length is not a multiple of 8.
     """
     if len(data) % ID_DTYPE.itemsize:
         raise InvalidArgumentError(
             f"ids must be packed little-endian int64: {len(data)} bytes is not a multiple of 8"
         )
-    ids = np.frombuffer(data, dtype=ID_DTYPE)
+    return np.frombuffer(data, dtype=ID_DTYPE)
+
+
+def decode_ids(data: bytes | memoryview) -> np.ndarray:
+    """View packed little-endian int64 ids as an array without copying.
+
+    Raises:
+        InvalidArgumentError: the length is not a multiple of 8 or an id is negative.
+    """
+    ids = id_view(data)
     if len(ids) and ids.min() < 0:
         raise InvalidArgumentError(f"ids must be >= 0; got {int(ids.min())}")
     return ids

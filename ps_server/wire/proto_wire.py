@@ -100,9 +100,32 @@ def _field(data: memoryview, pos: int, depth: int) -> tuple[int, int, int | memo
 
 
 def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) of every field; LEN values are memoryviews."""
-    pos = 0
-    while pos < len(data):
+    """(field number, wire type, value) of every field; LEN values are memoryviews.
+
+    The common fields (a one-byte tag, then a one-byte varint or a LEN field whose length
+    takes one or two bytes) are read inline; every other one, malformed ones included, by
+    :func:`_field`. A step message holds a few fields per table, so this loop is most of
+    its decoding time."""
+    pos, end = 0, len(data)
+    while pos < end:
+        key = data[pos]
+        if 8 <= key < 0x80 and pos + 1 < end:  # a one-byte tag of a valid field number
+            wire_type, first = key & 7, data[pos + 1]
+            if wire_type == LEN:
+                if first < 0x80:
+                    start = pos + 2
+                elif pos + 2 < end and data[pos + 2] < 0x80:
+                    first, start = (first & 0x7F) | data[pos + 2] << 7, pos + 3
+                else:
+                    start = 0
+                if start and first <= end - start:
+                    pos = start + first
+                    yield key >> 3, LEN, data[start:pos]
+                    continue
+            elif wire_type == VARINT and first < 0x80:
+                pos += 2
+                yield key >> 3, VARINT, first
+                continue
         number, wire_type, value, pos = _field(data, pos, depth=0)
         if wire_type == _END_GROUP:
             raise _malformed(f"group {number} closed but never opened")

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from ember.ps_server.errors import NotOwnedError, TableNotFoundError
+from ember.ps_server.errors import InvalidArgumentError, NotOwnedError, TableNotFoundError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids
@@ -19,17 +19,39 @@ def test_unknown_table_error_stays_short_however_many_tables_and_however_long_th
     assert len(message) < 2048 and message.endswith("and 190 more); create it first")
 
 
-def test_a_foreign_id_is_named_with_its_own_table_when_several_are_checked_together():
+@pytest.mark.parametrize("first", [True, False], ids=["first-of-its-table", "last"])
+def test_a_foreign_id_is_named_with_its_own_table_when_several_are_checked_together(first):
     server = ParameterServer(shard=0, num_shards=3)
     for name in ("a", "b", "c"):
         server.create_table(TableSpec(name, dim=2))
     ids = np.arange(200, dtype=np.int64)
     mine = {name: ids[shard_of(name, ids, 3) == 0] for name in "abc"}
     foreign = int(ids[shard_of("c", ids, 3) == 2][0])
-    entries = [("a", encode_ids(mine["a"])), ("b", b""), ("c", encode_ids([*mine["c"], foreign]))]
+    c_ids = [foreign, *mine["c"]] if first else [*mine["c"], foreign]
+    entries = [("a", encode_ids(mine["a"])), ("b", b""), ("c", encode_ids(c_ids))]
     with pytest.raises(
         NotOwnedError,
         match=f"1 of {len(mine['c']) + 1} ids of table 'c' .*id {foreign} belongs to shard 2",
     ):
         server.checks.reads(entries)
     assert [len(ids) for _, ids in server.checks.reads(entries[:2])] == [len(mine["a"]), 0]
+
+
+def test_a_negative_id_is_named_with_its_own_table_and_nothing_is_read():
+    server = ParameterServer(shard=0, num_shards=1)
+    for name in ("a", "b"):
+        server.create_table(TableSpec(name, dim=2))
+    entries = [("a", encode_ids([1, 2])), ("b", encode_ids([-7, 3, -4]))]
+    with pytest.raises(InvalidArgumentError, match=r"ids must be >= 0; got -7 in table 'b'"):
+        server.checks.reads(entries)
+
+
+def test_checked_ids_are_writable_slices_of_one_copy_so_the_reads_copy_none():
+    server = ParameterServer(shard=0, num_shards=1)
+    for name in ("a", "b"):
+        server.create_table(TableSpec(name, dim=2))
+    packed = [encode_ids([5, 6]), encode_ids([7])]
+    (_, a), (_, b) = server.checks.reads(list(zip("ab", packed)))
+    assert a.tolist() == [5, 6] and b.tolist() == [7]
+    assert a.flags.writeable and a.base is b.base is not None  # one joined copy
+    assert not np.shares_memory(a, np.frombuffer(packed[0], dtype=np.int64))

@@ -3,7 +3,14 @@ import sys
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire.messages import pb
-from ember.ps_server.wire.proto_wire import aligned_len_field, len_field, read_varint, varint
+from ember.ps_server.wire.proto_wire import (
+    _field,
+    aligned_len_field,
+    fields,
+    len_field,
+    read_varint,
+    varint,
+)
 from ember.ps_server.wire.pull_push_codec import (
     decode_pull_reply,
     decode_push_request,
@@ -166,3 +173,38 @@ def test_a_big_endian_host_is_refused_by_shards_and_clients(monkeypatch):
         ParameterServer(0, 1)
     with pytest.raises(RuntimeError, match="big-endian"):
         PSClient(["localhost:1"])
+
+
+def _fields_by_the_general_reader(data: memoryview) -> list:
+    """What :func:`fields` yields, read field by field by ``_field`` alone (no fast path)."""
+    out, pos = [], 0
+    while pos < len(data):
+        number, wire_type, value, pos = _field(data, pos, depth=0)
+        if wire_type == 4:  # an end-group with no start
+            raise InvalidArgumentError("end group")
+        out.append((number, wire_type, bytes(value) if wire_type == 2 else value))
+    return out
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from([b"\x08", b"\x0a", b"\x12", b"\x7a", b"\x80", b"\x81\x01", b"\x00"]),
+            st.binary(max_size=3),
+            st.integers(0, 300).map(lambda n: b"\x12" + varint(n) + bytes(min(n, 40))),
+        ),
+        max_size=12,
+    ).map(b"".join)
+)
+def test_fields_read_inline_exactly_what_the_general_reader_reads(data):
+    # The inline path covers one-byte tags with short varints and LEN lengths; anything it
+    # misreads (a length past the end, a two-byte length, a zero tag) must show here.
+    try:
+        expected = _fields_by_the_general_reader(memoryview(data))
+    except InvalidArgumentError:
+        with pytest.raises(InvalidArgumentError):
+            list(fields(memoryview(data)))
+        return
+    got = [(n, w, bytes(v) if w == 2 else v) for n, w, v in fields(memoryview(data))]
+    assert got == expected
