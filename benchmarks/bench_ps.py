@@ -13,7 +13,11 @@ a step in one request per shard, with a clock) of 26 tables of dim 16, ids
 spread over the tables as one synthetic training batch spreads them, at 16k
 and 128k ids per shard, against raw calls that send the same request bytes
 and get back as many bytes as the rows' weights. Beside each it prints the
-CPU seconds per lookup of the client process and of both servers.
+milliseconds of a lookup, of its shard calls alone (the same request bytes,
+built beforehand, sent through PSClient's transport, the replies not placed:
+the lookup less the client's own step work of routing, encoding and placing)
+and of the raw calls, and the CPU milliseconds per lookup of the client
+process and of both servers.
 
 Usage: python benchmarks/bench_ps.py [--sizes 1024,16384,131072] [--step-sizes 16384,131072]
     [--rounds 5]
@@ -39,6 +43,7 @@ from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.shard_rpc import fan_out_threads
 from ember.ps_server.client.step_client import StepClient
 from ember.ps_server.client.step_job import StepJob
+from ember.ps_server.client.transport import ShardCall
 from ember.ps_server.cluster import LocalCluster
 from ember.ps_server.routing import positions_by_shard, shard_of
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
@@ -131,7 +136,9 @@ def bench_step_lookup(
     client: PSClient, raw: RawBytesClient, ids_per_shard: int, rounds: int, budget_s: float,
     pids: tuple[list[int], list[int]],
 ) -> dict[str, tuple[float, float, float]]:  # fmt: skip
-    """Median ``(wall, client CPU, servers' CPU)`` of a batched Lookup and of raw calls."""
+    """Median ``(wall, client CPU, servers' CPU)`` of a batched Lookup, of its shard calls alone
+    (the same request bytes, built beforehand, through PSClient's transport, the replies not
+    placed) and of raw calls."""
     tables = step_tables(ids_per_shard, client.num_shards)
     for table, ids in tables.items():  # every row exists, as in training
         client.create_table(TableSpec(table, STEP_DIM))
@@ -147,11 +154,15 @@ def bench_step_lookup(
             parts.append((table, ids[mine[shard]].tobytes()))
         payloads.append(encode_lookup_request(parts, steps.job.clock(0), joined_rows=True))
     ember_pids, raw_pids = pids
-    times: dict[str, list[tuple[float, float, float]]] = {"lookup": [], "raw": []}
+    calls = [ShardCall(shard, "Lookup", payload) for shard, payload in enumerate(payloads)]
+    times: dict[str, list[tuple[float, float, float]]] = {"lookup": [], "calls": [], "raw": []}
     for _ in range(rounds):
         times["raw"].append(_timed_with_cpu(lambda: raw.call("rows", payloads), budget_s, raw_pids))
         times["lookup"].append(
             _timed_with_cpu(lambda: steps.lookup(requests, clock=0), budget_s, ember_pids)
+        )
+        times["calls"].append(
+            _timed_with_cpu(lambda: client.shard_rpc.run(calls), budget_s, ember_pids)
         )
     return {
         key: tuple(statistics.median(v[i] for v in values) for i in range(3))
@@ -202,10 +213,12 @@ def main() -> int:
         raw = RawBytesClient(echo16.endpoints)
         print(
             f"\nbatched step Lookup: 26 tables, dim {STEP_DIM}, ids spread as in a training "
-            "batch; CPU ms per lookup: client process, both servers"
+            "batch; ms per lookup, per its shard calls alone and per raw calls; CPU ms per "
+            "lookup: client process, both servers"
         )
         print(
             f"{'ids/shard':>9} {'rows/s':>11} {'raw rows/s':>11} {'ratio':>6} "
+            f"{'ms: lookup':>10} {'calls':>6} {'raw':>6} "
             f"{'CPU client':>10} {'servers':>8} {'raw client':>10} {'servers':>8}"
         )
         pids = ([p.pid for p in cluster.processes], [p.pid for p in echo16.processes])
@@ -214,9 +227,10 @@ def main() -> int:
             (wall, client_cpu, servers_cpu), (raw_wall, raw_client, raw_servers) = (
                 result["lookup"], result["raw"]
             )  # fmt: skip
-            rows = n * client.num_shards
+            rows, calls_wall = n * client.num_shards, result["calls"][0]
             print(
                 f"{n:>9} {rows / wall:>11.0f} {rows / raw_wall:>11.0f} {raw_wall / wall:>6.2f} "
+                f"{1e3 * wall:>10.2f} {1e3 * calls_wall:>6.2f} {1e3 * raw_wall:>6.2f} "
                 f"{1e3 * client_cpu:>10.1f} {1e3 * servers_cpu:>8.1f} {1e3 * raw_client:>10.1f} "
                 f"{1e3 * raw_servers:>8.1f}"
             )
