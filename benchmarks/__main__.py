@@ -40,7 +40,7 @@ SUITE: dict[str, tuple[list[str], list[str]]] = {
         ["--ids", "4096", "--rounds", "3", "--universe", "50000", "--batches", "20",
          "--wal-pushes", "10", "--tracked", "500000"],
     ),
-    "bench_trainer": ([], ["--steps", "60", "--loopback-only"]),
+    "bench_trainer": ([], ["--steps", "60", "--loopback-only", "--rounds", "1"]),
     "bench_wire_dtype": ([], ["--steps", "40", "--eval-batches", "4"]),
     "bench_plan": ([], ["--steps", "30", "--calibration-steps", "20", "--rates-mbit", "", "--repeats", "1"]),
     "bench_balance": ([], ["--steps", "30"]),

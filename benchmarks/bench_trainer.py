@@ -10,19 +10,22 @@ One run, same data, model and batch size, 1 trainer and 2 shards:
   (d)  the LRU cache, its misses pulled early and its freshness checks behind the push;
   (c1) again with its step calls over UCX (shards started with --ucx; UCX_TLS=tcp), and
        with its cold rows and gradients as bfloat16 on the wire.
-Each network section runs (a) too, so every ratio compares runs made at the same time; (a)
+Each network section runs (a) too, and makes all its runs --rounds times in turn (each figure
+is the run's median round), so every ratio compares runs made at the same time; (a)
 runs with all cores' threads and with one, and the faster counts; the one-thread run
 is shown too, as (a1): the thread budget of the Ember runs' trainer. The trainer of the Ember
 runs uses one thread (its shards share the cores).
 The shaped section puts the shards in a network namespace behind a veth pair limited by
 tc HTB (needs root; otherwise it says why and only loopback runs).
 
-Prints samples/s, ratios, bytes per sample by category, the exposed PS wait, CPU per step
-(trainer and shards) and the served clock lag, then the issue's targets, met or missed.
+Prints samples/s and the spread of the rounds' samples/s, ratios, bytes per sample by
+category, the exposed PS wait, CPU per step (trainer and shards) and the served clock lag,
+then the issue's targets, met or missed.
 "wait" is the time the steps were blocked on the shards; "emb" the rest of their time in the
 row source, the trainer's own embedding work (hot rows' lookup and optimizer, splitting).
 
 Usage: python benchmarks/bench_trainer.py [--steps 200] [--batch-size 1024] [--rate-mbit 25]
+    [--rounds 3] [--loopback-only]
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class RunResult:
     max_clock_lag: int = 0
     hit_rate: float = 0.0
     replica_sync_mib: float = 0.0  # once per run: hot replicas loaded and written back
+    round_spread: float = 0.0  # (fastest - slowest) / median samples/s over the rounds
 
     @property
     def total_bytes(self) -> float:
@@ -160,31 +164,50 @@ def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:
 
 
 def run_section(
-    base: TrainConfig, cluster_args: dict, label: str, bound: int
+    base: TrainConfig, cluster_args: dict, label: str, bound: int, rounds: int
 ) -> dict[str, RunResult]:
-    """(a) and every Ember run against one cluster of 2 shards."""
-    results = reference_runs(base)
+    """(a) and every Ember run against one cluster of 2 shards, all of them ``rounds`` times in
+    turn (so drift over the section meets every run alike); each run's figures are those of
+    its median round by samples/s."""
     no_ucx = ucx_missing()
+    runs = {}
+    for name, change in RUNS.items():
+        if "client" in change and change["client"].transport == "ucx" and no_ucx:
+            print(f"  {name}: skipped, UCX does not load here ({no_ucx})")
+        else:
+            runs[name] = change
+    results: dict[str, list[RunResult]] = {}
     with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
         pids = [p.pid for p in cluster.processes]
-        for number, (name, change) in enumerate(RUNS.items()):
-            if "client" in change and change["client"].transport == "ucx" and no_ucx:
-                print(f"  {name}: skipped, UCX does not load here ({no_ucx})")
-                continue
-            bounds = {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}
-            config = dataclasses.replace(
-                base, endpoints=tuple(cluster.endpoints), table_prefix=f"{label}{number}",
-                **change, **bounds,
-            )  # fmt: skip
-            results[name] = ember_run(config, pids)
-    return results
+        for round_number in range(rounds):
+            for name, result in reference_runs(base).items():
+                results.setdefault(name, []).append(result)
+            for number, (name, change) in enumerate(runs.items()):
+                bounds = (
+                    {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}
+                )
+                config = dataclasses.replace(
+                    base, endpoints=tuple(cluster.endpoints),
+                    table_prefix=f"{label}{round_number}.{number}", **change, **bounds,
+                )  # fmt: skip
+                results.setdefault(name, []).append(ember_run(config, pids))
+    return {name: _median_round(each) for name, each in results.items()}
+
+
+def _median_round(results: list[RunResult]) -> RunResult:
+    """The round of median samples/s (the upper of the middle two of an even count), with the
+    spread of the rounds' samples/s."""
+    ordered = sorted(results, key=lambda r: r.samples_per_s)
+    median = ordered[len(ordered) // 2]
+    spread = (ordered[-1].samples_per_s - ordered[0].samples_per_s) / median.samples_per_s
+    return dataclasses.replace(median, round_spread=spread)
 
 
 def print_section(title: str, results: dict[str, RunResult]) -> None:
     reference, serial = results[REFERENCE], results["(b) serial, no cache"]
     print(f"\n{title}")
     print(
-        f"{'run':<32} {'samples/s':>9} {'/(a)':>5} {'/(b)':>5} {'B/sample':>8} {'/(b)':>5} "
+        f"{'run':<32} {'samples/s':>9} {'spread':>6} {'/(a)':>5} {'/(b)':>5} {'B/sample':>8} {'/(b)':>5} "
         f"{'pull':>5} {'push':>5} {'hot':>5} {'ctrl':>5} {'wait':>5} {'emb':>5} {'CPU ms/step':>12} "
         f"{'lag':>3} {'hit':>5} {'sync MiB':>8}"
     )
@@ -192,7 +215,8 @@ def print_section(title: str, results: dict[str, RunResult]) -> None:
         share = r.total_bytes / serial.total_bytes
         b = r.bytes_per_sample
         print(
-            f"{name:<32} {r.samples_per_s:>9.0f} {r.samples_per_s / reference.samples_per_s:>5.2f} "
+            f"{name:<32} {r.samples_per_s:>9.0f} {r.round_spread:>6.0%} "
+            f"{r.samples_per_s / reference.samples_per_s:>5.2f} "
             f"{r.samples_per_s / serial.samples_per_s:>5.2f} {r.total_bytes:>8.0f} {share:>5.2f} "
             f"{b['pulled']:>5.0f} {b['pushed']:>5.0f} {b['hot_allreduce']:>5.0f} "
             f"{b['control']:>5.0f} {r.exposed_wait_share:>5.0%} {r.embedding_work_share:>5.0%} "
@@ -242,6 +266,9 @@ def main() -> int:
         "--rate-mbit", type=float, default=25.0, help="shaped link rate, each direction"
     )
     parser.add_argument("--loopback-only", action="store_true", help="skip the shaped link")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="times every run is made, in turn; median shown"
+    )
     add_json_flag(parser)
     args = parser.parse_args()
     # SIGTERM unwinds like Ctrl-C, so the shaped link's namespace is removed on the way out.
@@ -264,9 +291,10 @@ def main() -> int:
         print(
             f"DLRM, 26 tables (cardinality cap {args.max_cardinality}), dim {base.dim}, batch "
             f"{args.batch_size}, {args.steps} steps, 2 shards; hot set / cache "
-            f"{args.cache_mb} MiB; (d) bounds {args.bound}; {os.cpu_count()} CPUs"
+            f"{args.cache_mb} MiB; (d) bounds {args.bound}; {os.cpu_count()} CPUs; median of "
+            f"{args.rounds} rounds"
         )
-        sections = {"loopback": run_section(base, {}, "loop", args.bound)}
+        sections = {"loopback": run_section(base, {}, "loop", args.bound, args.rounds)}
         print_section("loopback", sections["loopback"])
         shaped = None
         if link is not None:
@@ -281,7 +309,9 @@ def main() -> int:
                     *link.command_prefix, sys.executable, "-m", "ember.cli.main", "ps",
                 ],
             }  # fmt: skip
-            shaped = sections["shaped"] = run_section(base, cluster_args, "shaped", args.bound)
+            shaped = sections["shaped"] = run_section(
+                base, cluster_args, "shaped", args.bound, args.rounds
+            )
             print_section(title, shaped)
     print("\ntargets")
     checks = targets(sections["loopback"], shaped)
