@@ -146,15 +146,16 @@ def bench_step_lookup(
     steps = StepClient(client, StepJob(f"bench-{ids_per_shard}"))
     steps.update({t: (ids[:1], torch.zeros(1, STEP_DIM)) for t, ids in tables.items()}, clock=0)
     requests = {t: torch.from_numpy(ids) for t, ids in tables.items()}
-    payloads = []  # the bytes Ember's lookup sends each shard
+    payloads, calls = [], []  # the bytes Ember's lookup sends each shard, and its calls
     for shard in range(client.num_shards):
         parts = []
         for table, ids in tables.items():
             mine = positions_by_shard(shard_of(table, ids, client.num_shards), client.num_shards)
-            parts.append((table, ids[mine[shard]].tobytes()))
+            if len(mine[shard]):  # as the lookup leaves out a table with no ids here
+                parts.append((table, ids[mine[shard]].tobytes()))
         payloads.append(encode_lookup_request(parts, steps.job.clock(0), joined_rows=True))
+        calls.append(ShardCall(shard, "Lookup", payloads[-1], steps.job.wait_s, len(parts), 0))
     ember_pids, raw_pids = pids
-    calls = [ShardCall(shard, "Lookup", payload) for shard, payload in enumerate(payloads)]
     times: dict[str, list[tuple[float, float, float]]] = {"lookup": [], "calls": [], "raw": []}
     for _ in range(rounds):
         times["raw"].append(_timed_with_cpu(lambda: raw.call("rows", payloads), budget_s, raw_pids))

@@ -10,8 +10,9 @@ One run, same data, model and batch size, 1 trainer and 2 shards:
   (d)  the LRU cache, its misses pulled early and its freshness checks behind the push;
   (c1) again with its step calls over UCX (shards started with --ucx; UCX_TLS=tcp), and
        with its cold rows and gradients as bfloat16 on the wire.
-Each network section runs (a) too, and makes all its runs --rounds times in turn (each figure
-is the run's median round), so every ratio compares runs made at the same time; (a)
+Each network section runs (a) too, and makes all its runs --rounds times in turn (a fresh
+cluster each round), so every ratio compares runs made over the same time: each figure is
+its run's median round, and a ratio divides two such figures; (a)
 runs with all cores' threads and with one, and the faster counts; the one-thread run
 is shown too, as (a1): the thread budget of the Ember runs' trainer. The trainer of the Ember
 runs uses one thread (its shards share the cores).
@@ -166,9 +167,10 @@ def ember_run(config: TrainConfig, shard_pids: list[int]) -> RunResult:
 def run_section(
     base: TrainConfig, cluster_args: dict, label: str, bound: int, rounds: int
 ) -> dict[str, RunResult]:
-    """(a) and every Ember run against one cluster of 2 shards, all of them ``rounds`` times in
-    turn (so drift over the section meets every run alike); each run's figures are those of
-    its median round by samples/s."""
+    """(a) and every Ember run, all of them ``rounds`` times in turn (so drift over the section
+    meets every run alike): each round's Ember runs against a fresh cluster of 2 shards, and
+    its (a) before that cluster starts. Each run's figures are those of its median round by
+    samples/s."""
     no_ucx = ucx_missing()
     runs = {}
     for name, change in RUNS.items():
@@ -177,18 +179,18 @@ def run_section(
         else:
             runs[name] = change
     results: dict[str, list[RunResult]] = {}
-    with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
-        pids = [p.pid for p in cluster.processes]
-        for round_number in range(rounds):
-            for name, result in reference_runs(base).items():
-                results.setdefault(name, []).append(result)
+    for _ in range(rounds):
+        for name, result in reference_runs(base).items():
+            results.setdefault(name, []).append(result)
+        with LocalCluster(2, [] if no_ucx else ["--ucx"], **cluster_args) as cluster:
+            pids = [p.pid for p in cluster.processes]
             for number, (name, change) in enumerate(runs.items()):
                 bounds = (
                     {"pull_bound": bound, "push_bound": bound} if change["cache"] == "lru" else {}
                 )
                 config = dataclasses.replace(
                     base, endpoints=tuple(cluster.endpoints),
-                    table_prefix=f"{label}{round_number}.{number}", **change, **bounds,
+                    table_prefix=f"{label}{number}", **change, **bounds,
                 )  # fmt: skip
                 results.setdefault(name, []).append(ember_run(config, pids))
     return {name: _median_round(each) for name, each in results.items()}
@@ -271,6 +273,8 @@ def main() -> int:
     )
     add_json_flag(parser)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     # SIGTERM unwinds like Ctrl-C, so the shaped link's namespace is removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     retain_freed_buffers()

@@ -141,8 +141,8 @@ class RequestChecks:
         return list(zip(targets, ids))
 
     def ids(self, tables: Sequence[str], packed: Sequence[Bytes]) -> list[np.ndarray]:
-        """The ids of each entry (``packed[t]``: little-endian int64 ids of ``tables[t]``),
-        checked in one pass over every entry (none negative, every one owned here): slices of
+        """The ids of each entry (``packed[t]``: little-endian int64 ids of ``tables[t]``, each
+        an existing table), checked together (none negative, every one owned here): slices of
         one writable copy of them laid end to end, so the passes that read them copy none.
 
         Raises:
@@ -166,17 +166,17 @@ class RequestChecks:
         self, entries: Sequence[tuple[str, Bytes, Bytes, RowDtype]]
     ) -> list[tuple[Table, np.ndarray, np.ndarray]]:
         """The table, ids and float32 gradient rows (read-only) of each write ``(table, packed
-        ids, packed gradients, their dtype)``: ids, rows (finite, one per id) and ownership
-        checked, the last in one pass over every entry.
+        ids, packed gradients, their dtype)``: every table found, then the ids (see
+        :meth:`ids`), then the rows (finite, one per id) checked.
 
         Raises:
             InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
         """
         writes = []
         names = [entry[0] for entry in entries]
+        targets = [self.table(name) for name in names]
         ids = self.ids(names, [entry[1] for entry in entries])
-        for (name, _, grads, dtype), id_array in zip(entries, ids):
-            target = self.table(name)
+        for (name, _, grads, dtype), target, id_array in zip(entries, targets, ids):
             grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
             grad_rows.flags.writeable = False  # a view of the request's bytes when float32
             if not np.isfinite(grad_rows).all():

@@ -42,8 +42,9 @@ def checked_reads(
 
 
 def checked_updates(checks: RequestChecks, entries: list[TableGradsView]) -> list[TableUpdate]:
-    """The validated updates of ``entries``, their ids and float32 gradients copied out of the
-    request (an exact clock's updates are buffered past the request's life).
+    """The validated updates of ``entries``, their float32 gradients copied out of the request
+    (an exact clock's updates are buffered past the request's life; the checked ids are a
+    copy already, see :meth:`RequestChecks.ids`).
 
     Raises:
         InvalidArgumentError, TableNotFoundError, NotOwnedError: as
@@ -53,7 +54,7 @@ def checked_updates(checks: RequestChecks, entries: list[TableGradsView]) -> lis
     writes = checks.writes(
         [(e.table, e.ids, e.grads, RowDtype.from_wire(e.dtype)) for e in entries]
     )
-    return [(target, ids.copy(), grads.copy()) for target, ids, grads in writes]
+    return [(target, ids, grads.copy()) for target, ids, grads in writes]
 
 
 def _distinct_tables(entries: list, what: str) -> None:

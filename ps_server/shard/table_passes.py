@@ -83,7 +83,7 @@ def read_tables(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tensor) ->
     offsets = _starts(out, sizes)
     native, separate = _by_path(reads)
     if native:
-        keys = {k: id_tensor(reads[k][1]) for k in native}  # one copy of each read's ids
+        keys = {k: id_tensor(reads[k][1]) for k in native}  # copies only read-only ids
         with _locked_together(reads[k][0] for k in native):
             absent = fetch_weights_joined(
                 [(reads[k][0].store, keys[k], offsets[k]) for k in native], out
@@ -130,7 +130,7 @@ def read_table_states(reads: Sequence[tuple[Table, np.ndarray]], out: torch.Tens
     ]
     native, separate = _by_path(reads)
     if native:
-        keys = {k: id_tensor(reads[k][1]) for k in native}  # one copy of each read's ids
+        keys = {k: id_tensor(reads[k][1]) for k in native}  # copies only read-only ids
         with _locked_together(reads[k][0] for k in native):
             absent = fetch_state_joined(
                 [(reads[k][0].store, keys[k], offsets[k], state_at[k]) for k in native], out

@@ -99,8 +99,10 @@ def _field(data: memoryview, pos: int, depth: int) -> tuple[int, int, int | memo
     return number, wire_type, value, pos
 
 
-def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) of every field; LEN values are memoryviews.
+def fields(data: memoryview, depth: int = 0) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of every field; LEN values are memoryviews. ``depth``:
+    the messages ``data`` lies in (1 for a sub-message of a top-level one): protobuf counts
+    them with the groups inside it towards one nesting limit.
 
     The common fields (a one-byte tag, then a one-byte varint or a LEN field whose length
     takes one or two bytes) are read inline; every other one, malformed ones included, by
@@ -126,7 +128,7 @@ def fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
                 pos += 2
                 yield key >> 3, VARINT, first
                 continue
-        number, wire_type, value, pos = _field(data, pos, depth=0)
+        number, wire_type, value, pos = _field(data, pos, depth)
         if wire_type == _END_GROUP:
             raise _malformed(f"group {number} closed but never opened")
         yield number, wire_type, value

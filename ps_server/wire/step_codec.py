@@ -243,7 +243,7 @@ def encode_update_response(
 
 def _decode_clock(data: memoryview, clock: StepClockView) -> StepClockView:
     """``clock`` with the fields of ``data`` merged in (protobuf merges a repeated message)."""
-    for number, wire_type, value in fields(data):
+    for number, wire_type, value in fields(data, depth=1):
         if number == 1 and wire_type == LEN:
             clock.job = utf8(value, "clock.job")
         elif wire_type != VARINT:
@@ -268,7 +268,7 @@ def _int32(value: int) -> int:
 
 def _decode_table_ids(data: memoryview) -> TableIdsView:
     entry = TableIdsView(table="", ids=EMPTY)
-    for number, wire_type, value in fields(data):
+    for number, wire_type, value in fields(data, depth=1):
         if wire_type == LEN and number == 1:
             entry.table = utf8(value, "table")
         elif wire_type == LEN and number == 2:
@@ -280,7 +280,7 @@ def _decode_table_ids(data: memoryview) -> TableIdsView:
 
 def _decode_table_grads(data: memoryview) -> TableGradsView:
     entry = TableGradsView(table="", ids=EMPTY, grads=EMPTY)
-    for number, wire_type, value in fields(data):
+    for number, wire_type, value in fields(data, depth=1):
         if wire_type == VARINT and number == 4:
             entry.dtype = _int32(value)
         if wire_type != LEN:
@@ -351,7 +351,7 @@ def decode_update_response(data: bytes) -> UpdateResponseView:
             response.duplicate = bool(value)
         elif number == 2 and wire_type == LEN:
             positions, values, dtype = EMPTY, EMPTY, RowDtype.FLOAT32
-            for inner, inner_type, payload in fields(value):
+            for inner, inner_type, payload in fields(value, depth=1):
                 if inner_type == LEN and inner == 1:
                     positions = payload
                 elif inner_type == LEN and inner == 2:

@@ -4,6 +4,7 @@ from ember.ps_server.errors import InvalidArgumentError, NotOwnedError, TableNot
 from ember.ps_server.routing import shard_of
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids
+from ember.ps_server.wire.row_dtype import RowDtype
 from ember.ps_server.wire.table_spec import TableSpec
 
 
@@ -41,9 +42,26 @@ def test_a_negative_id_is_named_with_its_own_table_and_nothing_is_read():
     server = ParameterServer(shard=0, num_shards=1)
     for name in ("a", "b"):
         server.create_table(TableSpec(name, dim=2))
-    entries = [("a", encode_ids([1, 2])), ("b", encode_ids([-7, 3, -4]))]
+    entries = [("a", encode_ids([1, 2])), ("b", encode_ids([-7, 3, -100]))]
     with pytest.raises(InvalidArgumentError, match=r"ids must be >= 0; got -7 in table 'b'"):
         server.checks.reads(entries)
+    grads = [("a", encode_ids([1, 2]), bytes(16), RowDtype.FLOAT32)]
+    grads.append(("b", encode_ids([-7, 3, -100]), bytes(24), RowDtype.FLOAT32))
+    with pytest.raises(InvalidArgumentError, match=r"ids must be >= 0; got -7 in table 'b'"):
+        server.checks.writes(grads)
+
+
+@pytest.mark.parametrize("check", ["reads", "writes"])
+def test_an_unknown_table_is_refused_as_not_found_before_its_ids_are_looked_at(check):
+    # Its ids would be refused too (negative), but a missing table is NOT_FOUND, and its
+    # name, which may be any length, only ever appears cut short.
+    server = ParameterServer(shard=0, num_shards=1)
+    server.create_table(TableSpec("a", dim=2))
+    entry = ("n" * 100_000, encode_ids([-1]))
+    entries = [entry] if check == "reads" else [(*entry, bytes(8), RowDtype.FLOAT32)]
+    with pytest.raises(TableNotFoundError) as info:
+        getattr(server.checks, check)(entries)
+    assert len(str(info.value)) < 2048
 
 
 def test_checked_ids_are_writable_slices_of_one_copy_so_the_reads_copy_none():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from ember.ps_server.errors import InvalidArgumentError
 from ember.ps_server.wire.messages import pb
+from ember.ps_server.wire.proto_wire import len_field
 from ember.ps_server.wire.step_codec import (
     StepClockView,
     decode_lookup_request,
@@ -345,3 +346,25 @@ def test_joined_rows_start_aligned_at_any_watermark_and_size(watermark, size):
     assert parsed.watermark == watermark and len(parsed.rows) == size and not parsed.values
     view = decode_lookup_response(encoded)
     assert view.watermark == watermark and len(view.rows) == size
+
+
+@pytest.mark.parametrize("depth", [99, 100, 101])
+@pytest.mark.parametrize("inside", ["request", "table entry", "clock"])
+def test_groups_nested_near_the_limit_are_refused_exactly_where_protobuf_refuses_them(
+    depth, inside
+):
+    # protobuf counts sub-messages and the groups inside them towards one nesting limit
+    groups = b"\x4b" * depth + b"\x4c" * depth  # field 9, unknown to every message here
+    number = {"request": None, "table entry": 1, "clock": 2}[inside]
+    data = groups if number is None else len_field(number, len(groups)) + groups
+    for decode, message in (
+        (decode_lookup_request, pb.LookupRequest),
+        (decode_update_request, pb.UpdateRequest),
+    ):
+        try:
+            message.FromString(data)
+        except DecodeError:
+            with pytest.raises(InvalidArgumentError):
+                decode(data)
+        else:
+            decode(data)

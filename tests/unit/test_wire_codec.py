@@ -20,7 +20,7 @@ from ember.ps_server.wire.pull_push_codec import (
 )
 from google.protobuf.internal.encoder import _VarintBytes
 from google.protobuf.message import DecodeError
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 text = st.text(max_size=40)
@@ -186,20 +186,32 @@ def _fields_by_the_general_reader(data: memoryview) -> list:
     return out
 
 
+def _len_field_then(length: int, present: int) -> bytes:
+    """A LEN field of ``length`` with ``present`` bytes of payload after its length."""
+    return b"\x12" + varint(length) + bytes(present)
+
+
 @settings(max_examples=3000, deadline=None)
 @given(
     st.lists(
         st.one_of(
             st.sampled_from([b"\x08", b"\x0a", b"\x12", b"\x7a", b"\x80", b"\x81\x01", b"\x00"]),
             st.binary(max_size=3),
-            st.integers(0, 300).map(lambda n: b"\x12" + varint(n) + bytes(min(n, 40))),
+            st.integers(0, 300).map(lambda n: _len_field_then(n, min(n, 40))),
+            # lengths of two and three bytes, their payloads whole, short, or with room over
+            st.tuples(st.integers(0, 40_000), st.sampled_from([0.5, 1, 2])).map(
+                lambda n: _len_field_then(n[0], int(n[0] * n[1]))
+            ),
         ),
         max_size=12,
     ).map(b"".join)
 )
+@example(b"\x12\x80\x01" + bytes(256))  # a two-byte length read as 128, with room for more
+@example(b"\x12\x80\x80\x01" + bytes(16384))  # a three-byte length
 def test_fields_read_inline_exactly_what_the_general_reader_reads(data):
-    # The inline path covers one-byte tags with short varints and LEN lengths; anything it
-    # misreads (a length past the end, a two-byte length, a zero tag) must show here.
+    # The inline path covers one-byte tags with short varints and LEN lengths of one or two
+    # bytes; a misread (a length past the end, a length's bytes decoded wrong, a zero tag)
+    # must show here.
     try:
         expected = _fields_by_the_general_reader(memoryview(data))
     except InvalidArgumentError:
