@@ -73,3 +73,9 @@ def test_checked_ids_are_writable_slices_of_one_copy_so_the_reads_copy_none():
     assert a.tolist() == [5, 6] and b.tolist() == [7]
     assert a.flags.writeable and a.base is b.base is not None  # one joined copy
     assert not np.shares_memory(a, np.frombuffer(packed[0], dtype=np.int64))
+    # One entry is copied too, out of a writable request buffer as UCX receives it: an
+    # exact clock's update keeps its ids past the request's life.
+    buffer = bytearray(encode_ids([8, 9]))
+    ((_, only),) = server.checks.reads([("a", buffer)])
+    assert only.tolist() == [8, 9]
+    assert not np.shares_memory(only, np.frombuffer(buffer, dtype=np.int64))
