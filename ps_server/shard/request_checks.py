@@ -148,7 +148,7 @@ class RequestChecks:
         Raises:
             InvalidArgumentError: a length that is not a multiple of 8, or a negative id
                 (naming its table).
-            NotOwnedError: as :meth:`owned`.
+            NotOwnedError: an id another shard owns (naming its table, id and owner).
         """
         arrays = [id_view(data) for data in packed]
         ends = list(itertools.accumulate(map(len, arrays)))
@@ -212,19 +212,13 @@ class RequestChecks:
             f"{self.max_message_bytes}; split {split}"
         )
 
-    def owned(self, tables: Sequence[str], ids: Sequence[np.ndarray]) -> None:
-        """Refuse ids this shard does not own; ``ids[t]`` are ids of ``tables[t]``, every
-        table's routed in one pass.
+    def _owned_joined(self, tables: Sequence[str], ids: np.ndarray, ends: Sequence[int]) -> None:
+        """Refuse ids this shard does not own: ``ids`` laid end to end, ``tables[t]``'s ending
+        at ``ends[t]``, routed in one pass.
 
         Raises:
             NotOwnedError: naming the first foreign id's table, id and owner.
         """
-        if self.num_shards > 1 and any(len(array) for array in ids):
-            ends = list(itertools.accumulate(map(len, ids)))
-            self._owned_joined(tables, np.concatenate(ids), ends)
-
-    def _owned_joined(self, tables: Sequence[str], ids: np.ndarray, ends: Sequence[int]) -> None:
-        """:meth:`owned` of ``ids`` laid end to end, ``tables[t]``'s ending at ``ends[t]``."""
         if self.num_shards == 1 or not len(ids):
             return
         owners = shard_of_tables(tables, ids, np.array(ends, dtype=np.int64), self.num_shards)

@@ -32,7 +32,6 @@ from ember.ps_server.shard.table import Table
 from ember.ps_server.shard.write_gate import WriteGate
 from ember.ps_server.stores import open_marker, open_store
 from ember.ps_server.wire.messages import (
-    decode_ids,
     decode_rows,
     decode_versions,
     pb,
@@ -298,7 +297,7 @@ class ParameterServer:
             raise InvalidArgumentError(
                 "assign needs a non-empty request_id for retry deduplication"
             )
-        id_array = decode_ids(ids)
+        id_array = self.checks.ids([table], [ids])[0]  # sign and ownership too
         if len(np.unique(id_array)) != len(id_array):
             raise InvalidArgumentError("assign needs distinct ids")
         weights = decode_rows(values, len(id_array), target.spec.dim, "values")
@@ -312,7 +311,6 @@ class ParameterServer:
         version_array = decode_versions(versions, len(id_array)) if len(versions) else None
         if version_array is not None and len(version_array) and version_array.min() < 0:
             raise InvalidArgumentError(f"versions must be >= 0, got {int(version_array.min())}")
-        self.checks.owned([table], [id_array])
         if len(id_array) == 0:
             return False
         state_tensor = None if state_rows is None else torch.from_numpy(state_rows.copy())

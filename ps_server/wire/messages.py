@@ -19,7 +19,6 @@ from ember.v1 import parameter_server_pb2_grpc as pb_grpc
 __all__ = [
     "ROW_BYTES_PER_ELEMENT",
     "SERVICE_NAME",
-    "decode_ids",
     "decode_rows",
     "id_view",
     "pb",
@@ -60,18 +59,6 @@ def id_view(data: bytes | memoryview) -> np.ndarray:
             f"ids must be packed little-endian int64: {len(data)} bytes is not a multiple of 8"
         )
     return np.frombuffer(data, dtype=ID_DTYPE)
-
-
-def decode_ids(data: bytes | memoryview) -> np.ndarray:
-    """View packed little-endian int64 ids as an array without copying.
-
-    Raises:
-        InvalidArgumentError: the length is not a multiple of 8 or an id is negative.
-    """
-    ids = id_view(data)
-    if len(ids) and ids.min() < 0:
-        raise InvalidArgumentError(f"ids must be >= 0; got {int(ids.min())}")
-    return ids
 
 
 def decode_rows(data: bytes, num_rows: int, dim: int, what: str) -> np.ndarray:

@@ -221,6 +221,19 @@ def test_assign_overwrites_rows_and_state_all_or_nothing():
     assert server.pull("a", ids).versions.tolist() == [2, 2]
 
 
+def test_assign_refuses_negative_and_foreign_ids_and_writes_nothing():
+    server = ParameterServer(shard=0, num_shards=2)
+    server.create_table(TableSpec("a", dim=2))
+    ids = np.arange(50, dtype=np.int64)
+    mine, foreign = ids[shard_of("a", ids, 2) == 0][:1], ids[shard_of("a", ids, 2) == 1][:1]
+    values = np.ones((2, 2), dtype=np.float32).tobytes()
+    with pytest.raises(InvalidArgumentError, match="ids must be >= 0; got -4 in table 'a'"):
+        server.assign("a", encode_ids(np.array([*mine, -4])), values, b"", "w1")
+    with pytest.raises(NotOwnedError, match=f"id {foreign[0]} belongs to shard 1"):
+        server.assign("a", encode_ids(np.array([*mine, *foreign])), values, b"", "w2")
+    assert server.pull("a", encode_ids(mine)).versions.tolist() == [0]
+
+
 def test_a_pull_batch_is_refused_when_its_replies_together_pass_the_limit():
     server = _server(max_message_bytes=1 << 16)
     server.create_table(TableSpec("u", dim=4))
