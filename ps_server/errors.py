@@ -93,6 +93,11 @@ class ShardFailedError(EmberError):
     """The shard stopped serving to protect its data (see ``ShardFault``); restart it."""
 
 
+class ShardRestartingError(ShardFailedError):
+    """The shard stopped serving on a fault its restart repairs, and its process ends for its
+    supervisor to start it again (``--exit-on-fault``): retry."""
+
+
 class DurableStateError(EmberError):
     """Durable state (a write-ahead log, a Redis database) does not fit this shard's start."""
 
@@ -155,6 +160,7 @@ _STATUSES: dict[type[EmberError], Status] = {
     StoreCorruptError: Status.DATA_LOSS,
     CheckpointStateError: Status.FAILED_PRECONDITION,
     ShardFailedError: Status.FAILED_PRECONDITION,
+    ShardRestartingError: Status.UNAVAILABLE,
     DurableStateError: Status.FAILED_PRECONDITION,
     WriteLogLockedError: Status.FAILED_PRECONDITION,
     PermissionDeniedError: Status.PERMISSION_DENIED,

@@ -24,7 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM/SIGINT."""
+    """Serve until SIGTERM/SIGINT (or a fault, with --exit-on-fault); the exit status."""
     from ember.kernels.loader import KernelBuildError
     from ember.ps_server.errors import EmberError
     from ember.ps_server.shard.shard_server import serve_until_signalled
@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     config = settings_from_args(ShardConfig, args)
     try:
         config.validate()
-        serve_until_signalled(config, args.ready_file)
+        return serve_until_signalled(config, args.ready_file)
     except (ValueError, OSError, EmberError, KernelBuildError, UcxUnavailableError) as error:
         raise SystemExit(f"ember ps: {error}") from None
-    return 0

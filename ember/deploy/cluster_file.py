@@ -45,7 +45,7 @@ from ember.trainer.config import TrainConfig
 PLACED_SHARD_SETTINGS = (
     "shard", "num_shards", "host", "port", "store", "wal", "checkpoint_root", "restore",
     "ucx", "ucx_port", "ucx_host", "tls_cert", "tls_key", "tls_client_ca", "token_file",
-    "metrics_port", "metrics_host",
+    "metrics_port", "metrics_host", "exit_on_fault",
 )  # fmt: skip
 # ClientConfig settings a cluster file may not give: its shards serve neither TLS, nor a
 # token, nor UCX (security and UCX are flags of `ember ps` and `ember train` for now).

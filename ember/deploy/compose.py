@@ -6,6 +6,7 @@ output for ``docker/cluster.toml`` (a test keeps the two in step).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import yaml
@@ -66,9 +67,13 @@ def compose_document(spec: ClusterSpec) -> dict[str, Any]:
     for k in range(spec.shards):
         name = shard_service(k)
         shard_names.append(name)
+        # The restart policy supervises: a shard with a log that stops on a fault its restart
+        # repairs exits, and compose starts it again (ember cluster up has no supervisor).
+        config = shard_config(spec, k, placement)
+        config = dataclasses.replace(config, exit_on_fault=bool(config.wal))
         service: dict[str, Any] = {
             **_built_image(),
-            "command": ["ps", *settings_argv(shard_config(spec, k, placement), always=_PLACED)],
+            "command": ["ps", *settings_argv(config, always=_PLACED)],
             "volumes": [f"{DURABLE_VOLUME}:{DURABLE_DIR}"],
             "ports": [f"127.0.0.1:{SHARD_PORT + k}:{SHARD_PORT}"],
             "healthcheck": {

@@ -56,7 +56,8 @@ class WriteJournal:
                 self.log.fault.trip(
                     f"a logged write failed in the store ({error}); the store may hold it, "
                     "and a retry would apply it again. Restart the shard: it rebuilds its "
-                    "rows from the checkpoint and the write-ahead log, which holds the write"
+                    "rows from the checkpoint and the write-ahead log, which holds the write",
+                    restartable=True,
                 )
                 raise
         self.log.sync(ticket)

@@ -19,6 +19,10 @@ from ember.ps_server.wire.messages import DEFAULT_MAX_MESSAGE_BYTES
 
 from ember.settings import setting
 
+# The status a shard exits with when it stops on a fault its restart repairs
+# (``exit_on_fault``): EX_TEMPFAIL, "try again".
+EXIT_ON_FAULT = 75
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardConfig:
@@ -99,6 +103,16 @@ class ShardConfig:
         False,
         "when Redis loses this shard's rows while it serves (restarted without persistence, "
         "flushed), go on from initial rows instead of refusing to serve",
+    )
+    exit_on_fault: bool = setting(
+        False,
+        "when the shard stops serving on a fault its restart repairs (its Redis restarted or "
+        f"lost its rows, a logged write's outcome in the store is unknown), exit with status "
+        f"{EXIT_ON_FAULT}, answering requests UNAVAILABLE meanwhile, so that a supervisor "
+        "(compose's restart policy, systemd, Kubernetes) starts it again and it rebuilds its "
+        "rows from its checkpoint and write-ahead log; other faults (a failed fsync, another "
+        "process serving this shard) still leave it up, refusing, for an operator. Needs --wal "
+        "and a supervisor (ember cluster up has none)",
     )
     ucx: bool = setting(
         False,
@@ -213,6 +227,12 @@ class ShardConfig:
             raise ValueError(f"checkpoint_interval_s must be > 0 and finite, got {interval}")
         if self.checkpoint_keep < 1:
             raise ValueError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if self.exit_on_fault and not self.wal:
+            raise ValueError(
+                "exit_on_fault needs a write-ahead log (--wal): without one a shard started "
+                "again cannot tell a Redis that lost its rows from a new one, and has nothing "
+                "to rebuild them from"
+            )
         if self.auto_checkpoints and not (self.wal and self.checkpoint_root):
             raise ValueError(
                 "automatic checkpoints (wal_max_bytes, checkpoint_interval_s) bound a "

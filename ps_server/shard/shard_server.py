@@ -19,7 +19,7 @@ from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPoli
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
-from ember.ps_server.shard.config import ShardConfig
+from ember.ps_server.shard.config import EXIT_ON_FAULT, ShardConfig
 from ember.ps_server.shard.malloc_tuning import retain_freed_buffers
 from ember.ps_server.shard.metrics import ShardMetrics
 from ember.ps_server.shard.server import ParameterServer, parameter_server_for
@@ -87,6 +87,8 @@ class ShardServer:
         retain_freed_buffers(config.max_message_bytes)
         native_ops_available()  # build or load the native ops before the first request waits on it
         logic = parameter_server_for(config)
+        if config.exit_on_fault:
+            logic.fault.supervise()  # before recovery: a fault from now on ends the process
         # Only a shard that serves metrics pays for counting calls. The endpoint is bound
         # before recovery, so that a taken port fails fast.
         metrics = ShardMetrics(logic) if config.metrics_port is not None else None
@@ -278,15 +280,37 @@ def _start_ucx_listener(
     return listener
 
 
-def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> None:
-    """Run a shard until SIGTERM or SIGINT, then shut down gracefully."""
+def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> int:
+    """Run a shard until SIGTERM or SIGINT (or, with ``exit_on_fault``, a fault its restart
+    repairs), then shut down gracefully; returns the process's exit status
+    (:data:`EXIT_ON_FAULT` after such a fault, else 0)."""
     shard = ShardServer.start(config)
-    stop = threading.Event()
+    stop, restart = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if config.exit_on_fault:
+        fault = shard.logic.fault
+
+        def on_fault(_: str) -> None:
+            if fault.restarting:
+                log.error(
+                    "shard %d exits with status %d so that its supervisor starts it again; "
+                    "it then rebuilds its rows from its checkpoint and write-ahead log",
+                    config.shard, EXIT_ON_FAULT,
+                )  # fmt: skip
+                restart.set()
+                stop.set()
+            else:
+                log.error(
+                    "shard %d stays up, refusing (--exit-on-fault): a restart does not repair "
+                    "this fault; an operator must", config.shard,
+                )  # fmt: skip
+
+        fault.on_trip(on_fault)
     if ready_file is not None:
         shard.write_ready_file(ready_file)
     while not stop.wait(timeout=0.5):  # a bounded wait keeps the main thread responsive to signals
         pass
-    log.info("shard %d stopping", config.shard)
+    log.info("shard %d stopping%s", config.shard, " to restart" if restart.is_set() else "")
     shard.stop()
+    return EXIT_ON_FAULT if restart.is_set() else 0

@@ -189,7 +189,9 @@ class RedisShardMarker:
                 f"redis at {self.url}: marker {self.key.decode()} was rewritten by another "
                 "process (another shard process with this index uses the database); stop one"
             )
-        self._fault.trip(reason)
+        # Lost rows are rebuilt by the shard's restart where it has a log; a second owner is
+        # not a fault a restart repairs (each restart would take the shard from the other).
+        self._fault.trip(reason, restartable=held is None and self._stops_on_restart)
         self._fault.check()
 
     def checked_connection(self, connection: redis.connection.AbstractConnection) -> None:
@@ -241,7 +243,8 @@ class RedisShardMarker:
             f"{was} while this shard served from it: it may have come back from an older "
             "state (appendfsync everysec loses up to a second of writes; a promoted replica "
             "lags), so serving could hand out rows older than writes already acknowledged. "
-            "Restart the shard: it rebuilds its rows from its checkpoint and write-ahead log"
+            "Restart the shard: it rebuilds its rows from its checkpoint and write-ahead log",
+            restartable=True,
         )
         self._fault.check()
 

@@ -36,6 +36,7 @@ PLACED = (
     "port",
     "store",
     "wal",
+    "exit_on_fault",
     "checkpoint_root",
     "metrics_port",
     "metrics_host",
@@ -86,6 +87,10 @@ def test_compose_and_cluster_up_run_the_same_topology_from_the_same_file(tmp_pat
         assert in_container.store.startswith("tiered+redis://redis:6379/")
         assert on_this_host.store.startswith("tiered+redis://127.0.0.1:6379/")
         assert bool(in_container.wal) == bool(on_this_host.wal) == spec.wal
+        # Compose's restart policy starts a shard that exits on a fault again; nothing
+        # restarts one of `ember cluster up`, so there it stays up, refusing.
+        assert in_container.exit_on_fault == spec.wal
+        assert not on_this_host.exit_on_fault
         assert (in_container.metrics_port, on_this_host.metrics_port) == (9400, 0)
         assert (in_container.metrics_host, on_this_host.metrics_host) == ("0.0.0.0", "127.0.0.1")
         assert services[f"shard-{k}"]["depends_on"]["redis"]["condition"] == "service_healthy"

@@ -9,7 +9,7 @@ import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
-from ember.ps_server.errors import PSClientError, ShardFailedError
+from ember.ps_server.errors import PSClientError, ShardFailedError, ShardRestartingError
 from ember.ps_server.routing import shard_of
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 
@@ -97,18 +97,31 @@ def test_shards_of_another_count_refuse_a_redis_and_the_named_way_to_reshard_wor
     assert torch.equal(rows, trained) and torch.equal(restored_versions, versions)
 
 
-def test_a_second_process_of_the_same_shard_on_one_redis_stops_the_first(own_redis):
+@pytest.mark.parametrize("exits", [False, True], ids=["plain", "exit-on-fault"])
+def test_a_second_process_of_the_same_shard_on_one_redis_stops_the_first(
+    own_redis, tmp_path, exits
+):
     """A stale container or an overlapping rolling update: the newer process takes the
-    marker over, and the older one stops instead of writing beside it."""
+    marker over, and the older one stops instead of writing beside it. With
+    --exit-on-fault too it stays up, refusing: a restart would take the shard back from the
+    newer process, whose own restart would take it again."""
     extra = ["--store", own_redis.url]
-    with LocalCluster(1, extra_args=extra) as first, PSClient(first.endpoints, FAST) as client:
+    first_extra = extra + (["--wal", str(tmp_path / "wal"), "--exit-on-fault"] if exits else [])
+    with (
+        LocalCluster(1, extra_args=first_extra) as first,
+        PSClient(first.endpoints, FAST) as client,
+    ):
         client.create_table(SPEC)
         client.push(SPEC.name, torch.arange(4), torch.ones(4, SPEC.dim))
         with LocalCluster(1, extra_args=extra) as second, PSClient(second.endpoints) as newer:
             newer.create_table(SPEC)
             assert newer.pull_with_versions(SPEC.name, torch.arange(4))[1].eq(1).all()
-            with pytest.raises(PSClientError, match="FAILED_PRECONDITION.*rewritten by another"):
-                client.pull(SPEC.name, torch.arange(4))
+            for _ in range(2):  # refused, and still there to refuse again
+                with pytest.raises(PSClientError, match="FAILED_PRECONDITION.*rewritten by"):
+                    client.pull(SPEC.name, torch.arange(4))
+            if exits:  # the decision is logged as the fault trips, before the refusal
+                assert "stays up, refusing" in (first.workdir / "shard-0.log").read_text()
+                assert first.processes[0].poll() is None
 
 
 def test_a_write_is_conditional_on_the_marker_it_read(own_redis):
@@ -261,6 +274,7 @@ def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once
     from ember.ps_server.wire.messages import encode_ids
 
     server, config = _logged_redis_shard(own_redis, tmp_path)
+    server.fault.supervise()  # as --exit-on-fault: its restart repairs this fault
     ids = encode_ids(np.arange(8, dtype=np.int64))
     grads = np.full((8, SPEC.dim), 0.25, dtype="<f4").tobytes()
     start = server.pull(SPEC.name, ids).values.copy()
@@ -268,8 +282,8 @@ def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once
         _failing_redis(patch, b"EXEC")
         with pytest.raises(StoreWriteUnknownError, match="may or may not have been applied"):
             server.push(SPEC.name, ids, grads, "push-1")
-    assert "Restart the shard" in server.fault.reason
-    with pytest.raises(ShardFailedError):  # the client's retry of the same request
+    assert "Restart the shard" in server.fault.reason and server.fault.restarting
+    with pytest.raises(ShardRestartingError):  # the client's retry: refused, retryable
         server.push(SPEC.name, ids, grads, "push-1")
     server.journal.close()
     restarted = ParameterServer(0, 1, store=own_redis.url)

@@ -1,6 +1,7 @@
 """Shards over a Redis that restarts, is emptied or refuses a command: each stops serving
 or goes on as its durability allows, and says why. Each test has its own redis-server."""
 
+import concurrent.futures
 import contextlib
 
 import pytest
@@ -10,6 +11,7 @@ from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
 from ember.ps_server.errors import PSClientError, Status
+from ember.ps_server.shard.config import EXIT_ON_FAULT
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
 from grpc_health.v1 import health_pb2
 
@@ -18,6 +20,9 @@ from tests.support.redis_server import RedisServer
 
 SPEC = TableSpec("rows", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
 FAST = ClientConfig(max_attempts=2, initial_backoff_s=0.01)
+ONCE = ClientConfig(max_attempts=1)
+# Retries for about a minute: long enough for a shard to exit and be started again.
+PATIENT = ClientConfig(max_attempts=40, initial_backoff_s=0.05, max_backoff_s=2.0)
 
 
 @pytest.mark.parametrize("how", ["flushall", "restart"])
@@ -107,6 +112,54 @@ def test_a_shard_without_a_log_goes_on_when_redis_comes_back_with_an_earlier_epo
         client.push(SPEC.name, ids, ones)  # goes on writing under its new epoch
         assert client.pull_with_versions(SPEC.name, ids)[1].eq(2).all()
         assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("how", ["flushall", "older-snapshot"])
+def test_a_shard_that_exits_on_a_fault_is_retried_through_its_restart_and_rebuilds(
+    own_redis, tmp_path, how
+):
+    """--exit-on-fault, as compose runs shards: a shard whose Redis lost its rows, or came
+    back from an older state, answers UNAVAILABLE (retry) instead of refusing for good,
+    exits with status 75, and, started again by its supervisor, rebuilds every acknowledged
+    push from its log while a patient client's call retries through the restart."""
+    ids = torch.arange(10)
+    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal"), "--exit-on-fault"]
+    with (
+        contextlib.ExitStack() as cleanup,
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, ONCE) as once,
+        PSClient(cluster.endpoints, PATIENT) as patient,
+    ):
+        once.create_table(SPEC)
+        once.push(SPEC.name, ids, torch.ones(10, SPEC.dim))
+        if how == "flushall":
+            redis.Redis.from_url(own_redis.url).flushall()
+        else:
+            redis.Redis.from_url(own_redis.url).save()  # the snapshot: rows at version 1
+            once.push(SPEC.name, ids, torch.ones(10, SPEC.dim))  # acknowledged: version 2
+            own_redis.stop()  # no save on shutdown: it comes back from the snapshot
+            cleanup.enter_context(RedisServer(tmp_path / "redis", port=own_redis.port))
+        refused = _refusal_once_redis_is_back(once, ids)
+        assert refused.code == Status.UNAVAILABLE, refused  # retryable, not FAILED_PRECONDITION
+        assert "restarting to rebuild its rows" in refused.details
+        assert cluster.processes[0].wait(timeout=60) == EXIT_ON_FAULT
+        assert f"exits with status {EXIT_ON_FAULT}" in (cluster.workdir / "shard-0.log").read_text()
+        pushes = 1 if how == "flushall" else 2
+        with concurrent.futures.ThreadPoolExecutor(1) as supervisor:
+            pulled = supervisor.submit(patient.pull_with_versions, SPEC.name, ids)
+            cluster.restart_shard(0)  # as compose's restart policy does
+            assert pulled.result(timeout=120)[1].eq(pushes).all()  # rebuilt from the log
+
+
+def _refusal_once_redis_is_back(client: PSClient, ids: torch.Tensor) -> PSClientError:
+    """The error a pull that reaches Redis again ends with: past a lost connection (a
+    Redis restart first shows as one, UNAVAILABLE from the store), the shard's own answer."""
+    for _ in range(3):
+        with pytest.raises(PSClientError) as refused:
+            client.pull_with_versions(SPEC.name, ids)
+        if "restarting" in refused.value.details or refused.value.code != Status.UNAVAILABLE:
+            return refused.value
+    raise AssertionError("the shard did not refuse as restarting after Redis came back")
 
 
 def _pull_past_the_reconnect(client: PSClient, ids: torch.Tensor) -> torch.Tensor | PSClientError:

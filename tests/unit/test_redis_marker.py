@@ -52,6 +52,26 @@ def test_a_lost_marker_stops_the_shard_and_a_new_epoch_stops_the_old_process():
         second.verify(redis.get(second.key), second.expected)
 
 
+@pytest.mark.parametrize("rebuilds", [True, False], ids=["with-log", "without-log"])
+def test_only_lost_rows_a_log_rebuilds_are_a_fault_a_restart_repairs(rebuilds):
+    """A supervised shard exits on a fault its restart repairs: rows Redis lost, where a log
+    rebuilds them. A second owner is never one (each restart would take the shard back)."""
+    redis = DictRedis()
+    first, first_fault = marker(redis)
+    first_fault.supervise()
+    first.start_serving(rebuilds=rebuilds)
+    second, second_fault = marker(redis)
+    second_fault.supervise()
+    second.start_serving(rebuilds=rebuilds)
+    with pytest.raises(ShardFailedError, match="rewritten by another process"):
+        first.verify(redis.get(first.key), first.expected)
+    assert not first_fault.restarting
+    redis.data.clear()
+    with pytest.raises(ShardFailedError, match="lost this shard's marker"):
+        second.verify(redis.get(second.key), second.expected)
+    assert second_fault.restarting == rebuilds
+
+
 def test_concurrent_requests_that_find_the_store_emptied_go_on_once_it_is_accepted():
     redis = DictRedis()
     accepting, fault = marker(redis, accept_empty=True)

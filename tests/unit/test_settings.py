@@ -161,6 +161,13 @@ def test_incomplete_tls_settings_are_refused(change, message):
         ShardConfig(**change).validate()
 
 
+def test_exiting_on_a_fault_needs_a_write_ahead_log():
+    """Without one, a shard started again cannot tell an emptied Redis from a new one."""
+    with pytest.raises(ValueError, match="exit_on_fault needs a write-ahead log"):
+        ShardConfig(exit_on_fault=True).validate()
+    ShardConfig(exit_on_fault=True, wal="/var/lib/ember/wal").validate()
+
+
 def test_ucx_beside_tls_needs_the_network_to_be_declared_trusted():
     ShardConfig(ucx=True).check_ucx_trust()
     ShardConfig(ucx=True, token_file="/t").check_ucx_trust()  # UCX checks the token itself

@@ -31,6 +31,7 @@ def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whol
     tmp_path, monkeypatch, cut_back
 ):
     log = open_log(tmp_path)
+    log.fault.supervise()  # a restart does not repair a disk: even a supervised shard stays up
     for payload in (b"one", b"two"):
         log.sync(log.append(payload))
     monkeypatch.setattr(write_log.os, "writev", _failing(errno.ENOSPC, keep_bytes=7))
@@ -38,7 +39,7 @@ def test_a_disk_that_fills_mid_record_fails_closed_and_recovers_to_the_last_whol
         monkeypatch.setattr(write_log.os, "ftruncate", _failing(errno.EIO))
     with pytest.raises(ShardFailedError, match="No space left.*restart the shard"):
         log.append(b"three-never-acknowledged")
-    assert log.fault.reason is not None
+    assert log.fault.reason is not None and not log.fault.restarting
     monkeypatch.undo()  # the disk has room again, but the log stays failed
     with pytest.raises(ShardFailedError):
         log.append(b"four")
