@@ -52,12 +52,19 @@ class WriteJournal:
             ticket = self.log.append(build())
             try:
                 yield
-            except (StoreWriteUnknownError, StoreCorruptError) as error:
+            except StoreWriteUnknownError as error:
                 self.log.fault.trip(
                     f"a logged write failed in the store ({error}); the store may hold it, "
                     "and a retry would apply it again. Restart the shard: it rebuilds its "
                     "rows from the checkpoint and the write-ahead log, which holds the write",
                     restartable=True,
+                )
+                raise
+            except StoreCorruptError as error:  # for an operator: a restart would wipe it
+                self.log.fault.trip(
+                    f"a logged write found the store corrupt ({error}). Look at the store, "
+                    "then restart the shard: it rebuilds its rows from the checkpoint and the "
+                    "write-ahead log, which holds the write"
                 )
                 raise
         self.log.sync(ticket)

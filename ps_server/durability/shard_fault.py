@@ -10,11 +10,13 @@ restarts it. Nothing resets a tripped fault.
 Some faults are repaired by a restart alone: the shard rebuilds its rows from
 its checkpoint and write-ahead log (its Redis restarted or lost its rows, or a
 logged write's outcome in the store is unknown). Where a supervisor restarts
-the process (:meth:`ShardFault.supervise`, ``--exit-on-fault``), such a fault
-ends the process, and requests meanwhile are refused as retryable
-(:class:`ShardRestartingError`, UNAVAILABLE). Every other fault
-(a failed fsync, another process taking the shard over) needs an operator: the
-shard stays up, refusing, whatever the flag.
+the process (:meth:`ShardFault.supervise`, ``--exit-on-fault``; see
+:func:`~ember.ps_server.shard.shard_server.serve_until_signalled`), such a
+fault ends the process, and requests meanwhile are refused as retryable
+(:class:`ShardRestartingError`, UNAVAILABLE). Every other fault (a failed
+fsync, another process taking the shard over) needs an operator, and one
+that follows a restartable fault takes its place: the shard stays up,
+refusing, whatever the flag.
 """
 
 from __future__ import annotations
@@ -33,36 +35,49 @@ class ShardFault:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._reason: str | None = None
-        self._restartable = False
+        # (reason, a restart repairs it), set in one assignment: read without the lock.
+        self._state: tuple[str, bool] | None = None
         self._supervised = False
         self._listeners: list[Callable[[str], None]] = []
 
     @property
     def reason(self) -> str | None:
         """Why the shard stopped serving, or None while it serves."""
-        return self._reason
+        state = self._state
+        return None if state is None else state[0]
 
     @property
     def restarting(self) -> bool:
         """Whether the tripped fault ends this process for its supervisor to start it again:
-        the fault is one a restart repairs, and the process is :meth:`supervise`\\ d."""
-        return self._reason is not None and self._restartable and self._supervised
+        every fault so far is one a restart repairs, and the process is supervised."""
+        state = self._state
+        return state is not None and state[1] and self._supervised
 
     def supervise(self) -> None:
         """A supervisor starts this process again when it exits: a fault a restart repairs
-        is answered as a restart (see the module docstring). Call it before serving."""
-        self._supervised = True
+        is answered as a restart (see the module docstring). Call it before serving.
+
+        Raises:
+            ValueError: the fault has tripped already.
+        """
+        with self._lock:
+            if self._state is not None:
+                raise ValueError("supervise() after the fault tripped")
+            self._supervised = True
 
     def trip(self, reason: str, restartable: bool = False) -> None:
         """Stop serving for ``reason`` (the first reason is kept); tells every listener once.
         ``restartable``: a restart of the shard repairs it (it rebuilds its rows from its
-        checkpoint and write-ahead log)."""
+        checkpoint and write-ahead log). A later fault that is not makes the tripped one
+        need an operator too (its reason is added)."""
         with self._lock:
-            if self._reason is not None:
+            if self._state is not None:
+                first, repairable = self._state
+                if repairable and not restartable:
+                    self._state = (f"{first}; then: {reason}", False)
+                    log.error("shard fault needs an operator now: %s", reason)
                 return
-            self._restartable = restartable  # before the reason: check() reads them unlocked
-            self._reason = reason
+            self._state = (reason, restartable)
             listeners = list(self._listeners)
         log.error("shard stopped serving: %s", reason)
         for listener in listeners:
@@ -71,18 +86,19 @@ class ShardFault:
     def on_trip(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(reason)`` when the fault trips (at once if it has)."""
         with self._lock:
-            if self._reason is None:
+            if self._state is None:
                 self._listeners.append(listener)
                 return
-        listener(self._reason)
+        listener(self._state[0])
 
     def check(self) -> None:
         """Raise if the fault has tripped: :class:`ShardRestartingError` while the process
         ends for a restart (:attr:`restarting`), else :class:`ShardFailedError`."""
-        if self._reason is None:
+        state = self._state
+        if state is None:
             return
-        if self.restarting:
+        if state[1] and self._supervised:
             raise ShardRestartingError(
-                f"this shard is restarting to rebuild its rows (retry): {self._reason}"
+                f"this shard is restarting to rebuild its rows (retry): {state[0]}"
             )
-        raise ShardFailedError(f"this shard stopped serving: {self._reason}")
+        raise ShardFailedError(f"this shard stopped serving: {state[0]}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ember.ps_server.durability.fault_exits import FAULT_EXIT_WINDOW_S, MAX_FAULT_EXITS
 from ember.ps_server.durability.log_records import FRAMING
 from ember.ps_server.durability.write_log import FSYNC_POLICIES
 from ember.ps_server.security.credentials import TOKEN_ENV
@@ -110,9 +111,11 @@ class ShardConfig:
         f"lost its rows, a logged write's outcome in the store is unknown), exit with status "
         f"{EXIT_ON_FAULT}, answering requests UNAVAILABLE meanwhile, so that a supervisor "
         "(compose's restart policy, systemd, Kubernetes) starts it again and it rebuilds its "
-        "rows from its checkpoint and write-ahead log; other faults (a failed fsync, another "
-        "process serving this shard) still leave it up, refusing, for an operator. Needs --wal "
-        "and a supervisor (ember cluster up has none)",
+        "rows from its checkpoint and write-ahead log (a fault as it starts exits so too). At "
+        f"most {MAX_FAULT_EXITS} such exits in {FAULT_EXIT_WINDOW_S / 60:g} minutes (recorded "
+        "beside the log), then it stays up, refusing; other faults (a failed fsync, a corrupt store, another process serving "
+        "this shard) always leave it up, refusing, for an operator. Needs --wal and a "
+        "supervisor (ember cluster up has none)",
     )
     ucx: bool = setting(
         False,

@@ -16,6 +16,7 @@ import grpc
 import torch
 from ember.kernels.loader import native_ops_available
 from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPolicy, auto_directory
+from ember.ps_server.durability.fault_exits import FaultExits
 from ember.ps_server.durability.recovery import recover
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
@@ -35,6 +36,11 @@ from grpc_reflection.v1alpha import reflection
 from ember.metrics_endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 5.0  # in-flight requests' time to finish as a shard stops
+# ... as it stops to restart: every request is refused by then, but waits for clocks end only
+# at their deadline or the grace.
+RESTART_GRACE_S = 1.0
 
 
 class ShardServer:
@@ -189,7 +195,7 @@ class ShardServer:
         tmp.write_text(json.dumps(info))
         os.replace(tmp, path)
 
-    def stop(self, grace_s: float = 5.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Report NOT_SERVING, finish in-flight requests within ``grace_s``, flush, stop."""
         self._health.enter_graceful_shutdown()
         stopped = self._grpc_server.stop(grace_s)  # both transports drain at once
@@ -282,35 +288,55 @@ def _start_ucx_listener(
 
 def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> int:
     """Run a shard until SIGTERM or SIGINT (or, with ``exit_on_fault``, a fault its restart
-    repairs), then shut down gracefully; returns the process's exit status
-    (:data:`EXIT_ON_FAULT` after such a fault, else 0)."""
+    repairs: see :func:`_exits_for_restart`), then shut down gracefully; returns the
+    process's exit status (:data:`EXIT_ON_FAULT` after such a fault, else 0)."""
     shard = ShardServer.start(config)
-    stop, restart = threading.Event(), threading.Event()
+    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    fault = shard.logic.fault
     if config.exit_on_fault:
-        fault = shard.logic.fault
 
-        def on_fault(_: str) -> None:
-            if fault.restarting:
-                log.error(
-                    "shard %d exits with status %d so that its supervisor starts it again; "
-                    "it then rebuilds its rows from its checkpoint and write-ahead log",
-                    config.shard, EXIT_ON_FAULT,
-                )  # fmt: skip
-                restart.set()
-                stop.set()
-            else:
+        def say_it_stays(_: str) -> None:  # as the fault trips, before any request hears it
+            if not fault.restarting:
                 log.error(
                     "shard %d stays up, refusing (--exit-on-fault): a restart does not repair "
                     "this fault; an operator must", config.shard,
                 )  # fmt: skip
 
-        fault.on_trip(on_fault)
+        fault.on_trip(say_it_stays)
     if ready_file is not None:
         shard.write_ready_file(ready_file)
-    while not stop.wait(timeout=0.5):  # a bounded wait keeps the main thread responsive to signals
-        pass
-    log.info("shard %d stopping%s", config.shard, " to restart" if restart.is_set() else "")
-    shard.stop()
-    return EXIT_ON_FAULT if restart.is_set() else 0
+    restart = False
+    # A bounded wait keeps the main thread responsive to signals, and watches the fault.
+    while not stop.wait(timeout=0.5):
+        if fault.restarting and _exits_for_restart(shard, config):
+            restart = True
+            break
+    log.info("shard %d stopping%s", config.shard, " to restart" if restart else "")
+    shard.stop(RESTART_GRACE_S if restart else STOP_GRACE_S)
+    if restart and not fault.restarting:
+        log.error("a fault that needs an operator came as the shard stopped: %s", fault.reason)
+        return 1
+    return EXIT_ON_FAULT if restart else 0
+
+
+def _exits_for_restart(shard: ShardServer, config: ShardConfig) -> bool:
+    """Whether the shard, stopped on a fault its restart repairs, exits for its supervisor:
+    within its budget of fault exits (:class:`FaultExits`), once what its log holds is
+    durable (while requests are still refused). Otherwise the fault becomes one for an
+    operator, said in the log, and the shard stays up, refusing."""
+    fault = shard.logic.fault
+    refusal = FaultExits(Path(config.wal), config.shard).take()
+    if refusal is not None:
+        fault.trip(f"not restarting again: {refusal}")  # needs an operator from now on
+    else:
+        shard.logic.journal.close()  # a failed fsync makes the fault one for an operator
+    if not fault.restarting:
+        log.error("shard %d stays up, refusing: %s", config.shard, fault.reason)
+        return False
+    log.error(
+        "shard %d exits with status %d so that its supervisor starts it again; it then "
+        "rebuilds its rows from its checkpoint and write-ahead log", config.shard, EXIT_ON_FAULT,
+    )  # fmt: skip
+    return True

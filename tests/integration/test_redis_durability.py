@@ -288,6 +288,8 @@ def test_a_logged_push_whose_redis_reply_is_lost_stops_the_shard_and_counts_once
     server.journal.close()
     restarted = ParameterServer(0, 1, store=own_redis.url)
     recovery.recover(restarted, config)
+    # The client's retry, through the restart: a duplicate of the logged push.
+    assert restarted.push(SPEC.name, ids, grads, "push-1") == (True, 0)
     np.testing.assert_allclose(
         restarted.pull(SPEC.name, ids).values, start - SPEC.optimizer.lr * 0.25, rtol=1e-6
     )

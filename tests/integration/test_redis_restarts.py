@@ -3,6 +3,8 @@ or goes on as its durability allows, and says why. Each test has its own redis-s
 
 import concurrent.futures
 import contextlib
+import json
+import time
 
 import pytest
 import redis
@@ -10,6 +12,7 @@ import torch
 from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.cluster import ClusterError, LocalCluster
+from ember.ps_server.durability.fault_exits import MAX_FAULT_EXITS
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.shard.config import EXIT_ON_FAULT
 from ember.ps_server.wire.table_spec import OptimizerKind, OptimizerSpec, TableSpec
@@ -145,10 +148,43 @@ def test_a_shard_that_exits_on_a_fault_is_retried_through_its_restart_and_rebuil
         assert cluster.processes[0].wait(timeout=60) == EXIT_ON_FAULT
         assert f"exits with status {EXIT_ON_FAULT}" in (cluster.workdir / "shard-0.log").read_text()
         pushes = 1 if how == "flushall" else 2
-        with concurrent.futures.ThreadPoolExecutor(1) as supervisor:
-            pulled = supervisor.submit(patient.pull_with_versions, SPEC.name, ids)
+        with concurrent.futures.ThreadPoolExecutor(1) as trainer:
+            pushed = trainer.submit(patient.push, SPEC.name, ids, torch.ones(10, SPEC.dim))
             cluster.restart_shard(0)  # as compose's restart policy does
-            assert pulled.result(timeout=120)[1].eq(pushes).all()  # rebuilt from the log
+            pushed.result(timeout=120)  # retried through the restart, applied once
+        versions = patient.pull_with_versions(SPEC.name, ids)[1]
+        assert versions.eq(pushes + 1).all(), versions  # rebuilt from the log, then pushed
+
+
+def test_a_shard_that_keeps_exiting_on_faults_stays_up_for_an_operator(own_redis, tmp_path):
+    """A fault that comes back after every restart must not loop through rebuilds: past
+    its budget of exits (recorded beside its log) the shard stays up, refusing."""
+    wal = tmp_path / "wal"
+    wal.mkdir()
+    now = time.time()
+    recent = [now - k for k in range(MAX_FAULT_EXITS, 0, -1)]
+    (wal / "shard-0.fault-exits.json").write_text(json.dumps(recent))
+    extra = ["--store", own_redis.url, "--wal", str(wal), "--exit-on-fault"]
+    with (
+        LocalCluster(1, extra_args=extra) as cluster,
+        PSClient(cluster.endpoints, ONCE) as once,
+        PSClient(cluster.endpoints, PATIENT) as patient,
+    ):
+        once.create_table(SPEC)
+        once.push(SPEC.name, torch.arange(4), torch.ones(4, SPEC.dim))
+        redis.Redis.from_url(own_redis.url).flushall()
+        with pytest.raises(PSClientError) as first:
+            once.pull(SPEC.name, torch.arange(4))  # the fault: refused as a restart at first
+        assert first.value.code == Status.UNAVAILABLE
+        # Retried until the shard's main loop decides (within half a second) to stay up.
+        with pytest.raises(PSClientError) as refused:
+            patient.pull(SPEC.name, torch.arange(4))
+        assert refused.value.code == Status.FAILED_PRECONDITION
+        assert "not restarting again" in refused.value.details
+        assert f"{MAX_FAULT_EXITS} times" in refused.value.details
+        assert "stays up, refusing" in (cluster.workdir / "shard-0.log").read_text()
+        assert cluster.processes[0].poll() is None
+        assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def _refusal_once_redis_is_back(client: PSClient, ids: torch.Tensor) -> PSClientError:

@@ -1,0 +1,62 @@
+"""FaultExits: how often a supervised shard exited on faults lately, kept beside its
+write-ahead log (``shard-S.fault-exits.json``), so that a fault that comes back at every
+start (a Redis evicting the marker key, a proxy whose server id changes per connection)
+does not loop through exits and rebuilds without end: past :data:`MAX_FAULT_EXITS` exits
+within :data:`FAULT_EXIT_WINDOW_S`, the shard stays up, refusing, for an operator.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ember.ps_server.durability.durable_files import write_durably
+
+MAX_FAULT_EXITS = 3
+FAULT_EXIT_WINDOW_S = 600.0
+
+
+class FaultExits:
+    """The fault exits of shard ``shard`` whose log is in ``directory``.
+
+    Args:
+        directory: the shard's write-ahead log directory.
+        shard: the shard's index.
+        clock: seconds since the epoch (the exits outlive the process).
+    """
+
+    def __init__(self, directory: Path, shard: int, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(directory) / f"shard-{shard}.fault-exits.json"
+        self._clock = clock
+
+    def take(self) -> str | None:
+        """Record an exit now (durably) and return None, or return why the shard must not
+        exit: as many exits within the window already, or a record that cannot be read or
+        written (when in doubt, an operator decides)."""
+        now = self._clock()
+        try:
+            times = self._read() if self.path.exists() else []
+        except (OSError, ValueError) as error:
+            return f"cannot read its record of fault exits {self.path} ({error})"
+        recent = sorted(t for t in times if 0 <= now - t < FAULT_EXIT_WINDOW_S)
+        if len(recent) >= MAX_FAULT_EXITS:
+            return (
+                f"it exited on faults {len(recent)} times in the last "
+                f"{FAULT_EXIT_WINDOW_S / 60:g} minutes (recorded in {self.path}): the fault "
+                "comes back after every restart"
+            )
+        try:
+            write_durably(self.path, json.dumps([*recent, now]).encode())
+        except OSError as error:
+            return f"cannot record this exit in {self.path} ({error})"
+        return None
+
+    def _read(self) -> list[float]:
+        times = json.loads(self.path.read_bytes())
+        if not isinstance(times, list) or not all(
+            isinstance(t, int | float) and not isinstance(t, bool) for t in times
+        ):
+            raise ValueError("not a list of times")
+        return [float(t) for t in times]
