@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from ember.env import env_value
@@ -27,8 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT (or a fault, with --exit-on-fault); the exit status."""
     from ember.kernels.loader import KernelBuildError
-    from ember.ps_server.errors import EmberError, ShardRestartingError
-    from ember.ps_server.shard.config import EXIT_ON_FAULT
+    from ember.ps_server.errors import EmberError
     from ember.ps_server.shard.shard_server import serve_until_signalled
     from ember.ps_server.ucx import UcxUnavailableError
 
@@ -36,8 +34,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         config.validate()
         return serve_until_signalled(config, args.ready_file)
-    except ShardRestartingError as error:  # a fault its restart repairs, as it started
-        print(f"ember ps: {error}", file=sys.stderr)
-        return EXIT_ON_FAULT
     except (ValueError, OSError, EmberError, KernelBuildError, UcxUnavailableError) as error:
         raise SystemExit(f"ember ps: {error}") from None

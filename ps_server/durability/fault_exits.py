@@ -8,6 +8,9 @@ within :data:`FAULT_EXIT_WINDOW_S`, the shard stays up, refusing, for an operato
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +19,7 @@ from ember.ps_server.durability.durable_files import write_durably
 
 MAX_FAULT_EXITS = 3
 FAULT_EXIT_WINDOW_S = 600.0
+_MAX_RECORD_BYTES = 4096  # the record holds MAX_FAULT_EXITS times
 
 
 class FaultExits:
@@ -37,15 +41,18 @@ class FaultExits:
         written (when in doubt, an operator decides)."""
         now = self._clock()
         try:
-            times = self._read() if self.path.exists() else []
+            times = self._read()
+        except FileNotFoundError:  # none yet
+            times = []
         except (OSError, ValueError) as error:
             return f"cannot read its record of fault exits {self.path} ({error})"
-        recent = sorted(t for t in times if 0 <= now - t < FAULT_EXIT_WINDOW_S)
+        # Exits dated after now count too: a clock stepped back must not reset the budget.
+        recent = sorted(t for t in times if now - t < FAULT_EXIT_WINDOW_S)[-MAX_FAULT_EXITS:]
         if len(recent) >= MAX_FAULT_EXITS:
             return (
                 f"it exited on faults {len(recent)} times in the last "
-                f"{FAULT_EXIT_WINDOW_S / 60:g} minutes (recorded in {self.path}): the fault "
-                "comes back after every restart"
+                f"{FAULT_EXIT_WINDOW_S / 60:g} minutes (recorded in {self.path}; delete it once "
+                "the cause is fixed): the fault comes back after every restart"
             )
         try:
             write_durably(self.path, json.dumps([*recent, now]).encode())
@@ -54,9 +61,23 @@ class FaultExits:
         return None
 
     def _read(self) -> list[float]:
-        times = json.loads(self.path.read_bytes())
+        """The recorded exit times (a small regular file: never through a link, never
+        blocking on a FIFO planted there).
+
+        Raises:
+            OSError, ValueError: it cannot be read, or is not a short list of finite times.
+        """
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a regular file")
+            data = handle.read(_MAX_RECORD_BYTES + 1)
+        if len(data) > _MAX_RECORD_BYTES:
+            raise ValueError(f"longer than {_MAX_RECORD_BYTES} bytes")
+        times = json.loads(data)
         if not isinstance(times, list) or not all(
-            isinstance(t, int | float) and not isinstance(t, bool) for t in times
+            isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+            for t in times
         ):
-            raise ValueError("not a list of times")
+            raise ValueError("not a list of finite times")
         return [float(t) for t in times]

@@ -79,10 +79,10 @@ class WriteJournal:
         if self.log is not None:
             self.log.sync_appended()
 
-    def close(self) -> None:
-        """Make the log durable and close it."""
+    def close(self, release_lock: bool = True) -> None:
+        """Make the log durable and close it (see :meth:`WriteLog.close`)."""
         if self.log is not None:
-            self.log.close()
+            self.log.close(release_lock)
 
 
 def replay(server: ParameterServer, write_log: WriteLog) -> int:

@@ -264,8 +264,10 @@ class WriteLog:
         """Delete the segments a recorded base covers (a restart skips them anyway)."""
         self.files.drop_before(segment)
 
-    def close(self) -> None:
-        """Make everything appended durable (unless the log failed), stop, release the lock."""
+    def close(self, release_lock: bool = True) -> None:
+        """Make everything appended durable (unless the log failed) and stop; release the
+        lock (``release_lock`` False: a process that stays up, refusing, keeps it, so that no
+        other process takes the log meanwhile; closing again releases it)."""
         self._closed.set()
         if self._syncer is not None:
             self._syncer.join()
@@ -274,11 +276,14 @@ class WriteLog:
                 if not self._fsync_failed:
                     try:
                         os.fsync(self._fd)
+                        self._synced = self._appended  # a request waiting to sync is covered
                     except OSError as error:
+                        self._fsync_failed = True
                         self.fault.trip(self._cut_unsynced(error))
                 fd, self._fd = self._fd, None
                 _close_quietly(fd, self.files.path(self._segment))
-        self._release_lock()
+        if release_lock:
+            self._release_lock()
 
     def _release_lock(self) -> None:
         if self._lock_file is not None:
@@ -307,6 +312,9 @@ class WriteLog:
             self.fault.check()
         with self._append_lock:
             target, handle = self._appended, self._fd
+        if handle is None:  # closed (its close fsynced what it could) while a request waited
+            self.fault.check()
+            raise ShardFailedError("the write-ahead log is closed: the shard is stopping")
         start = time.perf_counter()
         try:
             os.fsync(handle)

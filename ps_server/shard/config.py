@@ -113,9 +113,9 @@ class ShardConfig:
         "(compose's restart policy, systemd, Kubernetes) starts it again and it rebuilds its "
         "rows from its checkpoint and write-ahead log (a fault as it starts exits so too). At "
         f"most {MAX_FAULT_EXITS} such exits in {FAULT_EXIT_WINDOW_S / 60:g} minutes (recorded "
-        "beside the log), then it stays up, refusing; other faults (a failed fsync, a corrupt store, another process serving "
-        "this shard) always leave it up, refusing, for an operator. Needs --wal and a "
-        "supervisor (ember cluster up has none)",
+        "beside the log), then it waits for an operator; other faults (a failed fsync, a "
+        "corrupt store, another process serving this shard) always leave it up, refusing, "
+        "for an operator. Needs --wal and a supervisor (ember cluster up has none)",
     )
     ucx: bool = setting(
         False,

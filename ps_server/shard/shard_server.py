@@ -18,6 +18,7 @@ from ember.kernels.loader import native_ops_available
 from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPolicy, auto_directory
 from ember.ps_server.durability.fault_exits import FaultExits
 from ember.ps_server.durability.recovery import recover
+from ember.ps_server.errors import ShardRestartingError
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
 from ember.ps_server.shard.config import EXIT_ON_FAULT, ShardConfig
@@ -289,15 +290,24 @@ def _start_ucx_listener(
 def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -> int:
     """Run a shard until SIGTERM or SIGINT (or, with ``exit_on_fault``, a fault its restart
     repairs: see :func:`_exits_for_restart`), then shut down gracefully; returns the
-    process's exit status (:data:`EXIT_ON_FAULT` after such a fault, else 0)."""
-    shard = ShardServer.start(config)
+    process's exit status (:data:`EXIT_ON_FAULT` after such a fault, else 0). A shard that
+    must wait for an operator instead blocks, without serving, until signalled (any exit
+    would have its supervisor start it again)."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    try:
+        shard = ShardServer.start(config)
+    except ShardRestartingError as error:  # a fault its restart repairs, as it started
+        _on_signals(stop)
+        refusal = FaultExits(Path(config.wal), config.shard).take()
+        if refusal is None:
+            log.error("%s; exiting with status %d for a restart", error, EXIT_ON_FAULT)
+            return EXIT_ON_FAULT
+        return _wait_for_an_operator(stop, f"{error}; not restarting again: {refusal}")
+    _on_signals(stop)
     fault = shard.logic.fault
     if config.exit_on_fault:
 
-        def say_it_stays(_: str) -> None:  # as the fault trips, before any request hears it
+        def say_it_stays(_: str) -> None:  # before the request that tripped it is refused
             if not fault.restarting:
                 log.error(
                     "shard %d stays up, refusing (--exit-on-fault): a restart does not repair "
@@ -315,23 +325,34 @@ def serve_until_signalled(config: ShardConfig, ready_file: Path | None = None) -
             break
     log.info("shard %d stopping%s", config.shard, " to restart" if restart else "")
     shard.stop(RESTART_GRACE_S if restart else STOP_GRACE_S)
-    if restart and not fault.restarting:
-        log.error("a fault that needs an operator came as the shard stopped: %s", fault.reason)
-        return 1
+    if restart and not fault.restarting:  # a fault for an operator came as it stopped
+        return _wait_for_an_operator(stop, str(fault.reason))
     return EXIT_ON_FAULT if restart else 0
+
+
+def _on_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def _wait_for_an_operator(stop: threading.Event, reason: str) -> int:
+    """Block until signalled, saying why (the shard does not serve); the exit status then."""
+    log.error("the shard waits for an operator, not serving, until stopped: %s", reason)
+    stop.wait()
+    return 1
 
 
 def _exits_for_restart(shard: ShardServer, config: ShardConfig) -> bool:
     """Whether the shard, stopped on a fault its restart repairs, exits for its supervisor:
     within its budget of fault exits (:class:`FaultExits`), once what its log holds is
-    durable (while requests are still refused). Otherwise the fault becomes one for an
-    operator, said in the log, and the shard stays up, refusing."""
+    durable (while requests are still refused; it keeps the log's lock). Otherwise the fault
+    becomes one for an operator, said in the log, and the shard stays up, refusing."""
     fault = shard.logic.fault
     refusal = FaultExits(Path(config.wal), config.shard).take()
     if refusal is not None:
         fault.trip(f"not restarting again: {refusal}")  # needs an operator from now on
     else:
-        shard.logic.journal.close()  # a failed fsync makes the fault one for an operator
+        shard.logic.journal.close(release_lock=False)  # a failed fsync: for an operator
     if not fault.restarting:
         log.error("shard %d stays up, refusing: %s", config.shard, fault.reason)
         return False

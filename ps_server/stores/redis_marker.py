@@ -244,7 +244,7 @@ class RedisShardMarker:
             "state (appendfsync everysec loses up to a second of writes; a promoted replica "
             "lags), so serving could hand out rows older than writes already acknowledged. "
             "Restart the shard: it rebuilds its rows from its checkpoint and write-ahead log",
-            restartable=True,
+            restartable=held == self._expected,  # another process's marker: an operator's
         )
         self._fault.check()
 

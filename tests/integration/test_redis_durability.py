@@ -2,6 +2,8 @@
 the shard's marker, and a Redis of another shard count is refused (a Redis that restarts or
 is emptied: test_redis_restarts). Each test has its own redis-server."""
 
+import subprocess
+
 import numpy as np
 import pytest
 import redis
@@ -121,7 +123,8 @@ def test_a_second_process_of_the_same_shard_on_one_redis_stops_the_first(
                     client.pull(SPEC.name, torch.arange(4))
             if exits:  # the decision is logged as the fault trips, before the refusal
                 assert "stays up, refusing" in (first.workdir / "shard-0.log").read_text()
-                assert first.processes[0].poll() is None
+                with pytest.raises(subprocess.TimeoutExpired):  # its loop looks every 0.5 s
+                    first.processes[0].wait(timeout=1.5)
 
 
 def test_a_write_is_conditional_on_the_marker_it_read(own_redis):
