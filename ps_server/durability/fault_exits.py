@@ -2,7 +2,7 @@
 write-ahead log (``shard-S.fault-exits.json``), so that a fault that comes back at every
 start (a Redis evicting the marker key, a proxy whose server id changes per connection)
 does not loop through exits and rebuilds without end: past :data:`MAX_FAULT_EXITS` exits
-within :data:`FAULT_EXIT_WINDOW_S`, the shard stays up, refusing, for an operator.
+within :data:`FAULT_EXIT_WINDOW_S`, the shard waits for an operator instead of exiting.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ the process (:meth:`ShardFault.supervise`, ``--exit-on-fault``; see
 :func:`~ember.ps_server.shard.shard_server.serve_until_signalled`), such a
 fault ends the process, and requests meanwhile are refused as retryable
 (:class:`ShardRestartingError`, UNAVAILABLE). Every other fault (a failed
-fsync, another process taking the shard over) needs an operator, and one
-that follows a restartable fault takes its place: the shard stays up,
-refusing, whatever the flag.
+fsync, a corrupt store, another process taking the shard over) needs an
+operator, and one that follows a restartable fault takes its place: the
+shard stays up, refusing, whatever the flag.
 """
 
 from __future__ import annotations
