@@ -4,6 +4,7 @@ or goes on as its durability allows, and says why. Each test has its own redis-s
 import concurrent.futures
 import contextlib
 import json
+import threading
 import time
 
 import pytest
@@ -242,3 +243,65 @@ def test_an_operator_may_accept_an_emptied_redis(own_redis):
         client.push(SPEC.name, torch.arange(10), torch.ones(10, SPEC.dim))
         assert client.pull_with_versions(SPEC.name, torch.arange(10))[1].eq(1).all()
         assert serving_status(cluster.endpoints[0]) == health_pb2.HealthCheckResponse.SERVING
+
+
+class _FaultAt:
+    """Batches that run ``fault`` when the trainer draws batch ``step`` (steps ahead of it)."""
+
+    def __init__(self, batches: list, step: int, fault) -> None:
+        self.batches, self.step, self.fault = batches, step, fault
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        for index, batch in enumerate(self.batches):
+            if index == self.step:
+                self.fault()
+            yield batch
+
+
+def test_training_rides_through_shards_that_exit_on_a_redis_fault_and_ends_exactly_the_same(
+    own_redis, tmp_path
+):
+    """Compose's case end to end: Redis loses every row mid-training; the shards, run with
+    --exit-on-fault, answer UNAVAILABLE, exit 75 and are started again (as a restart policy
+    would) and rebuild from their logs, while the pipelined trainer's calls retry. The run
+    ends bit for bit as the same run without the fault: no step lost or applied twice."""
+    from ember.trainer.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+
+    from tests.integration.test_pipeline import DIM, OPTIMIZERS, STEPS, train_steps
+
+    cardinalities = (40, 300, 7)
+    specs = {
+        TableSpec(f"exits.f{f}", DIM, optimizer=OPTIMIZERS["adam"]): c
+        for f, c in enumerate(cardinalities)
+    }
+    data = SyntheticCriteo(SyntheticCriteoConfig(cardinalities=cardinalities, seed=3))
+    batches = [data.batch(64, index) for index in range(STEPS)]
+    reference_store = own_redis.url.rsplit("/", 1)[0] + "/1"  # same server, another database
+    with LocalCluster(2, extra_args=["--store", reference_store]) as reference:
+        expected_losses, expected_rows, _ = train_steps(reference.endpoints, specs, batches, True)
+
+    extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal"), "--exit-on-fault"]
+    with LocalCluster(2, extra_args=extra) as cluster:
+        statuses: list[int] = []
+
+        def supervise(shard: int) -> None:  # compose's restart policy, for one exit
+            status = cluster.processes[shard].wait()
+            statuses.append(status)
+            if status == EXIT_ON_FAULT:
+                cluster.restart_shard(shard)
+
+        supervisors = [threading.Thread(target=supervise, args=(k,)) for k in range(2)]
+        for thread in supervisors:
+            thread.start()
+        flush = redis.Redis.from_url(own_redis.url).flushall
+        losses, rows, _ = train_steps(cluster.endpoints, specs, _FaultAt(batches, 10, flush), True)
+        assert sorted(statuses) == [EXIT_ON_FAULT, EXIT_ON_FAULT]  # both exited, restarted
+    for thread in supervisors:
+        thread.join(timeout=30)
+    assert losses == expected_losses
+    for name, (values, versions) in expected_rows.items():
+        assert torch.equal(rows[name][1], versions), name
+        assert torch.equal(rows[name][0], values), name
