@@ -9,6 +9,7 @@ import ember.trainer.pipeline as pipeline_module
 import numpy as np
 import pytest
 import torch
+from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.ps_client import PSClient
 from ember.ps_server.client.step_client import StepClient
 from ember.ps_server.client.step_job import StepJob
@@ -36,15 +37,17 @@ OPTIMIZERS = {
 
 
 def train_steps(
-    endpoints, specs, batches, pipelined: bool, wire_dtype: str = "float32", depth: int = 0
-):
+    endpoints, specs, batches, pipelined: bool, wire_dtype: str = "float32", depth: int = 0,
+    client_config: ClientConfig | None = None,
+):  # fmt: skip
     """Losses, final rows and traffic of STEPS steps of DLRM on ``batches``, serial or
     pipelined (with rows and gradients travelling as ``wire_dtype``; batches announced
-    ``depth`` steps ahead, 0: as far as the pipeline takes them, as train() does)."""
+    ``depth`` steps ahead, 0: as far as the pipeline takes them, as train() does), through
+    a client of ``client_config`` (None: the defaults)."""
     torch.manual_seed(0)
     model = DLRM(13, len(specs), DIM)
     dense = torch.optim.SGD(model.parameters(), lr=0.05)
-    with PSClient(endpoints) as client:
+    with PSClient(endpoints, client_config) as client:
         for spec in specs:
             client.create_table(spec)
         if pipelined:

@@ -297,7 +297,10 @@ def test_training_rides_through_shards_that_exit_on_a_redis_fault_and_ends_exact
         for thread in supervisors:
             thread.start()
         flush = redis.Redis.from_url(own_redis.url).flushall
-        losses, rows, _ = train_steps(cluster.endpoints, specs, _FaultAt(batches, 10, flush), True)
+        faulted = _FaultAt(batches, 10, flush)
+        losses, rows, _ = train_steps(
+            cluster.endpoints, specs, faulted, True, client_config=PATIENT
+        )  # retries for about a minute, as compose's trainer does for about 30 s
         assert sorted(statuses) == [EXIT_ON_FAULT, EXIT_ON_FAULT]  # both exited, restarted
     for thread in supervisors:
         thread.join(timeout=30)
