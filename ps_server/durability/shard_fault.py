@@ -50,7 +50,9 @@ class ShardFault:
     def restarting(self) -> bool:
         """Whether the tripped fault ends this process for its supervisor to start it again:
         every fault so far is one a restart repairs, and the process is supervised."""
-        state = self._state
+        return self._ends_process(self._state)
+
+    def _ends_process(self, state: tuple[str, bool] | None) -> bool:
         return state is not None and state[1] and self._supervised
 
     def supervise(self) -> None:
@@ -97,7 +99,7 @@ class ShardFault:
         state = self._state
         if state is None:
             return
-        if state[1] and self._supervised:
+        if self._ends_process(state):  # the state read once: reason and kind agree
             raise ShardRestartingError(
                 f"this shard is restarting to rebuild its rows (retry): {state[0]}"
             )

@@ -126,8 +126,7 @@ class RequestChecks:
         each reply's size (``row_words(table)``: the 4-byte words a reply row of that table
         carries) checked."""
         names = [name for name, _ in entries]
-        targets = [self.table(name) for name in names]
-        ids = self.ids(names, [packed for _, packed in entries])
+        targets, ids = self._located(names, [packed for _, packed in entries])
         for name, target, id_array in zip(names, targets, ids):
             reply_bytes = (
                 len(id_array) * row_words(target) * ROW_BYTES_PER_ELEMENT + REPLY_OVERHEAD_BYTES
@@ -162,6 +161,14 @@ class RequestChecks:
         self._owned_joined(tables, joined, ends)
         return [joined[start:end] for start, end in zip([0, *ends], ends)]
 
+    def _located(
+        self, tables: Sequence[str], packed: Sequence[Bytes]
+    ) -> tuple[list[Table], list[np.ndarray]]:
+        """Every table of a request found, then its ids checked (see :meth:`ids`): a missing
+        table is refused before any id is looked at."""
+        targets = [self.table(name) for name in tables]
+        return targets, self.ids(tables, packed)
+
     def writes(
         self, entries: Sequence[tuple[str, Bytes, Bytes, RowDtype]]
     ) -> list[tuple[Table, np.ndarray, np.ndarray]]:
@@ -173,9 +180,7 @@ class RequestChecks:
             InvalidArgumentError, TableNotFoundError, NotOwnedError: as for Push.
         """
         writes = []
-        names = [entry[0] for entry in entries]
-        targets = [self.table(name) for name in names]
-        ids = self.ids(names, [entry[1] for entry in entries])
+        targets, ids = self._located([e[0] for e in entries], [e[1] for e in entries])
         for (name, _, grads, dtype), target, id_array in zip(entries, targets, ids):
             grad_rows = rows_from_wire(grads, dtype, len(id_array), target.spec.dim, "grads")
             grad_rows.flags.writeable = False  # a view of the request's bytes when float32

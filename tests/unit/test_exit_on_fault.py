@@ -16,13 +16,6 @@ from ember.ps_server.shard.config import EXIT_ON_FAULT, ShardConfig
 from tests.support.write_logs import open_log
 
 
-@pytest.fixture(autouse=True)
-def _no_env(monkeypatch):
-    """The flags alone decide (EMBER_* variables would give settings too)."""
-    for name in ("EMBER_WAL", "EMBER_EXIT_ON_FAULT"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def _faulted_shard(directory) -> types.SimpleNamespace:
     """A shard with its log in ``directory``, stopped on a fault a restart repairs."""
     log = open_log(directory)
