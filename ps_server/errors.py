@@ -95,7 +95,14 @@ class ShardFailedError(EmberError):
 
 class ShardRestartingError(ShardFailedError):
     """The shard stopped serving on a fault its restart repairs, and its process ends for its
-    supervisor to start it again (``--exit-on-fault``): retry."""
+    supervisor to start it again (``--exit-on-fault``): retry. Both transports mark it as a
+    restart's (see :data:`~ember.ps_server.wire.messages.RESTARTING_KEY`), and clients wait
+    for such a shard longer (``restart_patience_s``)."""
+
+
+class ShardRecoveringError(ShardRestartingError):
+    """The shard's process is rebuilding its rows (checkpoint, write-ahead log) before it
+    serves: retry, as for a restart."""
 
 
 class DurableStateError(EmberError):

@@ -28,8 +28,15 @@ class ClientConfig:
     timeout_s: float = setting(30.0, "deadline of each call to a shard, seconds")
     max_attempts: int = setting(
         12,
-        "tries per call while a shard is UNAVAILABLE (1: no retry); the default backoff "
-        "retries for about 13 s, long enough for a shard to restart",
+        "tries per call while a shard is UNAVAILABLE and does not say it is restarting "
+        "(1: no retry); the default backoff retries for about 13 s, long enough for a "
+        "shard's process to be started again",
+    )
+    restart_patience_s: float = setting(
+        600.0,
+        "how long a call keeps retrying a shard that answers it is restarting (it exits for "
+        "its supervisor, or is rebuilding its rows from its log); those answers do not "
+        "count against max_attempts, which bounds the tries that reach no shard",
     )
     initial_backoff_s: float = setting(0.05, "wait before the first retry; doubles each retry")
     max_backoff_s: float = setting(2.0, "longest wait between retries")
@@ -67,6 +74,8 @@ class ClientConfig:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if not self.restart_patience_s >= 0:
+            raise ValueError(f"restart_patience_s must be >= 0, got {self.restart_patience_s}")
         if self.initial_backoff_s < 0 or self.max_backoff_s < self.initial_backoff_s:
             raise ValueError("need 0 <= initial_backoff_s <= max_backoff_s")
         if self.max_message_bytes < 1 << 16:

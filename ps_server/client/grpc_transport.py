@@ -12,7 +12,13 @@ from ember.ps_server.errors import Status
 from ember.ps_server.security.channels import open_channel
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.wire.keepalive import keepalive_options
-from ember.ps_server.wire.messages import SERVICE_NAME, message_size_options, pb, pb_grpc
+from ember.ps_server.wire.messages import (
+    RESTARTING_KEY,
+    SERVICE_NAME,
+    message_size_options,
+    pb,
+    pb_grpc,
+)
 from ember.ps_server.wire.pull_push_codec import decode_pull_reply
 from ember.ps_server.wire.step_codec import decode_lookup_response, decode_update_response
 
@@ -53,6 +59,12 @@ _TLS_HINT = (
     " (the TLS handshake failed: the shard may require mutual TLS, with a client certificate "
     "(--tls-cert, --tls-key) that its --tls-client-ca signed and that is still valid)"
 )
+
+
+def _says_restarting(error: grpc.RpcError) -> bool:
+    """Whether the shard marked its refusal as a restart's (see :data:`RESTARTING_KEY`)."""
+    trailing = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    return any(key == RESTARTING_KEY for key, _ in trailing or ())
 
 
 def _closed_while_connecting(details: str) -> bool:
@@ -101,7 +113,9 @@ class GrpcTransport:
             details = error.details() or ""
             if _closed_while_connecting(details):
                 details += self._connect_hint
-            raise TransportError(Status(error.code().value[0]), details) from None
+            raise TransportError(
+                Status(error.code().value[0]), details, restarting=_says_restarting(error)
+            ) from None
 
     def close(self) -> None:
         """Close the channels: calls in flight and later calls end CANCELLED."""

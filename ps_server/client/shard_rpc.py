@@ -4,7 +4,8 @@ Calls to several shards run concurrently on a thread pool. gRPC carries every
 call; the step calls (Lookup, Update) go over the data plane the config names
 (see :mod:`ember.ps_server.client.data_plane`). A shard that is UNAVAILABLE
 is retried with exponential backoff (a push keeps its request id and an
-update its clock, so a retry is applied at most once); any other error
+update its clock, so a retry is applied at most once), for longer where it says it is
+restarting (see :mod:`~ember.ps_server.client.retries`); any other error
 becomes a :class:`PSClientError` naming the shard. Pull, Push and PullStale
 calls for several tables can be packed per shard into the batch RPCs.
 """
@@ -20,6 +21,7 @@ from ember.ps_server.client.config import ClientConfig
 from ember.ps_server.client.data_plane import open_data_plane
 from ember.ps_server.client.fanout import FanOut, FanOutClosedError
 from ember.ps_server.client.grpc_transport import GrpcTransport
+from ember.ps_server.client.retries import CallRetries
 from ember.ps_server.client.transport import STEP_METHODS, ShardCall, Transport, TransportError
 from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.security.credentials import load_token
@@ -87,20 +89,31 @@ class ShardRPC:
         self._grpc.close()
 
     def run(
-        self, calls: list[ShardCall], on_reply: Callable[[int, Any], None] | None = None
+        self,
+        calls: list[ShardCall],
+        on_reply: Callable[[int, Any], None] | None = None,
+        restart_patience_s: float | None = None,
     ) -> list[Any]:
-        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff; replies in order.
+        """Issue all calls concurrently; retry UNAVAILABLE ones with backoff, each within its
+        :class:`CallRetries`; replies in order.
 
         ``on_reply(i, reply)`` runs on this thread as each reply arrives.
+        ``restart_patience_s``: a shorter wait for a restarting shard than the config's.
+        A call whose shard said it is restarting is sent again only after a cheap call
+        (Stats) finds it serving, so its payload does not travel at every retry.
         """
         config = self.config
+        patience_s = config.restart_patience_s
+        if restart_patience_s is not None:
+            patience_s = min(patience_s, restart_patience_s)
         replies: list[Any] = [None] * len(calls)
+        retries = [CallRetries(config.max_attempts, patience_s) for _ in calls]
         pending = list(range(len(calls)))
         backoff = config.initial_backoff_s
-        for attempt in range(1, config.max_attempts + 1):
+        while True:
             retry, failure = [], None
             for k, (reply, error) in self._fan_out.as_completed(
-                [self._invoker(calls[i]) for i in pending]
+                [self._invoker(calls[i], retries[i].restarting) for i in pending]
             ):
                 i = pending[k]
                 if isinstance(error, FanOutClosedError):
@@ -111,10 +124,10 @@ class ShardRPC:
                         on_reply(i, reply)
                 elif not isinstance(error, TransportError):
                     raise error
-                elif error.status == Status.UNAVAILABLE and attempt < config.max_attempts:
+                elif retries[i].retry(error):
                     retry.append(i)
                 elif failure is None:
-                    failure = self._client_error(calls[i], error, attempt)
+                    failure = self._client_error(calls[i], error, retries[i])
             if failure is not None:
                 raise failure
             if not retry:
@@ -122,7 +135,6 @@ class ShardRPC:
             pending = retry
             time.sleep(backoff)
             backoff = min(2 * backoff, config.max_backoff_s)
-        raise AssertionError("unreachable: the last attempt either returns or raises")
 
     def run_packed(
         self,
@@ -173,15 +185,26 @@ class ShardRPC:
         self.run(batches, on_reply=unpack)
         return replies
 
-    def _invoker(self, call: ShardCall) -> Callable[[], Any]:
+    def _invoker(self, call: ShardCall, probe_first: bool = False) -> Callable[[], Any]:
+        """``call`` made; ``probe_first``: only once a Stats call to its shard is answered
+        (its refusal, while the shard still restarts, stands for the call's)."""
         transport = self._data if call.method in STEP_METHODS else self._grpc
         timeout = self.config.timeout_s + call.extra_wait_s
-        return lambda: transport.call(call, timeout)
+        if not probe_first:
+            return lambda: transport.call(call, timeout)
+        probe = ShardCall(call.shard, "Stats", pb.StatsRequest(without_sizes=True))
 
-    def _client_error(self, call: ShardCall, error: TransportError, attempts: int) -> PSClientError:
-        details = error.details
-        if error.status == Status.UNAVAILABLE:
-            details = f"{details} (gave up after {attempts} attempts)"
+        def probe_then_call() -> Any:
+            self._grpc.call(probe, self.config.timeout_s)
+            return transport.call(call, timeout)
+
+        return probe_then_call
+
+    def _client_error(
+        self, call: ShardCall, error: TransportError, retries: CallRetries
+    ) -> PSClientError:
+        gave_up = retries.gave_up(error)
+        details = f"{error.details} ({gave_up})" if gave_up else error.details
         return PSClientError(self.endpoints[call.shard], error.status, f"{call.method}: {details}")
 
 

@@ -42,12 +42,18 @@ class ShardCall:
 
 
 class TransportError(Exception):
-    """A call that failed: its status and the shard's (or the transport's) message."""
+    """A call that failed: its status and the shard's (or the transport's) message.
 
-    def __init__(self, status: Status, details: str) -> None:
+    Attributes:
+        restarting: the shard answered that it is restarting (UNAVAILABLE): it exits for its
+            supervisor, or is rebuilding its rows, and serves again after that.
+    """
+
+    def __init__(self, status: Status, details: str, restarting: bool = False) -> None:
         super().__init__(f"{status.name}: {details}")
         self.status = status
         self.details = details
+        self.restarting = restarting
 
 
 class Transport(Protocol):

@@ -177,7 +177,8 @@ class UcxTransport:
         else:
             self._idle[call.shard].append(endpoint)
         if reply.status != Status.OK:
-            raise TransportError(reply.status, bytes(payload).decode(errors="replace"))
+            details = bytes(payload).decode(errors="replace")
+            raise TransportError(reply.status, details, restarting=reply.restarting)
         try:
             return _DECODERS[op](payload)
         except EmberError as error:

@@ -83,7 +83,11 @@ def take_checkpoint(
         pause = pb.PauseWritesRequest(
             checkpoint_id=checkpoint_id, lease_s=lease_s, flush_id=flush_id
         )
-        paused = rpc.run([ShardCall(k, "PauseWrites", pause) for k in shards])
+        # From the pause on, a restarting shard is waited for no longer than the pause's
+        # lease: the shards that paused resume then anyway.
+        paused = rpc.run(
+            [ShardCall(k, "PauseWrites", pause) for k in shards], restart_patience_s=lease_s
+        )
         cut = clock_cut(paused)
         request = pb.CheckpointRequest(
             checkpoint_id=checkpoint_id,
@@ -91,7 +95,9 @@ def take_checkpoint(
             base_id=base.name if base is not None else "",
             cut=[pb.JobClocks(job=job, applied=clocks) for job, clocks in cut],
         )
-        replies = rpc.run([ShardCall(k, "Checkpoint", request) for k in shards])
+        replies = rpc.run(
+            [ShardCall(k, "Checkpoint", request) for k in shards], restart_patience_s=lease_s
+        )
     except BaseException:  # an interrupted coordinator must not leave shards paused
         _resume_all(rpc, checkpoint_id, flush_id)
         raise
@@ -117,7 +123,8 @@ def take_checkpoint(
                     pb.CommitCheckpointRequest(checkpoint_id=checkpoint_id),
                 )
                 for k in shards
-            ]
+            ],
+            restart_patience_s=lease_s,
         )
     except PSClientError as error:  # the checkpoint is valid; that shard just cannot base on it
         log.warning(
@@ -175,7 +182,9 @@ def _resume_all(rpc: ShardRPC, checkpoint_id: str, flush_id: str) -> None:
             )  # fmt: skip
 
     try:
-        rpc.run([ShardCall(k, "ResumeWrites", request) for k in range(len(rpc.endpoints))], said)
+        # A restarting shard holds no pause to resume.
+        calls = [ShardCall(k, "ResumeWrites", request) for k in range(len(rpc.endpoints))]
+        rpc.run(calls, said, restart_patience_s=0)
     except PSClientError as error:  # the shard's lease resumes it anyway
         log.warning("could not resume writes after a failed checkpoint: %s", error)
 

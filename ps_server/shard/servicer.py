@@ -1,5 +1,6 @@
 """The ember.v1.ParameterServer gRPC service over a ParameterServer: requests decoded inside the
-error mapping, domain errors as their status codes."""
+error mapping, domain errors as their status codes, and every request refused as retryable
+until the shard has recovered its rows."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from ember.ps_server.errors import (
     CheckpointStateError,
     EmberError,
     InvalidArgumentError,
+    ShardRecoveringError,
+    ShardRestartingError,
     status_for,
 )
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.request_checks import check_request_id
 from ember.ps_server.shard.server import ParameterServer, PullStaleReply
 from ember.ps_server.shard.step_handlers import StepHandlers
-from ember.ps_server.wire.messages import SERVICE_NAME, pb, pb_grpc
+from ember.ps_server.wire.messages import RESTARTING_KEY, SERVICE_NAME, pb, pb_grpc
 from ember.ps_server.wire.pull_push_codec import (
     PushRequestView,
     decode_push_request,
@@ -51,7 +54,8 @@ _GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 def method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
     """A handler per method of the service, as the proto declares it. Requests arrive as bytes
-    and are decoded inside the error mapping, so a malformed one is INVALID_ARGUMENT."""
+    and are decoded inside the error mapping, so a malformed one is INVALID_ARGUMENT; until
+    ``servicer`` is opened, every one is refused as retryable (its shard is recovering)."""
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["ParameterServer"].methods:
         decode = _RAW_REQUESTS.get(method.name) or _decoder(getattr(pb, method.input_type.name))
@@ -61,7 +65,7 @@ def method_handlers(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler
             else getattr(pb, method.output_type.name).SerializeToString
         )
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(getattr(servicer, method.name), decode),
+            _guarded(servicer, getattr(servicer, method.name), decode),
             request_deserializer=None,
             response_serializer=encode,
         )
@@ -80,15 +84,23 @@ def _decoder(message_type: Any) -> Callable[[bytes], Any]:
     return decode
 
 
-def _guarded(method: Callable[[Any, grpc.ServicerContext], Any], decode: Callable[[bytes], Any]):
-    """Decode the request and run ``method``; domain errors become their gRPC status,
-    anything else INTERNAL (logged)."""
+def _guarded(
+    servicer: ParameterServerServicer,
+    method: Callable[[Any, grpc.ServicerContext], Any],
+    decode: Callable[[bytes], Any],
+):
+    """Decode the request and run ``method`` once ``servicer`` is open; domain errors become
+    their gRPC status (a restarting shard's marked, see :data:`RESTARTING_KEY`), anything
+    else INTERNAL (logged)."""
 
     @functools.wraps(method)
     def handler(data: bytes, context: grpc.ServicerContext) -> Any:
         try:
+            servicer.check_open()
             return method(decode(data), context)
         except EmberError as error:
+            if isinstance(error, ShardRestartingError):
+                context.set_trailing_metadata(((RESTARTING_KEY, "1"),))
             context.abort(_GRPC_CODES[status_for(error)], str(error))
         except Exception as error:
             log.exception("%s failed", method.__name__)
@@ -98,14 +110,36 @@ def _guarded(method: Callable[[Any, grpc.ServicerContext], Any], decode: Callabl
 
 
 class ParameterServerServicer(pb_grpc.ParameterServerServicer):
-    """The ember.v1.ParameterServer service over a :class:`ParameterServer`."""
+    """The ember.v1.ParameterServer service over a :class:`ParameterServer`. Served through
+    :func:`method_handlers`, it refuses every request as retryable until :meth:`open`: its
+    shard is still rebuilding its rows.
 
-    def __init__(
-        self, server: ParameterServer, data_planes: Sequence[DataPlaneAddress] = ()
-    ) -> None:
+    Args:
+        server: the shard's logic.
+    """
+
+    def __init__(self, server: ParameterServer) -> None:
         self.server = server
         self.steps = StepHandlers(server)
+        self.data_planes: list[DataPlaneAddress] = []
+        self._open = False
+
+    def open(self, data_planes: Sequence[DataPlaneAddress] = ()) -> None:
+        """The shard has recovered: serve requests, offering ``data_planes`` for step calls."""
         self.data_planes = list(data_planes)
+        self._open = True
+
+    def check_open(self) -> None:
+        """Refuse a request while the shard is recovering.
+
+        Raises:
+            ShardRecoveringError: the shard is still recovering its rows.
+        """
+        if not self._open:
+            raise ShardRecoveringError(
+                f"shard {self.server.shard} is recovering its rows (checkpoint, write-ahead "
+                "log) and serves once it has: retry"
+            )
 
     def CreateTable(
         self, request: pb.CreateTableRequest, context: grpc.ServicerContext

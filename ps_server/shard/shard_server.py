@@ -1,5 +1,5 @@
 """A shard process: the gRPC server (with health and reflection), the UCX listener where asked,
-recovery before serving, and a graceful stop."""
+recovery before serving (requests meanwhile refused as retryable), and a graceful stop."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ from ember.metrics_endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
+# The services whose health the shard reports: the whole server, and its own service.
+_HEALTH_SERVICES = ("", SERVICE_NAME)
 STOP_GRACE_S = 5.0  # in-flight requests' time to finish as a shard stops
 # ... as it stops to restart: every request is refused by then, but waits for clocks end only
 # at their deadline or the grace.
@@ -80,7 +82,8 @@ class ShardServer:
 
     @classmethod
     def start(cls, config: ShardConfig) -> ShardServer:
-        """Bind, register the services and start serving."""
+        """Bind, register the services and start them, refusing requests as retryable
+        (NOT_SERVING) while the shard recovers its rows; serve once it has."""
         config.validate()
         config.check_ucx_trust()
         # Read the credentials before recovery, which may take long, so a bad file fails fast.
@@ -106,18 +109,28 @@ class ShardServer:
         )
         ucx_listener = grpc_server = None
         try:
+            # Bound before recovery, which may take long: a taken port fails fast, and clients
+            # hear that the shard is recovering (retryable), not that nothing listens.
+            counting = [metrics.grpc_interceptor()] if metrics is not None else []
+            grpc_server, port, health_servicer, servicer = cls._start_grpc(
+                config, logic, [*counting, *_token_check(token)], credentials
+            )
+            log.info(
+                "shard %d/%d listening on %s:%d, refusing requests (retryable) until it has "
+                "recovered", config.shard, config.num_shards, config.host, port,
+            )  # fmt: skip
             recover(logic, config)
             if metrics is not None and logic.journal.log is not None:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
             ucx_listener = _start_ucx_listener(config, logic, metrics, token)
-            counting = [metrics.grpc_interceptor()] if metrics is not None else []
-            grpc_server, port, health_servicer, report = cls._start_grpc(
-                config, logic, ucx_listener, [*counting, *_token_check(token)], credentials
-            )
+            servicer.open(_data_planes(config, ucx_listener))
+            report = _health_reporter(health_servicer, logic)
+            logic.fault.on_trip(report)
+            report(None)
             auto = _start_auto_checkpoints(config, logic, report)
         except BaseException:
             if grpc_server is not None:
-                grpc_server.stop(0)
+                grpc_server.stop(0).wait()
             if ucx_listener is not None:
                 ucx_listener.close(grace_s=0)
             if endpoint is not None:
@@ -144,15 +157,11 @@ class ShardServer:
     def _start_grpc(
         config: ShardConfig,
         logic: ParameterServer,
-        ucx_listener: UcxListener | None,
         interceptors: list[grpc.ServerInterceptor],
         credentials: grpc.ServerCredentials | None,
-    ) -> tuple[grpc.Server, int, health.HealthServicer, Callable[[str | None], None]]:
-        planes = (
-            [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port, config.max_message_bytes)]
-            if ucx_listener
-            else []
-        )
+    ) -> tuple[grpc.Server, int, health.HealthServicer, ParameterServerServicer]:
+        """The gRPC server, started with its service refusing requests as the shard recovers
+        (open it then) and its health NOT_SERVING."""
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             # No SO_REUSEPORT (gRPC's default on Linux): a second process on the port would
@@ -162,10 +171,11 @@ class ShardServer:
             + [("grpc.so_reuseport", 0)],
             interceptors=interceptors,
         )
-        grpc_server.add_generic_rpc_handlers(
-            (method_handlers(ParameterServerServicer(logic, planes)),)
-        )
+        servicer = ParameterServerServicer(logic)
+        grpc_server.add_generic_rpc_handlers((method_handlers(servicer),))
         health_servicer = health.HealthServicer()
+        for service in _HEALTH_SERVICES:
+            health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), grpc_server
@@ -178,10 +188,7 @@ class ShardServer:
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
         grpc_server.start()
-        report = _health_reporter(health_servicer, logic)
-        report(None)
-        logic.fault.on_trip(report)
-        return grpc_server, port, health_servicer, report
+        return grpc_server, port, health_servicer, servicer
 
     def write_ready_file(self, path: Path) -> None:
         """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""
@@ -230,7 +237,7 @@ def _health_reporter(
             status = health_pb2.HealthCheckResponse.SERVING if serving else (
                 health_pb2.HealthCheckResponse.NOT_SERVING
             )  # fmt: skip
-            for service in ("", SERVICE_NAME):
+            for service in _HEALTH_SERVICES:
                 health_servicer.set(service, status)
 
     return report
@@ -263,6 +270,13 @@ def _security(config: ShardConfig, token: bytes | None) -> str:
     """How calls are protected, for the log."""
     tls = "mutual TLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
     return f"{tls}, {'token required' if token else 'no token'}"
+
+
+def _data_planes(config: ShardConfig, ucx_listener: UcxListener | None) -> list[DataPlaneAddress]:
+    """What the shard offers for step calls besides gRPC."""
+    if ucx_listener is None:
+        return []
+    return [DataPlaneAddress("ucx", config.ucx_host, ucx_listener.port, config.max_message_bytes)]
 
 
 def _start_ucx_listener(

@@ -32,6 +32,7 @@ import numpy as np
 from ember.ps_server.errors import (
     EmberError,
     InvalidArgumentError,
+    ShardRestartingError,
     ShardStoppingError,
     Status,
     UnauthenticatedError,
@@ -275,17 +276,22 @@ class UcxListener:
         message = (
             str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
         )
+        restarting = isinstance(error, ShardRestartingError)
         try:
-            await _send(endpoint, request, status, message.encode() + END_MARK)
+            await _send(endpoint, request, status, message.encode() + END_MARK, restarting)
         except (TimeoutError, *self._errors):
             pass
 
 
-async def _send(endpoint: Any, request: FrameHeader, status: Status, payload: bytes) -> None:
-    """Send a reply to ``request``: its header, then ``payload`` (end mark included)."""
+async def _send(
+    endpoint: Any, request: FrameHeader, status: Status, payload: bytes, restarting: bool = False
+) -> None:
+    """Send a reply to ``request``: its header, then ``payload`` (end mark included);
+    ``restarting``: the shard says it is (see :attr:`FrameHeader.restarting`)."""
     reply = FrameHeader(
-        request.op, request.request_id, len(payload), dtype=request.dtype, status=status
-    )
+        request.op, request.request_id, len(payload), dtype=request.dtype, status=status,
+        restarting=restarting,
+    )  # fmt: skip
     async with asyncio.timeout(TRANSFER_DEADLINE_S):
         await endpoint.send(np.frombuffer(reply.encode(), dtype=np.uint8))
         await endpoint.send(np.frombuffer(payload, dtype=np.uint8))

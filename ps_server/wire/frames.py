@@ -31,6 +31,9 @@ END_MARK = b"EMBE"
 NO_CLOCK = -1
 # magic, version, op, status, dtype, tables, payload bytes, clock, request id, end mark
 _HEADER = struct.Struct("<4sBBBBIQqQ4s")
+# Set in an UNAVAILABLE reply's status byte where the shard is restarting (gRPC says so in
+# trailing metadata: see messages.RESTARTING_KEY).
+RESTARTING_BIT = 0x80
 HEADER_BYTES = _HEADER.size
 
 
@@ -84,6 +87,8 @@ class FrameHeader:
         dtype: how the message's rows travel (see :func:`frame_dtype`); a reply echoes its
             request's (an Update's refreshed rows say their own dtype in the message).
         status: OK in requests; a reply's outcome.
+        restarting: an UNAVAILABLE reply's: the shard is restarting (it exits for its
+            supervisor, or is rebuilding its rows), so the caller waits longer for it.
     """
 
     op: Op
@@ -93,11 +98,13 @@ class FrameHeader:
     clock: int = NO_CLOCK
     dtype: int = RowDtype.FLOAT32
     status: Status = Status.OK
+    restarting: bool = False
 
     def encode(self) -> bytes:
         """The header's bytes."""
+        status = self.status | (RESTARTING_BIT if self.restarting else 0)
         return _HEADER.pack(
-            MAGIC, VERSION, self.op, self.status, self.dtype, self.tables,
+            MAGIC, VERSION, self.op, status, self.dtype, self.tables,
             self.payload_bytes, self.clock, self.request_id, END_MARK,
         )  # fmt: skip
 
@@ -124,8 +131,15 @@ class FrameHeader:
             raise FrameError(f"frame version {version} is not {VERSION}")
         if op not in Op._value2member_map_:
             raise FrameError(f"unknown frame op {op}")
+        restarting = bool(status & RESTARTING_BIT)
+        status &= ~RESTARTING_BIT
         if status not in Status._value2member_map_:
             raise FrameError(f"unknown status {status}")
+        if restarting and status != Status.UNAVAILABLE:
+            raise FrameError(
+                f"a frame of status {Status(status).name} says its shard is restarting "
+                "(only UNAVAILABLE may)"
+            )
         if request and status != Status.OK:
             raise FrameError(f"a request carries status {Status(status).name}, not OK")
         if dtype not in RowDtype._value2member_map_ and dtype != MIXED_DTYPES:
@@ -137,7 +151,7 @@ class FrameHeader:
             )
         if clock < NO_CLOCK:
             raise FrameError(f"clock must be >= 0 (or {NO_CLOCK}: none), got {clock}")
-        return cls(Op(op), request_id, size, tables, clock, dtype, Status(status))
+        return cls(Op(op), request_id, size, tables, clock, dtype, Status(status), restarting)
 
 
 def payload_body(payload: memoryview) -> memoryview:

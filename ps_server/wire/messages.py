@@ -17,6 +17,7 @@ from ember.v1 import parameter_server_pb2 as pb
 from ember.v1 import parameter_server_pb2_grpc as pb_grpc
 
 __all__ = [
+    "RESTARTING_KEY",
     "ROW_BYTES_PER_ELEMENT",
     "SERVICE_NAME",
     "decode_rows",
@@ -30,6 +31,9 @@ ID_DTYPE = np.dtype("<i8")
 ROW_DTYPE = np.dtype("<f4")
 VERSION_DTYPE = np.dtype("<i8")
 ROW_BYTES_PER_ELEMENT = ROW_DTYPE.itemsize
+# Trailing metadata beside an UNAVAILABLE status: the shard is restarting (it exits for its
+# supervisor, or is rebuilding its rows), not gone, so a client waits longer for it.
+RESTARTING_KEY = "ember-restarting"
 # The default limit on one request or reply, both ways.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 

@@ -181,10 +181,10 @@ class _AfterPause:
         self.rpc, self.late, self.endpoints = rpc, late, rpc.endpoints
         self.threads: list[threading.Thread] = []
 
-    def run(self, calls, on_reply=None):
+    def run(self, calls, on_reply=None, restart_patience_s=None):
         if calls and calls[0].method == "Checkpoint":
             self.threads = in_threads(self.late)
-        return self.rpc.run(calls, on_reply)
+        return self.rpc.run(calls, on_reply, restart_patience_s)
 
 
 def test_checkpoint_of_two_shards_mid_clock_holds_one_clock_on_both(tmp_path):

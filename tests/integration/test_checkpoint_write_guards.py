@@ -160,11 +160,14 @@ class _CheckpointTwice:
     def __init__(self, rpc) -> None:
         self.rpc, self.endpoints = rpc, rpc.endpoints
 
-    def run(self, calls, on_reply=None):
+    def run(self, calls, on_reply=None, restart_patience_s=None):
         if calls and calls[0].method == "Checkpoint":  # any refusal raises, as a retry's does
-            replies = self.rpc.run([*calls, ShardCall(0, "Checkpoint", calls[0].request)])
+            replies = self.rpc.run(
+                [*calls, ShardCall(0, "Checkpoint", calls[0].request)],
+                restart_patience_s=restart_patience_s,
+            )
             return replies[: len(calls)]
-        return self.rpc.run(calls, on_reply)
+        return self.rpc.run(calls, on_reply, restart_patience_s)
 
 
 def test_a_checkpoint_a_shard_was_asked_to_write_twice_is_never_committed(tmp_path):

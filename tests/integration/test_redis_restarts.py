@@ -24,7 +24,7 @@ from tests.support.redis_server import RedisServer
 
 SPEC = TableSpec("rows", dim=4, optimizer=OptimizerSpec(OptimizerKind.SGD, lr=0.5))
 FAST = ClientConfig(max_attempts=2, initial_backoff_s=0.01)
-ONCE = ClientConfig(max_attempts=1)
+ONCE = ClientConfig(max_attempts=1, restart_patience_s=0)  # sees a restarting shard's answer
 # Retries for about a minute: long enough for a shard to exit and be started again.
 PATIENT = ClientConfig(max_attempts=40, initial_backoff_s=0.05, max_backoff_s=2.0)
 
@@ -147,6 +147,7 @@ def test_a_shard_that_exits_on_a_fault_is_retried_through_its_restart_and_rebuil
         assert isinstance(refused, PSClientError), refused
         assert refused.code == Status.UNAVAILABLE, refused  # retryable, not FAILED_PRECONDITION
         assert "restarting to rebuild its rows" in refused.details
+        assert "still restarting after restart_patience_s = 0 s" in refused.details  # marked
         assert cluster.processes[0].wait(timeout=60) == EXIT_ON_FAULT
         assert f"exits with status {EXIT_ON_FAULT}" in (cluster.workdir / "shard-0.log").read_text()
         pushes = 1 if how == "flushall" else 2

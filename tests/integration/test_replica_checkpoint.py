@@ -244,8 +244,8 @@ class _AfterFlush:
     def __init__(self, rpc, action) -> None:
         self.rpc, self.endpoints, self._action = rpc, rpc.endpoints, action
 
-    def run(self, calls, on_reply=None):
-        replies = self.rpc.run(calls, on_reply)
+    def run(self, calls, on_reply=None, restart_patience_s=None):
+        replies = self.rpc.run(calls, on_reply, restart_patience_s)
         if calls[0].method == "FlushReplicas":
             self._action()
         return replies

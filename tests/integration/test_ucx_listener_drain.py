@@ -1,11 +1,12 @@
 """A closing UCX listener drains as gRPC's stop does: the frame being handled finishes within
-the grace period, and a frame that arrives meanwhile on an open endpoint is UNAVAILABLE."""
+the grace period, and a frame that arrives meanwhile on an open endpoint is UNAVAILABLE. A
+refusal says whether the shard is restarting, as gRPC's trailing metadata does."""
 
 from __future__ import annotations
 
 import threading
 
-from ember.ps_server.errors import Status
+from ember.ps_server.errors import ShardFailedError, ShardRestartingError, Status
 from ember.ps_server.shard.call_watch import CallWatch
 from ember.ps_server.shard.ucx_listener import UcxListener
 from ember.ps_server.wire.frames import END_MARK, FrameHeader, Op
@@ -57,6 +58,27 @@ def test_a_closing_listener_finishes_the_frame_in_hand_and_refuses_new_ones():
             listener.close(0)
         first.close()
         second.close()
+
+
+def test_a_refusal_says_whether_the_shard_is_restarting():
+    require_ucx()
+
+    def refuse(header: FrameHeader, message: memoryview, call: CallWatch) -> bytes:
+        if bytes(message) == b"restarting":
+            raise ShardRestartingError("the shard exits for a restart")
+        raise ShardFailedError("the shard failed")
+
+    listener = UcxListener({Op.LOOKUP: refuse}, 1 << 20, workers=2)
+    raw = RawFrames("127.0.0.1", listener.port)
+    try:
+        restarting, message = _ask(raw, 1, b"restarting")
+        assert (restarting.status, restarting.restarting) == (Status.UNAVAILABLE, True)
+        assert b"exits for a restart" in message
+        failed, _ = _ask(raw, 2, b"failed")
+        assert (failed.status, failed.restarting) == (Status.FAILED_PRECONDITION, False)
+    finally:
+        raw.close()
+        listener.close(0)
 
 
 def _ask(raw: RawFrames, request_id: int, body: bytes):

@@ -88,7 +88,8 @@ def test_a_claimed_gate_ignores_late_pauses_and_resumes_until_its_claim_ends():
 def test_a_failed_checkpoint_names_the_shards_that_still_write_its_files(caplog):
     calls = []
 
-    def run(shard_calls, on_reply):  # shard 1 still writes; shard 2 is unreachable
+    def run(shard_calls, on_reply, restart_patience_s):  # shard 1 still writes; 2 is gone
+        assert restart_patience_s == 0  # a restarting shard holds no pause to resume
         calls.extend(shard_calls)
         for k in range(2):
             on_reply(k, pb.ResumeWritesResponse(still_writing=k == 1))

@@ -48,7 +48,10 @@ def _with(field: int, value: int) -> bytes:
         (_with(1, 2), "version 2"),
         (_with(2, 0), "unknown frame op 0"),
         (_with(2, 9), "unknown frame op 9"),
-        (_with(3, 200), "unknown status 200"),
+        (_with(3, 100), "unknown status 100"),
+        (_with(3, 0x80 | 100), "unknown status 100"),
+        (_with(3, 0x80), "status OK says its shard is restarting"),
+        (_with(3, 0x80 | 13), "status INTERNAL says its shard is restarting"),
         (_with(4, 7), "unknown row dtype 7"),
         (_with(6, LIMIT + 1), "outside"),
         (_with(6, 2**64 - 1), "outside"),
@@ -63,6 +66,15 @@ def test_a_header_that_lies_is_refused_before_any_payload_is_allocated(
 ) -> None:
     with pytest.raises(FrameError, match=message):
         FrameHeader.decode(data, LIMIT)
+
+
+def test_an_unavailable_reply_says_whether_its_shard_is_restarting() -> None:
+    for restarting in (False, True):
+        reply = FrameHeader(Op.UPDATE, 3, 100, status=Status.UNAVAILABLE, restarting=restarting)
+        assert FrameHeader.decode(reply.encode(), LIMIT).restarting is restarting
+    marked = FrameHeader(Op.LOOKUP, 1, 100, status=Status.UNAVAILABLE, restarting=True).encode()
+    with pytest.raises(FrameError, match="request carries status UNAVAILABLE"):
+        FrameHeader.decode(marked, LIMIT, request=True)
 
 
 def test_a_request_must_carry_status_ok() -> None:

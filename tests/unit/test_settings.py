@@ -202,3 +202,8 @@ def test_a_shard_needs_four_workers():
     with pytest.raises(ValueError, match="workers must be >= 4"):
         ShardConfig(workers=3).validate()
     ShardConfig(workers=4).validate()
+
+
+def test_the_restart_patience_must_not_be_negative():
+    with pytest.raises(ValueError, match="restart_patience_s"):
+        ClientConfig(restart_patience_s=-1).validate()

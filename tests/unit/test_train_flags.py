@@ -19,9 +19,10 @@ def test_train_argv_round_trips_every_config_field():
         data_path="serial", wait_s=9.5, torch_threads=1, flush_every=10, run_dir="/runs/a",
         metrics_port=9500, metrics_host="0.0.0.0",
         client=ClientConfig(
-            timeout_s=3.5, max_attempts=2, initial_backoff_s=0.5, max_backoff_s=4.0,
-            max_message_bytes=1 << 20, keepalive_s=5.0, transport="auto", tls_ca="/pki/ca.pem",
-            tls_cert="/pki/client.pem", tls_key="/pki/client.key", token_file="/pki/token",
+            timeout_s=3.5, max_attempts=2, restart_patience_s=30.0, initial_backoff_s=0.5,
+            max_backoff_s=4.0, max_message_bytes=1 << 20, keepalive_s=5.0, transport="auto",
+            tls_ca="/pki/ca.pem", tls_cert="/pki/client.pem", tls_key="/pki/client.key",
+            token_file="/pki/token",
         ),
     )  # fmt: skip
     pipelined = dataclasses.replace(
