@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from ember.ps_server.durability.recovery_progress import RecoveryProgress
 from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import StoreCorruptError, StoreWriteUnknownError, TableExistsError
 from ember.ps_server.wire.messages import pb
@@ -85,12 +86,20 @@ class WriteJournal:
             self.log.close(release_lock)
 
 
-def replay(server: ParameterServer, write_log: WriteLog) -> int:
+def replay(
+    server: ParameterServer,
+    write_log: WriteLog,
+    progress: RecoveryProgress | None = None,
+    total: int = 0,
+) -> int:
     """Apply every logged request after the log's base checkpoint to ``server``; returns the count.
 
-    Call before a log is attached to ``server`` (replay is not logged again).
+    Call before a log is attached to ``server`` (replay is not logged again). ``progress``
+    hears each record applied, of ``total`` (the log's records, as verified).
     """
     count = 0
+    if progress is not None:
+        progress.replayed(0, total)
     for payload in write_log.replay():
         record = pb.LogRecord.FromString(payload)
         entry = record.WhichOneof("entry")
@@ -111,5 +120,7 @@ def replay(server: ParameterServer, write_log: WriteLog) -> int:
         elif entry == "replica_released":
             server.steps.replicas.release(record.replica_released.job)
         count += 1
+        if progress is not None:
+            progress.replayed(count, total)
     log.info("replayed %d logged requests from %s", count, write_log.directory)
     return count

@@ -13,6 +13,7 @@ from pathlib import Path
 from ember.ps_server.durability.auto_checkpoint import auto_directory
 from ember.ps_server.durability.checkpoint_format import latest_checkpoint, resolve_checkpoint
 from ember.ps_server.durability.journal import replay
+from ember.ps_server.durability.recovery_progress import RecoveryProgress
 from ember.ps_server.durability.write_log import WriteLog
 from ember.ps_server.errors import CheckpointStateError, DurableStateError
 from ember.ps_server.shard.config import ShardConfig
@@ -20,8 +21,11 @@ from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.stores import clear_shard
 
 
-def recover(server: ParameterServer, config: ShardConfig) -> None:
-    """Restore ``config.restore`` and, with ``config.wal``, replay and attach the write log.
+def recover(
+    server: ParameterServer, config: ShardConfig, progress: RecoveryProgress | None = None
+) -> None:
+    """Restore ``config.restore`` and, with ``config.wal``, replay and attach the write log;
+    ``progress`` is told each stage as it begins.
 
     With a write log the shard's state is its base checkpoint plus the log:
     rows of this shard an external store (Redis) still holds are deleted
@@ -42,14 +46,20 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
             have begun an empty segment and, with ``--restore``, name the checkpoint as its
             base: a start with another ``--restore`` replaces it).
     """
+    progress = progress or RecoveryProgress()
     marker = server.store_marker
     if marker is not None:
+        progress.stage("checking its store")
         marker.check_topology()
     if not config.wal:
-        chain = server.checkpoints.load_chain(Path(config.restore)) if config.restore else None
+        chain = None
+        if config.restore:
+            progress.stage(f"loading checkpoint {config.restore}")
+            chain = server.checkpoints.load_chain(Path(config.restore))
         if marker is not None:
             marker.start_serving()  # a new epoch first: an older process of this shard stops now
         if chain is not None:
+            progress.stage(f"restoring checkpoint {config.restore}")
             server.checkpoints.restore(chain)
         return
     write_log = WriteLog(
@@ -60,20 +70,24 @@ def recover(server: ParameterServer, config: ShardConfig) -> None:
         config.wal_fsync_interval_s,
         fault=server.fault,
     )
+    progress.stage("claiming its log")
     write_log.claim()
     try:
-        _recover_with_log(server, config, write_log)
+        _recover_with_log(server, config, write_log, progress)
     except BaseException:
         write_log.close()  # releases the log's lock
         raise
     server.journal.log = write_log
 
 
-def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: WriteLog) -> None:
+def _recover_with_log(
+    server: ParameterServer, config: ShardConfig, write_log: WriteLog, progress: RecoveryProgress
+) -> None:
     """Restore the log's base (or ``--restore``), replay the log and open it for appends."""
     marker = server.store_marker
     base, first_segment = write_log.base()
     started = bool(write_log.segments())  # a segment, even empty: the log began here
+    progress.stage("verifying its log")
     records = write_log.verify()  # reads every record (cutting a torn tail), changes nothing else
     requested = resolve_checkpoint(Path(config.restore)) if config.restore else None
     if requested is not None and base is not None and requested != base.resolve() and records:
@@ -106,7 +120,10 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
             f"--restore {own} --wal {config.wal}; to start afresh, move {own.parent} away"
         )
     checkpoint = requested or base
-    chain = server.checkpoints.load_chain(checkpoint) if checkpoint is not None else None
+    chain = None
+    if checkpoint is not None:
+        progress.stage(f"loading checkpoint {checkpoint}")
+        chain = server.checkpoints.load_chain(checkpoint)
     if requested is not None and (base is None or requested != base.resolve()):
         # The log (with no request after its base) continues the restored checkpoint from
         # now on: recorded before anything is deleted, so a start that dies midway restores
@@ -117,10 +134,12 @@ def _recover_with_log(server: ParameterServer, config: ShardConfig, write_log: W
     write_log.open()
     if marker is not None:
         marker.start_serving(rebuilds=True)  # a new epoch first: an older process stops now
+    progress.stage("clearing its rows in the store")
     clear_shard(config.store, config.shard, marker)
     if chain is not None:
+        progress.stage(f"restoring checkpoint {checkpoint}")
         server.checkpoints.restore(chain)
-    replay(server, write_log)
+    replay(server, write_log, progress, records)
 
 
 def _own_latest_checkpoint(config: ShardConfig) -> Path | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from ember.ps_server.durability.recovery_progress import RecoveryProgress
 from ember.ps_server.errors import (
     CheckpointStateError,
     EmberError,
@@ -116,12 +117,14 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
 
     Args:
         server: the shard's logic.
+        recovery: how far the shard's recovery has got, said in the refusals.
     """
 
-    def __init__(self, server: ParameterServer) -> None:
+    def __init__(self, server: ParameterServer, recovery: RecoveryProgress | None = None) -> None:
         self.server = server
         self.steps = StepHandlers(server)
         self.data_planes: list[DataPlaneAddress] = []
+        self._recovery = recovery or RecoveryProgress()
         self._open = False
 
     def open(self, data_planes: Sequence[DataPlaneAddress] = ()) -> None:
@@ -137,8 +140,8 @@ class ParameterServerServicer(pb_grpc.ParameterServerServicer):
         """
         if not self._open:
             raise ShardRecoveringError(
-                f"shard {self.server.shard} is recovering its rows (checkpoint, write-ahead "
-                "log) and serves once it has: retry"
+                f"shard {self.server.shard} is recovering its rows ({self._recovery.describe()})"
+                " and serves once it has: retry"
             )
 
     def CreateTable(

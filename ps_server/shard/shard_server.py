@@ -18,6 +18,7 @@ from ember.kernels.loader import native_ops_available
 from ember.ps_server.durability.auto_checkpoint import AutoCheckpoints, AutoPolicy, auto_directory
 from ember.ps_server.durability.fault_exits import FaultExits
 from ember.ps_server.durability.recovery import recover
+from ember.ps_server.durability.recovery_progress import RecoveryProgress
 from ember.ps_server.errors import ShardRestartingError
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.security.server import TokenInterceptor, server_credentials
@@ -112,14 +113,16 @@ class ShardServer:
             # Bound before recovery, which may take long: a taken port fails fast, and clients
             # hear that the shard is recovering (retryable), not that nothing listens.
             counting = [metrics.grpc_interceptor()] if metrics is not None else []
-            grpc_server, port, health_servicer, servicer = cls._start_grpc(
-                config, logic, [*counting, *_token_check(token)], credentials
+            progress = RecoveryProgress()
+            servicer = ParameterServerServicer(logic, progress)
+            grpc_server, port, health_servicer = cls._start_grpc(
+                config, servicer, [*counting, *_token_check(token)], credentials
             )
             log.info(
                 "shard %d/%d listening on %s:%d, refusing requests (retryable) until it has "
                 "recovered", config.shard, config.num_shards, config.host, port,
             )  # fmt: skip
-            recover(logic, config)
+            recover(logic, config, progress)
             if metrics is not None and logic.journal.log is not None:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
             ucx_listener = _start_ucx_listener(config, logic, metrics, token)
@@ -156,12 +159,12 @@ class ShardServer:
     @staticmethod
     def _start_grpc(
         config: ShardConfig,
-        logic: ParameterServer,
+        servicer: ParameterServerServicer,
         interceptors: list[grpc.ServerInterceptor],
         credentials: grpc.ServerCredentials | None,
-    ) -> tuple[grpc.Server, int, health.HealthServicer, ParameterServerServicer]:
-        """The gRPC server, started with its service refusing requests as the shard recovers
-        (open it then) and its health NOT_SERVING."""
+    ) -> tuple[grpc.Server, int, health.HealthServicer]:
+        """The gRPC server serving ``servicer``, started with its health NOT_SERVING (the
+        servicer refuses requests until it is opened)."""
         grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="ember-ps"),
             # No SO_REUSEPORT (gRPC's default on Linux): a second process on the port would
@@ -171,7 +174,6 @@ class ShardServer:
             + [("grpc.so_reuseport", 0)],
             interceptors=interceptors,
         )
-        servicer = ParameterServerServicer(logic)
         grpc_server.add_generic_rpc_handlers((method_handlers(servicer),))
         health_servicer = health.HealthServicer()
         for service in _HEALTH_SERVICES:
@@ -188,7 +190,7 @@ class ShardServer:
         if port == 0:
             raise OSError(f"cannot bind {config.host}:{config.port}")
         grpc_server.start()
-        return grpc_server, port, health_servicer, servicer
+        return grpc_server, port, health_servicer
 
     def write_ready_file(self, path: Path) -> None:
         """Atomically write ``{"endpoint", "shard", "num_shards", "pid"}`` as JSON to ``path``."""

@@ -64,7 +64,8 @@ def test_a_client_waits_for_a_shard_rebuilding_its_rows(
             ):
                 impatient.pull(SPEC.name, IDS)
             assert refused.value.code == Status.UNAVAILABLE, refused.value
-            assert "recovering its rows" in refused.value.details
+            # Blocked on its first Redis command, and it says so.
+            assert "recovering its rows (checking its store)" in refused.value.details
             assert "still restarting after restart_patience_s = 0 s" in refused.value.details
 
             calls = _resume_on_first_restarting_answer(client, redis_pid, monkeypatch)
