@@ -102,7 +102,7 @@ class ShardRestartingError(ShardFailedError):
 
 class ShardRecoveringError(ShardRestartingError):
     """The shard's process is rebuilding its rows (checkpoint, write-ahead log) before it
-    serves: retry, as for a restart."""
+    serves: retry, as for a restart (it has not failed; nothing needs restarting)."""
 
 
 class DurableStateError(EmberError):
@@ -180,6 +180,12 @@ _STATUSES: dict[type[EmberError], Status] = {
     ReplicaReleasedError: Status.FAILED_PRECONDITION,
     UnauthenticatedError: Status.UNAUTHENTICATED,
 }
+
+
+def marks_restart(error: BaseException) -> bool:
+    """Whether a refusal with ``error`` says that the shard is restarting (both transports
+    mark it beside the status, UNAVAILABLE, so that clients wait longer for the shard)."""
+    return isinstance(error, ShardRestartingError)
 
 
 def status_for(error: EmberError) -> Status:

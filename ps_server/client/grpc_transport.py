@@ -62,9 +62,11 @@ _TLS_HINT = (
 
 
 def _says_restarting(error: grpc.RpcError) -> bool:
-    """Whether the shard marked its refusal as a restart's (see :data:`RESTARTING_KEY`)."""
-    trailing = error.trailing_metadata() if isinstance(error, grpc.Call) else None
-    return any(key == RESTARTING_KEY for key, _ in trailing or ())
+    """Whether the shard marked its UNAVAILABLE refusal as a restart's (see
+    :data:`RESTARTING_KEY`; as over UCX, no other status may say so)."""
+    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    return any(key == RESTARTING_KEY for key, _ in error.trailing_metadata() or ())
 
 
 def _closed_while_connecting(details: str) -> bool:

@@ -1,11 +1,11 @@
 """How long one call to a shard keeps being retried while the shard is UNAVAILABLE.
 
-Two budgets: UNAVAILABLE answers that do not say the shard is restarting (it cannot be
-reached, or is stopping) count against ``max_attempts``; answers from a shard that says it
-is restarting (it exits for its supervisor, or is rebuilding its rows from its log) do
-not, for up to ``restart_patience_s`` from the first such answer. A shard that says so has
-shown it is alive, so the count of other answers starts again from it: the gap while its
-process is replaced gets the whole ``max_attempts``.
+Two budgets, over the whole call. UNAVAILABLE answers that do not say the shard is
+restarting (it cannot be reached, is stopping, or its store is unreachable) count against
+``max_attempts``: the seconds while a restarting shard's process is replaced take a few of
+them, and a shard that fails at every start runs out of them. Answers from a shard that
+says it is restarting (it exits for its supervisor, or is rebuilding its rows from its
+log) count against ``restart_patience_s`` instead, from the first such answer.
 """
 
 from __future__ import annotations
@@ -24,6 +24,17 @@ class CallRetries:
         max_attempts: tries while the shard is UNAVAILABLE without saying it restarts.
         restart_patience_s: how long to wait for a shard that says it is restarting.
         clock: seconds, monotonic.
+
+    Example:
+        >>> retries = CallRetries(max_attempts=2, restart_patience_s=60)
+        >>> retries.retry(TransportError(Status.UNAVAILABLE, "restarting", restarting=True))
+        True
+        >>> retries.retry(TransportError(Status.UNAVAILABLE, "connection refused"))
+        True
+        >>> retries.retry(TransportError(Status.UNAVAILABLE, "connection refused"))
+        False
+        >>> retries.gave_up(TransportError(Status.UNAVAILABLE, "connection refused"))
+        'gave up after 2 attempts (max_attempts), 3 with those of a restarting shard'
     """
 
     def __init__(
@@ -38,29 +49,42 @@ class CallRetries:
         self._tries = 0
         self._unmarked = 0
         self._patient_until: float | None = None
-        self.restarting = False  # the last answer said the shard is restarting
+        self._restarting = False
+
+    @property
+    def restarting(self) -> bool:
+        """Whether the last failed try was answered by a shard that says it is restarting."""
+        return self._restarting
 
     def retry(self, error: TransportError) -> bool:
         """Record a failed try; whether to try again (only UNAVAILABLE is retried)."""
         self._tries += 1
-        self.restarting = error.restarting
+        self._restarting = error.restarting
         if error.status != Status.UNAVAILABLE:
             return False
         if error.restarting:
             now = self._clock()
             if self._patient_until is None:
                 self._patient_until = now + self._patience_s
-            self._unmarked = 0
             return now < self._patient_until
         self._unmarked += 1
         return self._unmarked < self._max_attempts
 
     def gave_up(self, error: TransportError) -> str:
-        """Why the call that ended with ``error`` is not tried again ("" where it was not
+        """Which budget the call that ended with ``error`` ran out of ("" where it was not
         retryable)."""
         if error.status != Status.UNAVAILABLE:
             return ""
-        tries = f"gave up after {self._tries} attempt{'s' if self._tries > 1 else ''}"
         if error.restarting:
-            return f"still restarting after restart_patience_s = {self._patience_s:g} s; {tries}"
-        return tries
+            return (
+                f"still restarting after restart_patience_s = {self._patience_s:g} s; "
+                f"{_attempts(self._tries)}"
+            )
+        gave_up = f"gave up after {_attempts(self._unmarked)} (max_attempts)"
+        if self._tries > self._unmarked:
+            gave_up += f", {self._tries} with those of a restarting shard"
+        return gave_up
+
+
+def _attempts(count: int) -> str:
+    return f"{count} attempt{'' if count == 1 else 's'}"

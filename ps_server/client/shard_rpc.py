@@ -12,6 +12,7 @@ calls for several tables can be packed per shard into the batch RPCs.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,8 @@ from ember.ps_server.errors import PSClientError, Status
 from ember.ps_server.security.credentials import load_token
 from ember.ps_server.wire.messages import pb
 from ember.ps_server.wire.stats import DataPlaneAddress
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CONCURRENT_FAN_OUTS", "REQUEST_OVERHEAD_BYTES", "ShardCall", "ShardRPC"]
 
@@ -59,6 +62,9 @@ class ShardRPC:
         self._data: Transport = self._grpc
         self._data_lock = threading.Lock()
         self._fan_out = FanOut(fan_out_threads(len(self.endpoints)))
+        # Shards said to be restarting that have not answered a call since (logged once).
+        self._restarting_shards: set[int] = set()
+        self._restarting_lock = threading.Lock()
 
     @property
     def data_plane(self) -> Transport:
@@ -99,8 +105,10 @@ class ShardRPC:
 
         ``on_reply(i, reply)`` runs on this thread as each reply arrives.
         ``restart_patience_s``: a shorter wait for a restarting shard than the config's.
-        A call whose shard said it is restarting is sent again only after a cheap call
-        (Stats) finds it serving, so its payload does not travel at every retry.
+        A call whose shard said it is restarting is sent again only once a cheap call
+        (Stats) to it is answered, so its payload does not travel at every retry while the
+        shard recovers (which refuses Stats too); one about to exit for a restart answers
+        Stats in the second or so before it exits.
         """
         config = self.config
         patience_s = config.restart_patience_s
@@ -119,12 +127,16 @@ class ShardRPC:
                 if isinstance(error, FanOutClosedError):
                     error = TransportError(Status.CANCELLED, str(error))
                 if error is None:
+                    if self._restarting_shards:
+                        self._say_serving(calls[i].shard)
                     replies[i] = reply
                     if on_reply is not None:
                         on_reply(i, reply)
                 elif not isinstance(error, TransportError):
                     raise error
                 elif retries[i].retry(error):
+                    if error.restarting:
+                        self._say_restarting(calls[i].shard, error, patience_s)
                     retry.append(i)
                 elif failure is None:
                     failure = self._client_error(calls[i], error, retries[i])
@@ -195,10 +207,35 @@ class ShardRPC:
         probe = ShardCall(call.shard, "Stats", pb.StatsRequest(without_sizes=True))
 
         def probe_then_call() -> Any:
-            self._grpc.call(probe, self.config.timeout_s)
+            try:
+                self._grpc.call(probe, self.config.timeout_s)
+            except TransportError as error:
+                raise TransportError(
+                    error.status, f"Stats, before sending it again: {error.details}",
+                    restarting=error.restarting,
+                ) from None  # fmt: skip
             return transport.call(call, timeout)
 
         return probe_then_call
+
+    def _say_restarting(self, shard: int, error: TransportError, patience_s: float) -> None:
+        """Log, once until it serves again, that ``shard`` is restarting and calls wait."""
+        with self._restarting_lock:
+            if shard in self._restarting_shards:
+                return
+            self._restarting_shards.add(shard)
+        log.warning(
+            "shard %s is restarting (%s): calls to it wait for it, up to %g s each",
+            self.endpoints[shard], error.details, patience_s,
+        )  # fmt: skip
+
+    def _say_serving(self, shard: int) -> None:
+        """Log that ``shard``, said to be restarting, answered a call."""
+        with self._restarting_lock:
+            if shard not in self._restarting_shards:
+                return
+            self._restarting_shards.discard(shard)
+        log.info("shard %s serves again", self.endpoints[shard])
 
     def _client_error(
         self, call: ShardCall, error: TransportError, retries: CallRetries

@@ -83,11 +83,9 @@ def take_checkpoint(
         pause = pb.PauseWritesRequest(
             checkpoint_id=checkpoint_id, lease_s=lease_s, flush_id=flush_id
         )
-        # From the pause on, a restarting shard is waited for no longer than the pause's
-        # lease: the shards that paused resume then anyway.
-        paused = rpc.run(
-            [ShardCall(k, "PauseWrites", pause) for k in shards], restart_patience_s=lease_s
-        )
+        # From the pause on, a restarting shard fails the checkpoint at once: the others
+        # hold their writes meanwhile, and a restarted shard holds no pause to go on with.
+        paused = rpc.run([ShardCall(k, "PauseWrites", pause) for k in shards], restart_patience_s=0)
         cut = clock_cut(paused)
         request = pb.CheckpointRequest(
             checkpoint_id=checkpoint_id,
@@ -96,7 +94,7 @@ def take_checkpoint(
             cut=[pb.JobClocks(job=job, applied=clocks) for job, clocks in cut],
         )
         replies = rpc.run(
-            [ShardCall(k, "Checkpoint", request) for k in shards], restart_patience_s=lease_s
+            [ShardCall(k, "Checkpoint", request) for k in shards], restart_patience_s=0
         )
     except BaseException:  # an interrupted coordinator must not leave shards paused
         _resume_all(rpc, checkpoint_id, flush_id)
@@ -124,7 +122,7 @@ def take_checkpoint(
                 )
                 for k in shards
             ],
-            restart_patience_s=lease_s,
+            restart_patience_s=0,  # nor one that wrote its files: it cannot base on them
         )
     except PSClientError as error:  # the checkpoint is valid; that shard just cannot base on it
         log.warning(

@@ -17,7 +17,7 @@ from ember.ps_server.errors import (
     EmberError,
     InvalidArgumentError,
     ShardRecoveringError,
-    ShardRestartingError,
+    marks_restart,
     status_for,
 )
 from ember.ps_server.shard.call_watch import CallWatch
@@ -100,7 +100,7 @@ def _guarded(
             servicer.check_open()
             return method(decode(data), context)
         except EmberError as error:
-            if isinstance(error, ShardRestartingError):
+            if marks_restart(error):
                 context.set_trailing_metadata(((RESTARTING_KEY, "1"),))
             context.abort(_GRPC_CODES[status_for(error)], str(error))
         except Exception as error:

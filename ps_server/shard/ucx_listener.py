@@ -32,10 +32,10 @@ import numpy as np
 from ember.ps_server.errors import (
     EmberError,
     InvalidArgumentError,
-    ShardRestartingError,
     ShardStoppingError,
     Status,
     UnauthenticatedError,
+    marks_restart,
     status_for,
 )
 from ember.ps_server.security.credentials import token_matches
@@ -276,7 +276,7 @@ class UcxListener:
         message = (
             str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
         )
-        restarting = isinstance(error, ShardRestartingError)
+        restarting = marks_restart(error)
         try:
             await _send(endpoint, request, status, message.encode() + END_MARK, restarting)
         except (TimeoutError, *self._errors):

@@ -32,7 +32,8 @@ NO_CLOCK = -1
 # magic, version, op, status, dtype, tables, payload bytes, clock, request id, end mark
 _HEADER = struct.Struct("<4sBBBBIQqQ4s")
 # Set in an UNAVAILABLE reply's status byte where the shard is restarting (gRPC says so in
-# trailing metadata: see messages.RESTARTING_KEY).
+# trailing metadata: see messages.RESTARTING_KEY). A peer from before this bit reads such a
+# reply as unreadable (INTERNAL, not retried): upgrade trainers before shards.
 RESTARTING_BIT = 0x80
 HEADER_BYTES = _HEADER.size
 
@@ -99,6 +100,10 @@ class FrameHeader:
     dtype: int = RowDtype.FLOAT32
     status: Status = Status.OK
     restarting: bool = False
+
+    def __post_init__(self) -> None:
+        if self.restarting and self.status != Status.UNAVAILABLE:
+            raise ValueError(f"a {self.status.name} frame cannot say its shard is restarting")
 
     def encode(self) -> bytes:
         """The header's bytes."""

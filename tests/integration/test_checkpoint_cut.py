@@ -175,13 +175,17 @@ def test_cut_is_the_highest_clock_any_shard_applied():
 
 class _AfterPause:
     """The coordinator's channels, starting ``late`` once every shard has paused (before the
-    Checkpoint calls), so that update can only enter the checkpoint through the cut."""
+    Checkpoint calls), so that update can only enter the checkpoint through the cut; each
+    method's wait for a restarting shard is recorded."""
 
     def __init__(self, rpc, late) -> None:
         self.rpc, self.late, self.endpoints = rpc, late, rpc.endpoints
         self.threads: list[threading.Thread] = []
+        self.patience: dict[str, float | None] = {}
 
     def run(self, calls, on_reply=None, restart_patience_s=None):
+        if calls:
+            self.patience[calls[0].method] = restart_patience_s
         if calls and calls[0].method == "Checkpoint":
             self.threads = in_threads(self.late)
         return self.rpc.run(calls, on_reply, restart_patience_s)
@@ -211,6 +215,10 @@ def test_checkpoint_of_two_shards_mid_clock_holds_one_clock_on_both(tmp_path):
         for thread in late + paused.threads:
             thread.join(60)
         assert [applied_in_meta(directory, k, 2) for k in (0, 1)] == [[1, 1], [1, 1]]
+        # From the pause on, a restarting shard fails the checkpoint at once.
+        assert paused.patience == {
+            "FlushReplicas": None, "PauseWrites": 0, "Checkpoint": 0, "CommitCheckpoint": 0
+        }  # fmt: skip
         with (
             LocalCluster(2, extra_args=["--restore", str(directory)]) as restored_cluster,
             PSClient(restored_cluster.endpoints) as restored,

@@ -6,6 +6,7 @@ client), so the call meets the recovery for certain, without a sleep. (The shard
 read gives up after its 10 s socket timeout: the resume comes well within a second.)"""
 
 import concurrent.futures
+import logging
 import os
 import signal
 
@@ -32,7 +33,7 @@ IMPATIENT = ClientConfig(max_attempts=1, restart_patience_s=0)
 
 
 def test_a_client_waits_for_a_shard_rebuilding_its_rows(
-    own_redis, tmp_path, monkeypatch, transport
+    own_redis, tmp_path, monkeypatch, transport, caplog
 ):
     extra = ["--store", own_redis.url, "--wal", str(tmp_path / "wal")]
     extra += ["--ucx"] if transport == "ucx" else []
@@ -69,7 +70,8 @@ def test_a_client_waits_for_a_shard_rebuilding_its_rows(
             assert "still restarting after restart_patience_s = 0 s" in refused.value.details
 
             calls = _resume_on_first_restarting_answer(client, redis_pid, monkeypatch)
-            rebuilt = steps.lookup({SPEC.name: IDS})[0][SPEC.name]
+            with caplog.at_level(logging.INFO, "ember.ps_server.client.shard_rpc"):
+                rebuilt = steps.lookup({SPEC.name: IDS})[0][SPEC.name]
         finally:
             os.kill(redis_pid, signal.SIGCONT)
         restarted.result(timeout=60)
@@ -81,6 +83,11 @@ def test_a_client_waits_for_a_shard_rebuilding_its_rows(
     # it is sent once more, and answered.
     assert [method for method, _ in calls[met + 1 :]].count("Lookup") == 1, calls
     assert calls[-1] == ("Lookup", None), calls
+    said = [record.getMessage() for record in caplog.records]  # once each, not per retry
+    assert [line.split(" (")[0] for line in said] == [
+        f"shard {endpoint} is restarting",
+        f"shard {endpoint} serves again",
+    ], said
 
 
 def _resume_on_first_restarting_answer(

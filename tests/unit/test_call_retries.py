@@ -1,7 +1,10 @@
 """CallRetries: UNAVAILABLE answers that do not say the shard restarts count against
-max_attempts; a shard that says it is restarting is waited for up to restart_patience_s,
-and resets that count."""
+max_attempts over the whole call; a shard that says it is restarting is waited for up to
+restart_patience_s from its first such answer."""
 
+import doctest
+
+from ember.ps_server.client import retries
 from ember.ps_server.client.retries import CallRetries
 from ember.ps_server.client.transport import TransportError
 from ember.ps_server.errors import Status
@@ -20,10 +23,14 @@ class Clock:
         return self.now
 
 
+def test_the_example_holds():
+    assert doctest.testmod(retries).failed == 0
+
+
 def test_tries_that_reach_no_shard_stop_at_max_attempts():
     call = CallRetries(max_attempts=3, restart_patience_s=60)
     assert [call.retry(UNREACHED) for _ in range(3)] == [True, True, False]
-    assert call.gave_up(UNREACHED) == "gave up after 3 attempts"
+    assert call.gave_up(UNREACHED) == "gave up after 3 attempts (max_attempts)"
 
 
 def test_only_unavailable_is_retried():
@@ -44,28 +51,35 @@ def test_a_restarting_shard_is_waited_for_until_the_patience_runs_out():
     clock.now += 0.001
     assert not call.retry(RESTARTING)
     assert call.gave_up(RESTARTING) == (
-        "still restarting after restart_patience_s = 60 s; gave up after 52 attempts"
+        "still restarting after restart_patience_s = 60 s; 52 attempts"
     )
 
 
-def test_a_shard_that_says_it_restarts_gets_max_attempts_again_to_come_back():
-    """Its process is replaced between its answers: the tries that reach nothing while the
-    new one starts each get the whole max_attempts, within the one patience."""
+def test_a_shard_that_fails_at_every_start_runs_out_of_max_attempts():
+    """Its restarting answers do not give the tries that reach nothing a new budget, and the
+    patience runs from the first restarting answer, not the last."""
     clock = Clock()
-    call = CallRetries(max_attempts=2, restart_patience_s=60, clock=clock)
+    call = CallRetries(max_attempts=3, restart_patience_s=60, clock=clock)
     assert call.retry(UNREACHED) and not call.restarting
-    assert call.retry(RESTARTING) and call.restarting  # alive: the count starts again
+    assert call.retry(RESTARTING) and call.restarting
     assert call.retry(UNREACHED) and not call.restarting
     clock.now += 30
     assert call.retry(RESTARTING)
-    assert call.retry(UNREACHED)
-    assert not call.retry(UNREACHED)
-    clock.now += 31  # the patience runs from the first restarting answer, not the last
-    assert not call.retry(RESTARTING)
+    assert not call.retry(UNREACHED)  # the third, over the whole call
+    assert call.gave_up(UNREACHED) == (
+        "gave up after 3 attempts (max_attempts), 5 with those of a restarting shard"
+    )
+    later = CallRetries(max_attempts=3, restart_patience_s=60, clock=clock)
+    assert later.retry(RESTARTING)
+    clock.now += 30
+    assert later.retry(RESTARTING)
+    clock.now += 31
+    assert not later.retry(RESTARTING)
 
 
 def test_no_patience_gives_up_at_the_first_restarting_answer():
     call = CallRetries(max_attempts=5, restart_patience_s=0)
     assert not call.retry(RESTARTING)
-    assert call.gave_up(RESTARTING).startswith("still restarting")
-    assert call.gave_up(RESTARTING).endswith("gave up after 1 attempt")
+    assert call.gave_up(RESTARTING) == (
+        "still restarting after restart_patience_s = 0 s; 1 attempt"
+    )

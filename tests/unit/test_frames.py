@@ -72,6 +72,8 @@ def test_an_unavailable_reply_says_whether_its_shard_is_restarting() -> None:
     for restarting in (False, True):
         reply = FrameHeader(Op.UPDATE, 3, 100, status=Status.UNAVAILABLE, restarting=restarting)
         assert FrameHeader.decode(reply.encode(), LIMIT).restarting is restarting
+    with pytest.raises(ValueError, match="INTERNAL frame cannot say"):
+        FrameHeader(Op.UPDATE, 3, 100, status=Status.INTERNAL, restarting=True)
     marked = FrameHeader(Op.LOOKUP, 1, 100, status=Status.UNAVAILABLE, restarting=True).encode()
     with pytest.raises(FrameError, match="request carries status UNAVAILABLE"):
         FrameHeader.decode(marked, LIMIT, request=True)
