@@ -9,18 +9,10 @@ from ember.ps_server.client.retries import CallRetries
 from ember.ps_server.client.transport import TransportError
 from ember.ps_server.errors import Status
 
+from tests.support.manual_clock import ManualClock
+
 UNREACHED = TransportError(Status.UNAVAILABLE, "connection refused")
 RESTARTING = TransportError(Status.UNAVAILABLE, "recovering", restarting=True)
-
-
-class Clock:
-    """Seconds that move only when the test moves them."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_example_holds():
@@ -41,7 +33,7 @@ def test_only_unavailable_is_retried():
 
 
 def test_a_restarting_shard_is_waited_for_until_the_patience_runs_out():
-    clock = Clock()
+    clock = ManualClock()
     call = CallRetries(max_attempts=1, restart_patience_s=60, clock=clock)
     for _ in range(50):  # far more than max_attempts
         assert call.retry(RESTARTING) and call.restarting
@@ -58,7 +50,7 @@ def test_a_restarting_shard_is_waited_for_until_the_patience_runs_out():
 def test_a_shard_that_fails_at_every_start_runs_out_of_max_attempts():
     """Its restarting answers do not give the tries that reach nothing a new budget, and the
     patience runs from the first restarting answer, not the last."""
-    clock = Clock()
+    clock = ManualClock()
     call = CallRetries(max_attempts=3, restart_patience_s=60, clock=clock)
     assert call.retry(UNREACHED) and not call.restarting
     assert call.retry(RESTARTING) and call.restarting

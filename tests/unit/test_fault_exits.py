@@ -9,17 +9,11 @@ from ember.ps_server.durability.fault_exits import (
     FaultExits,
 )
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.manual_clock import ManualClock
 
 
 def test_exits_are_allowed_up_to_the_budget_per_window_and_outlive_the_process(tmp_path):
-    clock = Clock()
+    clock = ManualClock(1_000_000.0)
     for _ in range(MAX_FAULT_EXITS):
         assert FaultExits(tmp_path, 3, clock).take() is None  # a new process each time
         clock.now += 1.0

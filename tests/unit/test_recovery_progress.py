@@ -11,13 +11,7 @@ from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids
 from ember.ps_server.wire.table_spec import TableSpec
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.manual_clock import ManualClock
 
 
 def test_it_says_the_stage_and_how_much_of_the_log_is_replayed():
@@ -33,7 +27,7 @@ def test_it_says_the_stage_and_how_much_of_the_log_is_replayed():
 
 
 def test_a_long_replay_says_how_far_it_is_every_ten_seconds(caplog):
-    clock = Clock()
+    clock = ManualClock(0.0)
     progress = RecoveryProgress(clock)
     with caplog.at_level(logging.INFO, "ember.ps_server.durability.recovery_progress"):
         progress.replayed(0, 100)
