@@ -36,7 +36,9 @@ TRAINER_METRICS_PORT = 9500
 # Given on every shard's command line even at their defaults, so that no variable in the
 # image's environment can move a shard.
 _PLACED = ("shard", "num_shards", "host", "port")
-_HEALTH = {"interval": "5s", "timeout": "5s", "retries": 20, "start_period": "10s"}
+# A shard reports NOT_SERVING while it rebuilds its rows from its log, which may take long:
+# failures in the start period do not count, and its first success ends it.
+_HEALTH = {"interval": "5s", "timeout": "5s", "retries": 20, "start_period": "600s"}
 
 
 def compose_document(spec: ClusterSpec) -> dict[str, Any]:

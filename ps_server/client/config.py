@@ -35,8 +35,9 @@ class ClientConfig:
     restart_patience_s: float = setting(
         600.0,
         "how long a call keeps retrying a shard that answers it is restarting (it exits for "
-        "its supervisor, or is rebuilding its rows from its log); those answers do not "
-        "count against max_attempts, which bounds the tries that reach no shard",
+        "its supervisor, or is rebuilding its rows from its log), from its first such "
+        "answer; those answers do not count against max_attempts, which bounds the other "
+        "UNAVAILABLE ones",
     )
     initial_backoff_s: float = setting(0.05, "wait before the first retry; doubles each retry")
     max_backoff_s: float = setting(2.0, "longest wait between retries")

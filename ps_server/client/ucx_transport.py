@@ -140,8 +140,9 @@ class UcxTransport:
     async def _call(self, call: ShardCall, timeout_s: float) -> Any:
         op = _OPS[call.method]
         request = FrameHeader(
-            op, next(self._request_ids), len(call.request), call.tables, call.clock, call.dtype
-        )
+            op, next(self._request_ids), len(call.request), call.tables, call.clock, call.dtype,
+            restart_mark=True,  # this client reads it
+        )  # fmt: skip
         deadline = asyncio.get_running_loop().time() + timeout_s  # connecting included
         endpoint = await self._endpoint(call.shard, deadline)
         try:
@@ -178,7 +179,7 @@ class UcxTransport:
             self._idle[call.shard].append(endpoint)
         if reply.status != Status.OK:
             details = bytes(payload).decode(errors="replace")
-            raise TransportError(reply.status, details, restarting=reply.restarting)
+            raise TransportError(reply.status, details, restarting=reply.restart_mark)
         try:
             return _DECODERS[op](payload)
         except EmberError as error:

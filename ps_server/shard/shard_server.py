@@ -126,11 +126,11 @@ class ShardServer:
             if metrics is not None and logic.journal.log is not None:
                 logic.journal.log.on_fsync = metrics.wal_fsync.observe
             ucx_listener = _start_ucx_listener(config, logic, metrics, token)
+            servicer.open(_data_planes(config, ucx_listener))
             report = _health_reporter(health_servicer, logic)
             logic.fault.on_trip(report)
+            report(None)  # before the automatic checkpoints, whose failure reports NOT_SERVING
             auto = _start_auto_checkpoints(config, logic, report)
-            servicer.open(_data_planes(config, ucx_listener))  # last: nothing fails after it
-            report(None)
         except BaseException:
             if grpc_server is not None:
                 grpc_server.stop(0).wait()

@@ -276,9 +276,9 @@ class UcxListener:
         message = (
             str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
         )
-        restarting = marks_restart(error)
+        marked = request.restart_mark and marks_restart(error)  # only to a caller that reads it
         try:
-            await _send(endpoint, request, status, message.encode() + END_MARK, restarting)
+            await _send(endpoint, request, status, message.encode() + END_MARK, marked)
         except (TimeoutError, *self._errors):
             pass
 
@@ -287,10 +287,10 @@ async def _send(
     endpoint: Any, request: FrameHeader, status: Status, payload: bytes, restarting: bool = False
 ) -> None:
     """Send a reply to ``request``: its header, then ``payload`` (end mark included);
-    ``restarting``: the shard says it is (see :attr:`FrameHeader.restarting`)."""
+    ``restarting``: it carries the restart mark (see :data:`~ember.ps_server.wire.frames.RESTART_MARK`)."""
     reply = FrameHeader(
         request.op, request.request_id, len(payload), dtype=request.dtype, status=status,
-        restarting=restarting,
+        restart_mark=restarting,
     )  # fmt: skip
     async with asyncio.timeout(TRANSFER_DEADLINE_S):
         await endpoint.send(np.frombuffer(reply.encode(), dtype=np.uint8))

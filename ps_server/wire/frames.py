@@ -31,10 +31,11 @@ END_MARK = b"EMBE"
 NO_CLOCK = -1
 # magic, version, op, status, dtype, tables, payload bytes, clock, request id, end mark
 _HEADER = struct.Struct("<4sBBBBIQqQ4s")
-# Set in an UNAVAILABLE reply's status byte where the shard is restarting (gRPC says so in
-# trailing metadata: see messages.RESTARTING_KEY). A peer from before this bit reads such a
-# reply as unreadable (INTERNAL, not retried): upgrade trainers before shards.
-RESTARTING_BIT = 0x80
+# The restart mark, a bit of the status byte. In a request: the caller reads the mark (a
+# shard from before it refuses such a request: upgrade shards before trainers). In an
+# UNAVAILABLE reply to such a request: the shard is restarting (gRPC says so in trailing
+# metadata: see messages.RESTARTING_KEY). A caller that does not set it is never sent it.
+RESTART_MARK = 0x80
 HEADER_BYTES = _HEADER.size
 
 
@@ -88,8 +89,9 @@ class FrameHeader:
         dtype: how the message's rows travel (see :func:`frame_dtype`); a reply echoes its
             request's (an Update's refreshed rows say their own dtype in the message).
         status: OK in requests; a reply's outcome.
-        restarting: an UNAVAILABLE reply's: the shard is restarting (it exits for its
-            supervisor, or is rebuilding its rows), so the caller waits longer for it.
+        restart_mark: in a request, the caller reads the mark; in an UNAVAILABLE reply, the
+            shard is restarting (it exits for its supervisor, or is rebuilding its rows), so
+            the caller waits longer for it (see :data:`RESTART_MARK`).
     """
 
     op: Op
@@ -99,15 +101,15 @@ class FrameHeader:
     clock: int = NO_CLOCK
     dtype: int = RowDtype.FLOAT32
     status: Status = Status.OK
-    restarting: bool = False
+    restart_mark: bool = False
 
     def __post_init__(self) -> None:
-        if self.restarting and self.status != Status.UNAVAILABLE:
-            raise ValueError(f"a {self.status.name} frame cannot say its shard is restarting")
+        if self.restart_mark and self.status not in (Status.OK, Status.UNAVAILABLE):
+            raise ValueError(f"a {self.status.name} frame cannot carry the restart mark")
 
     def encode(self) -> bytes:
         """The header's bytes."""
-        status = self.status | (RESTARTING_BIT if self.restarting else 0)
+        status = self.status | (RESTART_MARK if self.restart_mark else 0)
         return _HEADER.pack(
             MAGIC, VERSION, self.op, status, self.dtype, self.tables,
             self.payload_bytes, self.clock, self.request_id, END_MARK,
@@ -136,17 +138,17 @@ class FrameHeader:
             raise FrameError(f"frame version {version} is not {VERSION}")
         if op not in Op._value2member_map_:
             raise FrameError(f"unknown frame op {op}")
-        restarting = bool(status & RESTARTING_BIT)
-        status &= ~RESTARTING_BIT
+        restart_mark = bool(status & RESTART_MARK)
+        status &= ~RESTART_MARK
         if status not in Status._value2member_map_:
             raise FrameError(f"unknown status {status}")
-        if restarting and status != Status.UNAVAILABLE:
-            raise FrameError(
-                f"a frame of status {Status(status).name} says its shard is restarting "
-                "(only UNAVAILABLE may)"
-            )
         if request and status != Status.OK:
             raise FrameError(f"a request carries status {Status(status).name}, not OK")
+        if restart_mark and status != (Status.OK if request else Status.UNAVAILABLE):
+            raise FrameError(
+                f"a frame of status {Status(status).name} carries the restart mark (only a "
+                "request, OK, or an UNAVAILABLE reply may)"
+            )
         if dtype not in RowDtype._value2member_map_ and dtype != MIXED_DTYPES:
             raise FrameError(f"unknown row dtype {dtype}")
         if not len(END_MARK) <= size <= max_payload_bytes:
@@ -156,7 +158,7 @@ class FrameHeader:
             )
         if clock < NO_CLOCK:
             raise FrameError(f"clock must be >= 0 (or {NO_CLOCK}: none), got {clock}")
-        return cls(Op(op), request_id, size, tables, clock, dtype, Status(status), restarting)
+        return cls(Op(op), request_id, size, tables, clock, dtype, Status(status), restart_mark)
 
 
 def payload_body(payload: memoryview) -> memoryview:

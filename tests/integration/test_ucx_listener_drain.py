@@ -1,6 +1,7 @@
 """A closing UCX listener drains as gRPC's stop does: the frame being handled finishes within
 the grace period, and a frame that arrives meanwhile on an open endpoint is UNAVAILABLE. A
-refusal says whether the shard is restarting, as gRPC's trailing metadata does."""
+refusal says whether the shard is restarting, as gRPC's trailing metadata does, to a caller
+that reads the restart mark (only)."""
 
 from __future__ import annotations
 
@@ -71,19 +72,22 @@ def test_a_refusal_says_whether_the_shard_is_restarting():
     listener = UcxListener({Op.LOOKUP: refuse}, 1 << 20, workers=2)
     raw = RawFrames("127.0.0.1", listener.port)
     try:
-        restarting, message = _ask(raw, 1, b"restarting")
-        assert (restarting.status, restarting.restarting) == (Status.UNAVAILABLE, True)
+        restarting, message = _ask(raw, 1, b"restarting", restart_mark=True)
+        assert (restarting.status, restarting.restart_mark) == (Status.UNAVAILABLE, True)
         assert b"exits for a restart" in message
-        failed, _ = _ask(raw, 2, b"failed")
-        assert (failed.status, failed.restarting) == (Status.FAILED_PRECONDITION, False)
+        unread, _ = _ask(raw, 2, b"restarting")  # a caller from before the mark
+        assert (unread.status, unread.restart_mark) == (Status.UNAVAILABLE, False)
+        failed, _ = _ask(raw, 3, b"failed", restart_mark=True)
+        assert (failed.status, failed.restart_mark) == (Status.FAILED_PRECONDITION, False)
     finally:
         raw.close()
         listener.close(0)
 
 
-def _ask(raw: RawFrames, request_id: int, body: bytes):
+def _ask(raw: RawFrames, request_id: int, body: bytes, restart_mark: bool = False):
     """One Lookup frame of ``body`` and its reply ``(header, message)``."""
     payload = body + END_MARK
-    reply = raw.exchange(FrameHeader(Op.LOOKUP, request_id, len(payload)).encode(), payload)
+    header = FrameHeader(Op.LOOKUP, request_id, len(payload), restart_mark=restart_mark)
+    reply = raw.exchange(header.encode(), payload)
     assert reply is not None, "the listener closed the endpoint without an answer"
     return reply

@@ -50,8 +50,8 @@ def _with(field: int, value: int) -> bytes:
         (_with(2, 9), "unknown frame op 9"),
         (_with(3, 100), "unknown status 100"),
         (_with(3, 0x80 | 100), "unknown status 100"),
-        (_with(3, 0x80), "status OK says its shard is restarting"),
-        (_with(3, 0x80 | 13), "status INTERNAL says its shard is restarting"),
+        (_with(3, 0x80), "status OK carries the restart mark"),  # as a reply
+        (_with(3, 0x80 | 13), "status INTERNAL carries the restart mark"),
         (_with(4, 7), "unknown row dtype 7"),
         (_with(6, LIMIT + 1), "outside"),
         (_with(6, 2**64 - 1), "outside"),
@@ -68,15 +68,17 @@ def test_a_header_that_lies_is_refused_before_any_payload_is_allocated(
         FrameHeader.decode(data, LIMIT)
 
 
-def test_an_unavailable_reply_says_whether_its_shard_is_restarting() -> None:
-    for restarting in (False, True):
-        reply = FrameHeader(Op.UPDATE, 3, 100, status=Status.UNAVAILABLE, restarting=restarting)
-        assert FrameHeader.decode(reply.encode(), LIMIT).restarting is restarting
-    with pytest.raises(ValueError, match="INTERNAL frame cannot say"):
-        FrameHeader(Op.UPDATE, 3, 100, status=Status.INTERNAL, restarting=True)
-    marked = FrameHeader(Op.LOOKUP, 1, 100, status=Status.UNAVAILABLE, restarting=True).encode()
+def test_the_restart_mark_asks_for_it_in_a_request_and_says_it_in_an_unavailable_reply():
+    for marked in (False, True):
+        request = FrameHeader(Op.LOOKUP, 3, 100, restart_mark=marked)
+        assert FrameHeader.decode(request.encode(), LIMIT, request=True).restart_mark is marked
+        reply = FrameHeader(Op.UPDATE, 3, 100, status=Status.UNAVAILABLE, restart_mark=marked)
+        assert FrameHeader.decode(reply.encode(), LIMIT).restart_mark is marked
+    with pytest.raises(ValueError, match="INTERNAL frame cannot carry the restart mark"):
+        FrameHeader(Op.UPDATE, 3, 100, status=Status.INTERNAL, restart_mark=True)
+    refused = FrameHeader(Op.LOOKUP, 1, 100, status=Status.UNAVAILABLE, restart_mark=True)
     with pytest.raises(FrameError, match="request carries status UNAVAILABLE"):
-        FrameHeader.decode(marked, LIMIT, request=True)
+        FrameHeader.decode(refused.encode(), LIMIT, request=True)
 
 
 def test_a_request_must_carry_status_ok() -> None:

@@ -1,11 +1,17 @@
 """RecoveryProgress: what a recovering shard says it is doing, and a long replay's log lines;
 recovery tells it each stage and every record it replays."""
 
+import doctest
 import logging
 
 import numpy as np
+from ember.ps_server.durability import recovery_progress
 from ember.ps_server.durability.recovery import recover
-from ember.ps_server.durability.recovery_progress import LOG_EVERY_S, RecoveryProgress
+from ember.ps_server.durability.recovery_progress import (
+    CLOCK_EVERY,
+    LOG_EVERY_S,
+    RecoveryProgress,
+)
 from ember.ps_server.shard.config import ShardConfig
 from ember.ps_server.shard.server import ParameterServer
 from ember.ps_server.wire.messages import encode_ids
@@ -29,16 +35,21 @@ def test_it_says_the_stage_and_how_much_of_the_log_is_replayed():
 def test_a_long_replay_says_how_far_it_is_every_ten_seconds(caplog):
     clock = ManualClock(0.0)
     progress = RecoveryProgress(clock)
+    total = 100 * CLOCK_EVERY
     with caplog.at_level(logging.INFO, "ember.ps_server.durability.recovery_progress"):
-        progress.replayed(0, 100)
-        for done in range(1, 101):
-            clock.now += LOG_EVERY_S / 20  # 100 records in 50 s
-            progress.replayed(done, 100)
+        progress.replayed(0, total)
+        for done in range(1, total + 1):
+            clock.now += LOG_EVERY_S / 20 / CLOCK_EVERY  # all of them in 50 s
+            progress.replayed(done, total)
     said = [record.getMessage() for record in caplog.records]
     assert said == [
-        f"recovery: replaying its log: {done} of 100 records ({done}%)"
-        for done in (20, 40, 60, 80, 100)
+        f"recovery: replaying its log: {percent * CLOCK_EVERY:,} of {total:,} records ({percent}%)"
+        for percent in (20, 40, 60, 80, 100)
     ]
+
+
+def test_the_example_holds():
+    assert doctest.testmod(recovery_progress).failed == 0
 
 
 def test_recovery_tells_it_every_record_it_replays(tmp_path):
@@ -52,6 +63,14 @@ def test_recovery_tells_it_every_record_it_replays(tmp_path):
         )
     first.journal.close()
 
-    progress = RecoveryProgress()
+    told = []
+
+    class Told(RecoveryProgress):
+        def replayed(self, done: int, total: int) -> None:
+            told.append((done, total))
+            super().replayed(done, total)
+
+    progress = Told()
     recover(ParameterServer(0, 1), config, progress)
-    assert progress.describe() == "replaying its log: 6 of 6 records (100%)"  # table + pushes
+    assert told == [(done, 6) for done in range(7)]  # the table and five pushes
+    assert progress.describe() == "replaying its log: 6 of 6 records (100%)"
