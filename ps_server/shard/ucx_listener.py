@@ -284,13 +284,13 @@ class UcxListener:
 
 
 async def _send(
-    endpoint: Any, request: FrameHeader, status: Status, payload: bytes, restarting: bool = False
+    endpoint: Any, request: FrameHeader, status: Status, payload: bytes, restart_mark: bool = False
 ) -> None:
     """Send a reply to ``request``: its header, then ``payload`` (end mark included);
-    ``restarting``: it carries the restart mark (see :data:`~ember.ps_server.wire.frames.RESTART_MARK`)."""
+    ``restart_mark``: the shard says it is restarting (see :attr:`FrameHeader.restart_mark`)."""
     reply = FrameHeader(
         request.op, request.request_id, len(payload), dtype=request.dtype, status=status,
-        restart_mark=restarting,
+        restart_mark=restart_mark,
     )  # fmt: skip
     async with asyncio.timeout(TRANSFER_DEADLINE_S):
         await endpoint.send(np.frombuffer(reply.encode(), dtype=np.uint8))
