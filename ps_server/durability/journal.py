@@ -87,10 +87,7 @@ class WriteJournal:
 
 
 def replay(
-    server: ParameterServer,
-    write_log: WriteLog,
-    progress: RecoveryProgress | None = None,
-    total: int = 0,
+    server: ParameterServer, write_log: WriteLog, progress: RecoveryProgress, total: int
 ) -> int:
     """Apply every logged request after the log's base checkpoint to ``server``; returns the count.
 
@@ -98,8 +95,7 @@ def replay(
     hears each record applied, of ``total`` (the log's records, as verified).
     """
     count = 0
-    if progress is not None:
-        progress.replayed(0, total)
+    progress.replayed(0, total)
     for payload in write_log.replay():
         record = pb.LogRecord.FromString(payload)
         entry = record.WhichOneof("entry")
@@ -120,7 +116,6 @@ def replay(
         elif entry == "replica_released":
             server.steps.replicas.release(record.replica_released.job)
         count += 1
-        if progress is not None:
-            progress.replayed(count, total)
+        progress.replayed(count, total)
     log.info("replayed %d logged requests from %s", count, write_log.directory)
     return count
